@@ -1,0 +1,26 @@
+"""trainadvisor: profile a PyTorch training loop, diagnose what holds it back, rerun it with the
+fixes applied and report the measured before/after.
+
+From the command line: `trainadvisor profile train.py [script args]`.
+
+In a training script that does not call `torch.optim` optimizers, mark each step with
+`trainadvisor.step()`; outside a trainadvisor run the call does nothing.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["step", "__version__"]
+
+
+def step() -> None:
+    """Mark the end of one training step.
+
+    Needed only when the script does not step a `torch.optim` optimizer (steps are found through
+    the optimizers' global step hooks otherwise). Once called, optimizer steps are no longer
+    counted, so a step is never counted twice. Outside a trainadvisor run this is a no-op."""
+    from trainadvisor import _hooks
+
+    if _hooks.ACTIVE is not None:
+        _hooks.ACTIVE.manual_step()

@@ -1,0 +1,79 @@
+"""Entry point of the child process that runs the user's script under instrumentation:
+
+    python -m trainadvisor._child CONFIG.json SCRIPT [ARGS...]
+
+The script runs as `__main__` with `sys.argv = [SCRIPT, *ARGS]` and `sys.path[0]` its folder,
+as `python SCRIPT ARGS` would run it. Exit codes: the script's own, or 0 once the profiled
+window is complete and the script was stopped on purpose."""
+
+from __future__ import annotations
+
+import random
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+
+def _seed(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed)
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """The user's traceback as `python script.py` prints it: frames before the script dropped."""
+    tb = exc.__traceback__
+    target = str(Path(script).resolve())
+    while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()) != target:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def main() -> int:
+    config_path, script, *script_args = sys.argv[1:]
+    from trainadvisor import _hooks
+
+    config = _hooks.load_config(config_path)
+    sys.argv = [script, *script_args]
+    sys.path[0] = str(Path(script).resolve().parent)
+    if config.seed is not None:
+        _seed(config.seed)
+    recorder = _hooks.install(config)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except _hooks.WindowComplete:
+        return 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code == 0:
+            recorder.write("script_ended", 0, None)
+        else:
+            recorder.write("script_failed", code, f"the script exited with code {code}")
+        return code
+    except BaseException as exc:  # the user's error, reported as Python would, then recorded
+        _print_script_traceback(exc, script)
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        recorder.write("script_failed", 1, summary)
+        return 1
+    recorder.write("script_ended", 0, None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Instrumentation installed inside the user's process (see `_child`).
+
+Steps are found through torch's global optimizer step hook (or `trainadvisor.step()`); the
+DataLoader's iterator `__next__` is timed; the scalar `.backward()` is called on is kept as the
+step's loss. After `warmup` steps a window of `steps` steps is profiled with `torch.profiler`;
+when it ends the measurements are written and, unless asked to run to the end, the script is
+stopped. Outside the window each hook costs a counter update and two clock reads."""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import json
+import multiprocessing
+import os
+import pickle
+import platform
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from trainadvisor import _serial
+from trainadvisor.model import DeviceInfo, LoaderInfo, RawRun, StepRecord
+
+ACTIVE: Recorder | None = None
+
+# DataLoader arguments an override may set, and the values that need workers.
+_WORKER_ONLY = ("persistent_workers", "prefetch_factor")
+
+
+class WindowComplete(BaseException):
+    """Raised out of the step hook to stop the script once the window is measured.
+
+    A BaseException, so a training loop's `except Exception` does not swallow it."""
+
+
+@dataclass
+class ChildConfig:
+    label: str
+    result_file: str
+    trace_file: str | None  # absolute; None: do not run torch.profiler
+    warmup: int
+    steps: int
+    stop_after_window: bool
+    seed: int | None
+    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    non_blocking_h2d: bool = False
+
+
+class Recorder:
+    def __init__(self, config: ChildConfig) -> None:
+        self.config = config
+        self.steps_seen = 0
+        self.manual = False
+        self.first_optimizer: int | None = None
+        self.in_window = False
+        self.window_done = False
+        self.last_mark = time.perf_counter()
+        self.window_t0 = 0.0
+        self.window_start_unix_s: float | None = None
+        self.data_wait_s = 0.0
+        self.samples: int | None = None
+        self.loss: torch.Tensor | None = None
+        self.losses: list[torch.Tensor | None] = []  # by step index, up to the window's end
+        self.records: list[StepRecord] = []
+        self.loaders: list[LoaderInfo] = []
+        self.fingerprints: set[tuple[Any, ...]] = set()
+        self.duplicate_batches = 0
+        self.profiler: torch.profiler.profile | None = None
+        self.written = False
+
+    # ---- step boundaries ----
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.manual:
+            return
+        # With several optimizers (GANs, multi-task) the first one to step defines the step.
+        if self.first_optimizer is None:
+            self.first_optimizer = id(optimizer)
+        if id(optimizer) == self.first_optimizer:
+            self.boundary()
+
+    def manual_step(self) -> None:
+        self.manual = True
+        self.boundary()
+
+    def boundary(self) -> None:
+        now = time.perf_counter()
+        self.steps_seen += 1
+        if not self.window_done:
+            self.losses.append(self.loss)
+        if self.in_window:
+            self.records.append(
+                StepRecord(
+                    index=self.steps_seen - 1,
+                    start_ms=(self.last_mark - self.window_t0) * 1e3,
+                    step_ms=(now - self.last_mark) * 1e3,
+                    data_wait_ms=self.data_wait_s * 1e3,
+                    samples=self.samples,
+                )
+            )
+            if len(self.records) == self.config.steps:
+                self.end_window()
+            elif self.profiler is not None:
+                self.profiler.step()
+        elif not self.window_done and self.steps_seen == self.config.warmup:
+            self.start_window()
+        self.data_wait_s = 0.0
+        self.samples = None
+        self.loss = None
+        self.last_mark = time.perf_counter()
+        if self.window_done and self.config.stop_after_window:
+            raise WindowComplete()
+
+    def start_window(self) -> None:
+        if self.config.trace_file is not None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(
+                activities=activities,
+                schedule=lambda _step: torch.profiler.ProfilerAction.RECORD,
+            )
+            self.profiler.start()
+        self.in_window = True
+        self.window_start_unix_s = time.time()
+        self.window_t0 = time.perf_counter()
+
+    def end_window(self) -> None:
+        self.in_window = False
+        self.window_done = True
+        self.write("window_complete", exit_code=None, error=None)
+
+    # ---- data loading ----
+
+    def data_wait(self, seconds: float, batch: Any) -> None:
+        self.data_wait_s += seconds
+        if not self.in_window:
+            return
+        tensors = list(_tensors(batch))
+        if tensors and tensors[0].dim() > 0:
+            self.samples = (self.samples or 0) + int(tensors[0].shape[0])
+        key = tuple(_fingerprint(t) for t in tensors if t.device.type == "cpu")
+        if key in self.fingerprints:
+            self.duplicate_batches += 1
+        self.fingerprints.add(key)
+
+    def loss_candidate(self, tensor: torch.Tensor) -> None:
+        if not self.window_done and tensor.numel() == 1:
+            self.loss = tensor.detach()
+
+    # ---- results ----
+
+    def write(self, status: str, exit_code: int | None, error: str | None) -> None:
+        if self.written:
+            return
+        self.written = True
+        if self.profiler is not None:
+            self.profiler.stop()
+            _export_trace(self.profiler, Path(str(self.config.trace_file)))
+            self.profiler = None
+        # One host sync for all steps, after the window: the loop itself never waits for it.
+        losses = [float(loss.float().item()) if loss is not None else None for loss in self.losses]
+        for record in self.records:
+            record.loss = losses[record.index]
+        trace = self.config.trace_file
+        raw = RawRun(
+            label=self.config.label,
+            status=status,
+            exit_code=exit_code,
+            error=error,
+            warmup_steps=self.config.warmup,
+            window_steps=self.config.steps,
+            steps_seen=self.steps_seen,
+            steps=self.records,
+            loaders=self.loaders,
+            device=_device_info(),
+            window_start_unix_s=self.window_start_unix_s,
+            duplicate_batches=self.duplicate_batches,
+            losses=losses,
+            trace_file=trace if trace and Path(trace).exists() else None,
+        )
+        _serial.save_json(raw, Path(self.config.result_file))
+
+
+_WEIGHTS = torch.empty(0, dtype=torch.int64)
+
+
+def _fingerprint(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """A content hash of a host tensor in torch ops alone (numpy may be absent): its bytes
+    weighted by fixed pseudo-random int64 factors and summed, with shape and dtype."""
+    global _WEIGHTS
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
+    if _WEIGHTS.numel() < data.numel():
+        generator = torch.Generator().manual_seed(0x7A17)
+        _WEIGHTS = torch.randint(1, 2**31, (data.numel(),), generator=generator)
+    return (tuple(tensor.shape), str(tensor.dtype), int((data * _WEIGHTS[: data.numel()]).sum()))
+
+
+def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
+    """Chrome trace, gzipped (a tenth of the size; TensorBoard and Perfetto open .json.gz)."""
+    plain = path.with_suffix("")  # x.pt.trace.json.gz -> x.pt.trace.json
+    profiler.export_chrome_trace(str(plain))
+    with open(plain, "rb") as source, gzip.open(path, "wb", compresslevel=6) as target:
+        shutil.copyfileobj(source, target)
+    plain.unlink()
+
+
+def _tensors(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for value in batch.values():
+            yield from _tensors(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _tensors(value)
+
+
+def _device_info() -> DeviceInfo:
+    cuda_used = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return DeviceInfo(
+        torch_version=torch.__version__,
+        python_version=platform.python_version(),
+        cpu_count=os.cpu_count() or 1,
+        cuda_used=cuda_used,
+        cuda_version=torch.version.cuda or getattr(torch.version, "hip", None),
+        gpu_name=torch.cuda.get_device_name() if cuda_used else None,
+    )
+
+
+# ---- DataLoader construction: record it, apply overrides the fix asked for ----
+
+
+def _call_site() -> str:
+    """file:line of the first frame outside torch and trainadvisor: the user's DataLoader call."""
+    frame = inspect.currentframe()
+    here = str(Path(__file__).parent)
+    torch_dir = str(Path(torch.__file__).parent)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith((here, torch_dir)):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "unknown"
+
+
+def _start_method(context: Any) -> str:
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or (
+            multiprocessing.get_all_start_methods()[0]
+        )
+    if isinstance(context, str):
+        return context
+    return str(context.get_start_method())
+
+
+def _unpicklable(args: dict[str, Any]) -> str | None:
+    """Why workers started with spawn/forkserver could not receive the loader's parts."""
+    for name in ("dataset", "collate_fn", "worker_init_fn"):
+        value = args.get(name)
+        if value is None:
+            continue
+        try:
+            pickle.dumps(value)
+        except Exception as exc:  # pickling runs user code: any error means "cannot send"
+            what = getattr(value, "__qualname__", type(value).__qualname__)
+            return (
+                f"the DataLoader's {name} ({what}) cannot be pickled ({type(exc).__name__}: "
+                f"{exc}), and worker processes started with "
+                f"'{_start_method(args.get('multiprocessing_context'))}' need it pickled; "
+                f"define it at module level"
+            )
+    return None
+
+
+def _describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
+    dataset = args["dataset"]
+    collate = args.get("collate_fn")
+    return LoaderInfo(
+        index=index,
+        created_at=site,
+        dataset_class=type(dataset).__qualname__,
+        iterable_dataset=isinstance(dataset, IterableDataset),
+        batch_size=args.get("batch_size", 1) if args.get("batch_sampler") is None else None,
+        num_workers=int(args.get("num_workers", 0)),
+        pin_memory=bool(args.get("pin_memory", False)),
+        persistent_workers=bool(args.get("persistent_workers", False)),
+        prefetch_factor=args.get("prefetch_factor"),
+        start_method=_start_method(args.get("multiprocessing_context")),
+        collate_fn=getattr(collate, "__qualname__", repr(collate)) if collate else None,
+    )
+
+
+def _apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> None:
+    if not wanted:
+        return
+    workers = int(wanted.get("num_workers", args.get("num_workers", 0)))
+    if workers > 0 and _start_method(args.get("multiprocessing_context")) != "fork":
+        refused = _unpicklable(args)
+        if refused:
+            info.override_refused = refused
+            return
+    if wanted.get("pin_memory") and not torch.cuda.is_available():
+        wanted = {k: v for k, v in wanted.items() if k != "pin_memory"}
+    args.update(wanted)
+    if workers == 0:
+        for key in _WORKER_ONLY:
+            args.pop(key, None)
+    info.overrides_applied = dict(wanted)
+    info.num_workers = workers
+    info.pin_memory = bool(args.get("pin_memory", False))
+    info.persistent_workers = bool(args.get("persistent_workers", False))
+    info.prefetch_factor = args.get("prefetch_factor")
+
+
+def install(config: ChildConfig) -> Recorder:
+    """Install every hook for one run; returns the recorder they report to."""
+    global ACTIVE
+    recorder = Recorder(config)
+    ACTIVE = recorder
+    register_optimizer_step_post_hook(recorder.optimizer_step)
+
+    original_next = _BaseDataLoaderIter.__next__
+
+    def timed_next(self: _BaseDataLoaderIter) -> Any:
+        t0 = time.perf_counter()
+        try:
+            batch = original_next(self)
+        except StopIteration:
+            recorder.data_wait_s += time.perf_counter() - t0
+            raise
+        recorder.data_wait(time.perf_counter() - t0, batch)
+        info_index = getattr(self, "_trainadvisor_loader", None)
+        if recorder.in_window and info_index is not None:
+            recorder.loaders[info_index].batches_in_window += 1
+        return batch
+
+    _BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]
+
+    original_get_iterator = DataLoader._get_iterator
+
+    def get_iterator(self: DataLoader) -> _BaseDataLoaderIter:
+        iterator = original_get_iterator(self)
+        iterator._trainadvisor_loader = getattr(self, "_trainadvisor_loader", None)  # type: ignore[attr-defined]
+        return iterator
+
+    DataLoader._get_iterator = get_iterator  # type: ignore[method-assign]
+
+    original_init = DataLoader.__init__
+    signature = inspect.signature(original_init)
+
+    def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        call = dict(bound.arguments)
+        call.pop("self")
+        call.update(call.pop("kwargs", {}) or {})
+        index = len(recorder.loaders)
+        info = _describe(call, index, _call_site())
+        _apply(call, dict(config.loader_overrides.get(str(index), {})), info)
+        recorder.loaders.append(info)
+        original_init(self, **call)
+        self._trainadvisor_loader = index  # type: ignore[attr-defined]
+
+    DataLoader.__init__ = init  # type: ignore[method-assign]
+
+    original_backward = torch.Tensor.backward
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        recorder.loss_candidate(self)
+        return original_backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+    if config.non_blocking_h2d and torch.cuda.is_available():
+        _install_non_blocking_copies()
+    return recorder
+
+
+def _install_non_blocking_copies() -> None:
+    """Make `.to('cuda')`/`.cuda()` of pinned host tensors non-blocking.
+
+    Safe for DataLoader batches: the pin-memory thread hands out a fresh pinned buffer per
+    batch, so nothing writes the source while the copy is in flight."""
+    original_to = torch.Tensor.to
+    original_cuda = torch.Tensor.cuda
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.is_pinned() and "non_blocking" not in kwargs and len(args) < 2:
+            kwargs["non_blocking"] = True
+        return original_to(self, *args, **kwargs)
+
+    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.is_pinned() and "non_blocking" not in kwargs and len(args) < 2:
+            kwargs["non_blocking"] = True
+        return original_cuda(self, *args, **kwargs)
+
+    torch.Tensor.to = to  # type: ignore[method-assign]
+    torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+
+
+def load_config(path: str) -> ChildConfig:
+    return ChildConfig(**json.loads(Path(path).read_text()))
+
+
+__all__ = ["ACTIVE", "ChildConfig", "Recorder", "WindowComplete", "install", "load_config"]

@@ -1,0 +1,65 @@
+"""Plain-data (de)serialisation of the pipeline's dataclasses, so every stage can be saved as
+JSON and loaded back to re-render a report without rerunning anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_plain(obj: Any) -> Any:
+    """A dataclass tree as JSON-ready dicts and lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def from_plain(cls: Any, data: Any) -> Any:
+    """Rebuild an object of type `cls` (a dataclass or a typing construct) from `to_plain` output.
+
+    Unknown keys are ignored and missing ones take the field's default, so files written by an
+    older or newer version of the same schema still load."""
+    if data is None:
+        return None
+    origin = typing.get_origin(cls)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(cls) if a is not type(None)]
+        return from_plain(options[0], data) if len(options) == 1 else data
+    if origin is list:
+        (item,) = typing.get_args(cls) or (Any,)
+        return [from_plain(item, v) for v in data]
+    if origin is dict:
+        _, value = typing.get_args(cls) or (str, Any)
+        return {k: from_plain(value, v) for k, v in data.items()}
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        kwargs = {
+            f.name: from_plain(hints[f.name], data[f.name])
+            for f in dataclasses.fields(cls)
+            if f.name in data
+        }
+        return cls(**kwargs)
+    if cls is float and isinstance(data, int):
+        return float(data)
+    return data
+
+
+def save_json(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(to_plain(obj), indent=1, allow_nan=False) + "\n")
+    tmp.replace(path)
+
+
+def load_json(cls: type[T], path: Path) -> T:
+    return typing.cast(T, from_plain(cls, json.loads(path.read_text())))

@@ -1,0 +1,142 @@
+"""From a raw run to measurements: per-run statistics, the step-time breakdown, throughput per
+window, and the flat table of named measurements that rules are written against. Pure."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from trainadvisor.analysis.trace import summarize_trace
+from trainadvisor.model import LoaderInfo, RawRun, Run, Stats
+
+# Steps per throughput window: the spread of a speedup is taken over windows of this many steps.
+WINDOW_STEPS = 5
+
+BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def stats(values: list[float]) -> Stats:
+    if not values:
+        return Stats(None, None, None, None, None)
+    return Stats(
+        median=percentile(values, 50),
+        p90=percentile(values, 90),
+        mean=sum(values) / len(values),
+        min=min(values),
+        max=max(values),
+    )
+
+
+def attach_trace(raw: RawRun, out_dir: Path) -> None:
+    """Copy the device-side per-step facts of the run's trace onto its step records."""
+    if not raw.trace_file:
+        return
+    trace_steps = summarize_trace(out_dir / raw.trace_file).steps
+    for record, traced in zip(raw.steps, trace_steps):
+        record.h2d_copy_ms = traced.h2d_copy_us / 1e3
+
+
+def window_size(raw: RawRun) -> int:
+    """Steps per throughput window: at least WINDOW_STEPS, and two rounds of the workers, since
+    N workers deliver batches in bursts of about N."""
+    workers = max((loader.num_workers for loader in raw.loaders), default=0)
+    return max(WINDOW_STEPS, 2 * workers)
+
+
+def window_throughputs(raw: RawRun) -> list[float]:
+    """Steps per second in consecutive windows of `window_size` steps (a short tail is dropped
+    unless it is the only window)."""
+    window_steps = window_size(raw)
+    durations = [s.step_ms for s in raw.steps]
+    windows = [
+        durations[i : i + window_steps]
+        for i in range(0, len(durations), window_steps)
+        if len(durations[i : i + window_steps]) == window_steps
+    ] or ([durations] if durations else [])
+    return [len(w) / (sum(w) / 1e3) for w in windows if sum(w) > 0]
+
+
+def summarize(raw: RawRun) -> Run:
+    steps = raw.steps
+    total_ms = sum(s.step_ms for s in steps)
+    per_step: dict[str, float] = {}
+    if steps:
+        data = sum(s.data_wait_ms for s in steps) / len(steps)
+        h2d = sum(s.h2d_copy_ms for s in steps) / len(steps)
+        mean = total_ms / len(steps)
+        per_step = {"data_wait": data, "h2d_copy": h2d, "compute": max(mean - data - h2d, 0.0)}
+    mean_ms = total_ms / len(steps) if steps else 0.0
+    samples = [s.samples for s in steps]
+    return Run(
+        label=raw.label,
+        steps=len(steps),
+        step_time_ms=stats([s.step_ms for s in steps]),
+        steps_per_s=len(steps) / (total_ms / 1e3) if total_ms > 0 else None,
+        samples_per_s=(
+            sum(n for n in samples if n is not None) / (total_ms / 1e3)
+            if steps and total_ms > 0 and all(n is not None for n in samples)
+            else None
+        ),
+        breakdown_pct={k: 100.0 * v / mean_ms for k, v in per_step.items()} if mean_ms else {},
+        breakdown_ms_per_step=per_step,
+        window_steps_per_s=window_throughputs(raw),
+        raw=raw,
+    )
+
+
+def main_loader(raw: RawRun) -> LoaderInfo | None:
+    """The DataLoader that fed the profiled steps: the one that served most batches in the window."""
+    used = [loader for loader in raw.loaders if loader.batches_in_window > 0]
+    return max(used, key=lambda loader: loader.batches_in_window) if used else None
+
+
+def named_measurements(run: Run) -> dict[str, Any]:
+    """The flat table rules are evaluated against; a name absent here is 'not measured'."""
+    raw = run.raw
+    table: dict[str, Any] = {
+        "steps": run.steps,
+        "step_time_ms_median": run.step_time_ms.median,
+        "step_time_ms_p90": run.step_time_ms.p90,
+        "steps_per_s": run.steps_per_s,
+        "samples_per_s": run.samples_per_s,
+    }
+    for key in BREAKDOWN_KEYS:
+        if key in run.breakdown_pct:
+            table[f"{key}_pct"] = run.breakdown_pct[key]
+            table[f"{key}_ms_per_step"] = run.breakdown_ms_per_step[key]
+    if raw.device is not None:
+        table["cpu_count"] = raw.device.cpu_count
+        table["cuda_used"] = raw.device.cuda_used
+    loader = main_loader(raw)
+    table["dataloaders"] = len(raw.loaders)
+    if loader is not None:
+        table.update(
+            dataloader_index=loader.index,
+            num_workers=loader.num_workers,
+            batch_size=loader.batch_size,
+            pin_memory=loader.pin_memory,
+            persistent_workers=loader.persistent_workers,
+            prefetch_factor=loader.prefetch_factor,
+            iterable_dataset=loader.iterable_dataset,
+            dataloader_call_site=loader.created_at,
+            dataset_class=loader.dataset_class,
+        )
+    window_ms = sum(s.step_ms for s in raw.steps)
+    inside = [h for h in raw.host_samples if 0 <= h.t_ms <= window_ms]
+    workers = [h.workers_cpu_pct for h in inside]
+    main = [h.main_cpu_pct for h in inside]
+    if main:
+        table["main_process_cpu_pct"] = sum(main) / len(main)
+        table["workers_cpu_pct"] = sum(workers) / len(workers)
+    return {k: v for k, v in table.items() if v is not None}

@@ -1,0 +1,114 @@
+"""The `trainadvisor` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from trainadvisor import __version__
+from trainadvisor.errors import ScriptFailedError, TrainAdvisorError
+from trainadvisor.pipeline import ProfileOptions, profile
+from trainadvisor.report import terminal_summary, write_report
+from trainadvisor.resources import templates_dir
+
+EXIT_CODES = """\b
+Exit codes:
+  0  the report was written
+  2  a usage problem: no such script, no training step seen, bad --out or rule file
+  3  the script failed (its error is shown; what was measured is still reported)
+  1  trainadvisor itself failed (please report it)"""
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trainadvisor")
+def main() -> None:
+    """Profile a PyTorch training loop, find what holds it back, and measure the fixes.
+
+    \b
+    Start with:
+      trainadvisor profile train.py --your --script --args
+    """
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog=EXIT_CODES,
+)
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Training steps to run before profiling (compilation, caches, worker start-up).")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=2),
+              help="Training steps to profile; speedups are measured over windows of 5 of them.")
+@click.option("--out", "out_dir", default="trainadvisor-report", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Report folder: report.html, report.md, report.json and the raw traces.")
+@click.option("--rules", "rule_dirs", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder of extra rule files (*.toml); may be given several times.")
+@click.option("--run-to-end", is_flag=True,
+              help="Let the script finish after the profiled window instead of stopping it.")
+@click.option("--no-fix", "no_fix", is_flag=True,
+              help="Only diagnose: do not rerun the script with fixes applied.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed for random, torch and numpy before the script starts, the same in every "
+                   "run, so the loss of the same steps can be compared.")
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def profile_command(
+    warmup: int, steps: int, out_dir: Path, rule_dirs: tuple[Path, ...], run_to_end: bool,
+    no_fix: bool, seed: int, script: Path, script_args: tuple[str, ...],
+) -> None:
+    """Profile SCRIPT, diagnose it, rerun it with the fixes, and write a before/after report.
+
+    SCRIPT runs unmodified as __main__ in a child process, with SCRIPT_ARGS as its own
+    arguments (options for trainadvisor go before SCRIPT). Training steps are found through
+    torch.optim optimizers; a loop without one calls trainadvisor.step() once per step.
+
+    After WARMUP steps, STEPS steps are profiled with torch.profiler, host sampling and NVML;
+    then the script is stopped (see --run-to-end). When a rule fires, its fix is measured in
+    fresh runs (several candidate settings, the fastest kept), confirmed in one more profiled
+    run, and kept only if it is faster in every window and leaves the loss of the same steps
+    unchanged.
+
+    \b
+    Example:
+      trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
+    """
+    options = ProfileOptions(
+        script=script,
+        args=list(script_args),
+        out_dir=out_dir,
+        warmup=warmup,
+        steps=steps,
+        seed=seed,
+        rule_dirs=list(rule_dirs),
+        run_to_end=run_to_end,
+        apply_fixes=not no_fix,
+    )
+    try:
+        report = profile(options, _echo)
+        write_report(report, out_dir, templates_dir())
+        click.echo(terminal_summary(report, out_dir))
+        baseline = report.baseline
+        if baseline is not None and baseline.raw.status == "script_failed":
+            raise ScriptFailedError(
+                f"{script} failed: {baseline.raw.error}. What was measured before it failed is "
+                f"in {out_dir / 'report.html'}"
+            )
+    except TrainAdvisorError as exc:
+        click.echo(f"trainadvisor: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
+        sys.exit(130)
+
+
+main.add_command(profile_command, name="profile")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The rule engine: loads declarative rule files (TOML, one rule per file) and evaluates them
+against a run's named measurements. Rules only propose fixes; `fixes` applies them.
+
+A rule's conditions are small expressions over measurement names, e.g. `data_wait_pct >= 20`,
+evaluated by a whitelist interpreter (comparisons, and/or/not, arithmetic): no Python `eval`."""
+
+from __future__ import annotations
+
+import ast
+import operator
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainadvisor.errors import RuleError
+from trainadvisor.model import Evidence, Finding
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SEVERITIES = ("high", "medium", "low")
+
+
+@dataclass
+class Level:
+    severity: str
+    condition: str
+    tree: ast.Expression
+
+
+@dataclass
+class EvidenceSpec:
+    measurement: str
+    label: str
+    unit: str
+
+
+@dataclass
+class Rule:
+    id: str
+    title: str
+    path: Path
+    requires: list[str]
+    levels: list[Level]  # checked in order; the first that holds gives the severity
+    message: str
+    evidence: list[EvidenceSpec]
+    fixes: list[str]
+    recommendation: str
+    anti_pattern: str
+    best_practice: str
+    threshold_source: str
+
+
+# ---- conditions ----
+
+_COMPARE = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_ARITH = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def _names(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _check(tree: ast.AST, where: str) -> None:
+    allowed = (
+        ast.Expression, ast.Compare, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
+        ast.USub, ast.BinOp, ast.Name, ast.Load, ast.Constant, *_COMPARE, *_ARITH,
+    )  # fmt: skip
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed):
+            raise RuleError(f"{where}: '{type(node).__name__}' is not allowed in a condition")
+
+
+def _eval(node: ast.AST, values: dict[str, Any]) -> Any:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body, values)
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    if isinstance(node, ast.BoolOp):
+        results = (_eval(v, values) for v in node.values)
+        return all(results) if isinstance(node.op, ast.And) else any(results)
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, values)
+        return (not value) if isinstance(node.op, ast.Not) else -value
+    if isinstance(node, ast.BinOp):
+        return _ARITH[type(node.op)](_eval(node.left, values), _eval(node.right, values))
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, values)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _eval(right_node, values)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise RuleError(f"cannot evaluate {type(node).__name__}")
+
+
+class _Formatter(string.Formatter):
+    """str.format over measurements, without attribute or index access."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        if not field_name.isidentifier():
+            raise RuleError(f"'{{{field_name}}}': a message may only name measurements")
+        return kwargs[field_name], field_name
+
+
+def render_message(template: str, values: dict[str, Any]) -> str:
+    return _Formatter().format(template, **values)
+
+
+# ---- loading ----
+
+
+def _text(data: dict[str, Any], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise RuleError(f"{where}: '{key}' must be a non-empty string")
+    return value
+
+
+def load_rule(path: Path) -> Rule:
+    where = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RuleError(f"{where}: not a readable TOML rule file ({exc})") from None
+    rule_id = _text(data, "id", where)
+    if rule_id != path.stem:
+        raise RuleError(f"{where}: the file must be named after the rule id ({rule_id}.toml)")
+    levels = []
+    for i, level in enumerate(data.get("when") or []):
+        severity = _text(level, "severity", f"{where} [[when]] #{i + 1}")
+        if severity not in SEVERITIES:
+            raise RuleError(f"{where}: severity '{severity}' is not one of {', '.join(SEVERITIES)}")
+        condition = _text(level, "condition", f"{where} [[when]] #{i + 1}")
+        try:
+            tree = ast.parse(condition, mode="eval")
+        except SyntaxError as exc:
+            raise RuleError(f"{where}: condition '{condition}' is not an expression ({exc.msg})")
+        _check(tree, f"{where}: condition '{condition}'")
+        levels.append(Level(severity, condition, tree))
+    if not levels:
+        raise RuleError(f"{where}: a rule needs at least one [[when]] with severity and condition")
+    recommendation = data.get("recommendation") or {}
+    evidence = [
+        EvidenceSpec(_text(e, "measurement", where), _text(e, "label", where), e.get("unit", ""))
+        for e in data.get("evidence") or []
+    ]
+    message = _text(data, "message", where)
+    in_message = {name for _, name, _, _ in string.Formatter().parse(message) if name}
+    requires = sorted(set().union(in_message, *(_names(level.tree) for level in levels)))
+    return Rule(
+        id=rule_id,
+        title=_text(data, "title", where),
+        path=path,
+        requires=requires,
+        levels=levels,
+        message=message,
+        evidence=evidence,
+        fixes=list(data.get("fixes") or []),
+        recommendation=_text(recommendation, "text", f"{where} [recommendation]"),
+        anti_pattern=_text(recommendation, "anti_pattern", f"{where} [recommendation]"),
+        best_practice=_text(recommendation, "best_practice", f"{where} [recommendation]"),
+        threshold_source=_text(data, "threshold_source", where),
+    )
+
+
+def load_rules(folders: list[Path]) -> list[Rule]:
+    """Every `*.toml` rule in the folders, in order; a later folder's rule replaces an earlier
+    one with the same id (so a user can override a built-in rule)."""
+    rules: dict[str, Rule] = {}
+    for folder in folders:
+        if not folder.is_dir():
+            raise RuleError(f"{folder}: not a folder of rule files")
+        for path in sorted(folder.glob("*.toml")):
+            rule = load_rule(path)
+            rules[rule.id] = rule
+    return list(rules.values())
+
+
+# ---- evaluation ----
+
+
+def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
+    if any(name not in values for name in rule.requires):
+        return None
+    level = next((lv for lv in rule.levels if _eval(lv.tree, values)), None)
+    if level is None:
+        return None
+    return Finding(
+        rule=rule.id,
+        title=rule.title,
+        severity=level.severity,
+        message=render_message(rule.message, values),
+        evidence=[
+            Evidence(e.measurement, e.label, values.get(e.measurement), e.unit)
+            for e in rule.evidence
+        ],
+        fixes=list(rule.fixes),
+        recommendation=rule.recommendation,
+        anti_pattern=rule.anti_pattern,
+        best_practice=rule.best_practice,
+        threshold_source=rule.threshold_source,
+    )
+
+
+def evaluate(rules: list[Rule], values: dict[str, Any]) -> list[Finding]:
+    """Findings, most severe first."""
+    findings = [f for rule in rules if (f := evaluate_rule(rule, values)) is not None]
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

@@ -1,0 +1,34 @@
+"""Exceptions of trainadvisor. Each carries the exit code the CLI ends with and a message
+that tells the user what to do next."""
+
+from __future__ import annotations
+
+
+class TrainAdvisorError(Exception):
+    """Base of every error trainadvisor raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(TrainAdvisorError):
+    """The user asked for something that cannot be done as asked (missing script, bad folder)."""
+
+    exit_code = 2
+
+
+class NoStepsError(TrainAdvisorError):
+    """The script ran but no training step was seen, so there is nothing to measure."""
+
+    exit_code = 2
+
+
+class RuleError(TrainAdvisorError):
+    """A rule file is malformed; the message names the file and the field."""
+
+    exit_code = 2
+
+
+class ScriptFailedError(TrainAdvisorError):
+    """The user's script raised or exited non-zero. What was measured is still reported."""
+
+    exit_code = 3

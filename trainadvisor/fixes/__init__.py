@@ -1,0 +1,63 @@
+"""Fixes: what a rule proposes, turned into settings the rerun applies without editing the
+script. A fix is a search policy over candidate settings; the pipeline measures each candidate
+and hands the results back (`next_candidate`), then `choose` picks the one to keep. Policies
+are pure: only the pipeline runs processes."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.model import Finding, PlannedFix, Trial
+
+
+class Candidate(Protocol):
+    label: str
+    overrides: dict[str, Any]
+
+
+class Fix(Protocol):
+    id: str
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        """Why the fix cannot be tried on this run, or None."""
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Any:
+        """The next setting to measure given the trials so far, or None when done."""
+
+    def choose(self, trials: list[Trial], baseline_steps_per_s: float) -> Trial | None:
+        """The trial worth keeping, or None when none is."""
+
+    def describe(self, trial: Trial) -> str:
+        """The chosen settings in words, e.g. 'num_workers=8, persistent_workers=True'."""
+
+
+REGISTRY: dict[str, Fix] = {fix.id: fix for fix in (DataLoaderWorkers(),)}
+
+
+def plan(findings: list[Finding], values: dict[str, Any]) -> list[PlannedFix]:
+    """One planned fix per fix id proposed by the findings, in finding order."""
+    planned: dict[str, PlannedFix] = {}
+    for finding in findings:
+        for fix_id in finding.fixes:
+            if fix_id in planned:
+                continue
+            fix = REGISTRY.get(fix_id)
+            if fix is None:
+                planned[fix_id] = PlannedFix(
+                    fix_id, finding.rule, False, "no fix of this id is known to trainadvisor"
+                )
+                continue
+            reason = fix.not_applicable(values)
+            planned[fix_id] = PlannedFix(fix_id, finding.rule, reason is None, reason or "")
+    return list(planned.values())
+
+
+def merge_overrides(settings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The overrides of several kept fixes as one rerun configuration."""
+    merged: dict[str, Any] = {"loaders": {}, "non_blocking_h2d": False}
+    for overrides in settings:
+        for index, loader in overrides.get("loaders", {}).items():
+            merged["loaders"].setdefault(index, {}).update(loader)
+        merged["non_blocking_h2d"] |= bool(overrides.get("non_blocking_h2d"))
+    return merged

@@ -1,0 +1,103 @@
+"""Fix `dataloader-workers`: load batches in worker processes, with the worker count measured.
+
+The search doubles `num_workers` from twice the current count while each step up gains at least
+`STEP_GAIN`, up to `max_workers` (four per core, at least 8, at most 32: loading bound by I/O
+latency keeps scaling past the core count, loading bound by CPU stops near it, and the search
+finds which). Every candidate keeps workers alive across epochs (`persistent_workers=True`);
+the best count is then tried with `prefetch_factor=4`. On a CUDA run every candidate also pins
+memory and makes the host-to-device copies of pinned batches non-blocking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainadvisor.model import Trial
+
+STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
+PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
+MIN_GAIN = 1.05  # a candidate must beat the baseline by 5% to be worth a confirmation run
+PREFETCH = 4
+
+
+@dataclass
+class Setting:
+    label: str
+    overrides: dict[str, Any]
+
+
+def max_workers(cpu_count: int) -> int:
+    return min(32, max(8, 4 * cpu_count))
+
+
+class DataLoaderWorkers:
+    id = "dataloader-workers"
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        if "dataloader_index" not in values:
+            return "no torch DataLoader fed the profiled steps, so there is nothing to tune"
+        if values["num_workers"] * 2 > max_workers(values.get("cpu_count", 1)):
+            return (
+                f"the DataLoader already has {values['num_workers']} workers, the most this "
+                "search tries on this machine: make loading itself cheaper instead"
+            )
+        return None
+
+    def _setting(self, values: dict[str, Any], workers: int, prefetch: int | None) -> Setting:
+        cuda = bool(values.get("cuda_used"))
+        loader: dict[str, Any] = {"num_workers": workers, "persistent_workers": True}
+        label = f"num_workers={workers}"
+        if prefetch is not None:
+            loader["prefetch_factor"] = prefetch
+            label += f", prefetch_factor={prefetch}"
+        if cuda:
+            loader["pin_memory"] = True
+        overrides = {"loaders": {str(values["dataloader_index"]): loader}, "non_blocking_h2d": cuda}
+        return Setting(label, overrides)
+
+    @staticmethod
+    def _workers(trial: Trial) -> int:
+        return int(next(iter(trial.overrides["loaders"].values()))["num_workers"])
+
+    @staticmethod
+    def _prefetch(trial: Trial) -> bool:
+        return "prefetch_factor" in next(iter(trial.overrides["loaders"].values()))
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        ceiling = max_workers(values.get("cpu_count", 1))
+        if not trials:
+            return self._setting(values, max(2, 2 * values["num_workers"]), None)
+        last = trials[-1]
+        if last.status != "measured":
+            return None  # refused, failed or changed training: more workers will not do better
+        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+        if self._prefetch(last):
+            return None
+        previous = [t.steps_per_s for t in measured[:-1]] + [values.get("steps_per_s") or 0.0]
+        gained = (last.steps_per_s or 0.0) >= STEP_GAIN * max(previous)
+        workers = self._workers(last)
+        if gained and workers * 2 <= ceiling:
+            return self._setting(values, workers * 2, None)
+        best = max(measured, key=lambda t: t.steps_per_s or 0.0)
+        return self._setting(values, self._workers(best), PREFETCH)
+
+    def choose(self, trials: list[Trial], baseline_steps_per_s: float) -> Trial | None:
+        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+        if not measured:
+            return None
+        best = max(measured, key=lambda t: t.steps_per_s or 0.0)
+        if self._prefetch(best):
+            plain = [t for t in measured if not self._prefetch(t)]
+            same = [t for t in plain if self._workers(t) == self._workers(best)]
+            if same and (best.steps_per_s or 0.0) < PREFETCH_GAIN * (same[0].steps_per_s or 0.0):
+                best = same[0]
+        if (best.steps_per_s or 0.0) < MIN_GAIN * baseline_steps_per_s:
+            return None
+        return best
+
+    def describe(self, trial: Trial) -> str:
+        loader = next(iter(trial.overrides["loaders"].values()))
+        parts = [f"{key}={value}" for key, value in loader.items()]
+        if trial.overrides.get("non_blocking_h2d"):
+            parts.append("non_blocking=True host-to-device copies")
+        return ", ".join(parts)

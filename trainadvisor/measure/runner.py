@@ -1,0 +1,197 @@
+"""Runs the user's script once in a child process under instrumentation and returns what it
+measured. The child gets its own process group, so when it ends every DataLoader worker and
+any process it started goes with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import trainadvisor
+from trainadvisor import _serial
+from trainadvisor._hooks import ChildConfig
+from trainadvisor.measure.sampling import Sampler
+from trainadvisor.model import GpuSample, HostSample, RawRun
+
+# Once the window is written, the script is given this long to stop before it is killed
+# (a loop that catches BaseException would otherwise keep training).
+STOP_GRACE_S = 15.0
+
+
+@dataclass
+class RunSpec:
+    label: str
+    script: Path
+    args: list[str]
+    out_dir: Path  # the report folder: traces/ and logs/ go there
+    warmup: int
+    steps: int
+    seed: int | None = 0
+    stop_after_window: bool = True
+    profile: bool = True
+    show_output: bool = True
+    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    non_blocking_h2d: bool = False
+    timeout_s: float | None = None  # None: no limit
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(trainadvisor.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGTERM the whole group, then SIGKILL whatever is left after a short grace."""
+    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_file: Path) -> str | None:
+    """Wait for the child; returns why it was killed, or None if it ended by itself."""
+    started = time.monotonic()
+    written_at: float | None = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if spec.stop_after_window and written_at is None and result_file.exists():
+            written_at = now
+        if written_at is not None and now - written_at > STOP_GRACE_S:
+            _kill_group(proc.pid)
+            return f"the script kept running {STOP_GRACE_S:.0f} s after it was asked to stop"
+        if spec.timeout_s is not None and now - started > spec.timeout_s:
+            _kill_group(proc.pid)
+            return f"the run took longer than {spec.timeout_s:.0f} s"
+        time.sleep(0.05)
+    return None
+
+
+def measure(spec: RunSpec) -> RawRun:
+    """Run the script once; never raises for the script's own failures (they are in the result)."""
+    work = spec.out_dir / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    result_file = work / f"{spec.label}.result.json"
+    result_file.unlink(missing_ok=True)
+    trace_rel = f"traces/{spec.label}/trainadvisor.pt.trace.json.gz" if spec.profile else None
+    if trace_rel:
+        (spec.out_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+    config = ChildConfig(
+        label=spec.label,
+        result_file=str(result_file.resolve()),
+        trace_file=str((spec.out_dir / trace_rel).resolve()) if trace_rel else None,
+        warmup=spec.warmup,
+        steps=spec.steps,
+        stop_after_window=spec.stop_after_window,
+        seed=spec.seed,
+        loader_overrides=spec.loader_overrides,
+        non_blocking_h2d=spec.non_blocking_h2d,
+    )
+    config_file = work / f"{spec.label}.config.json"
+    config_file.write_text(json.dumps(asdict(config)))
+    command = [sys.executable, "-m", "trainadvisor._child", str(config_file), str(spec.script)]
+    log_rel = None if spec.show_output else f"logs/{spec.label}.log"
+    log: IO[bytes] | None = None
+    if log_rel:
+        (spec.out_dir / log_rel).parent.mkdir(parents=True, exist_ok=True)
+        log = open(spec.out_dir / log_rel, "wb")
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            [*command, *spec.args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            env=_child_env(),
+            start_new_session=True,
+        )
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        try:
+            killed = _wait(proc, spec, result_file)
+        finally:
+            sampler.stop()
+            _kill_group(proc.pid)
+            proc.wait()
+    finally:
+        if log:
+            log.close()
+    raw = _result(result_file, spec, proc.returncode, killed)
+    raw.wall_s = time.monotonic() - started
+    raw.log_file = log_rel
+    raw.overrides = {"loaders": spec.loader_overrides, "non_blocking_h2d": spec.non_blocking_h2d}
+    _attach_samples(raw, sampler)
+    if raw.trace_file:
+        raw.trace_file = trace_rel
+    return raw
+
+
+def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | None) -> RawRun:
+    if result_file.exists():
+        raw = _serial.load_json(RawRun, result_file)
+        if killed and raw.status != "window_complete":
+            raw.status, raw.error = "script_failed", killed
+        return raw
+    if killed:
+        error = killed
+    elif returncode < 0:
+        error = f"the script was killed by signal {signal.Signals(-returncode).name}"
+    else:
+        error = f"the script ended with exit code {returncode} before anything was recorded"
+    return RawRun(
+        label=spec.label,
+        status="script_failed",
+        exit_code=returncode,
+        error=error,
+        warmup_steps=spec.warmup,
+        window_steps=spec.steps,
+        steps_seen=0,
+        steps=[],
+        loaders=[],
+        device=None,
+    )
+
+
+def _attach_samples(raw: RawRun, sampler: Sampler) -> None:
+    t0 = raw.window_start_unix_s
+    if t0 is None:
+        t0 = sampler.host[0].unix_s if sampler.host else 0.0
+    raw.host_samples = [
+        HostSample(
+            t_ms=(h.unix_s - t0) * 1e3,
+            main_cpu_pct=h.main_cpu_pct,
+            workers_cpu_pct=h.workers_cpu_pct,
+            main_rss_bytes=h.main_rss_bytes,
+            workers_rss_bytes=h.workers_rss_bytes,
+            workers=h.workers,
+        )
+        for h in sampler.host
+    ]
+    raw.gpu_samples = [
+        GpuSample(
+            t_ms=(g.unix_s - t0) * 1e3,
+            util_pct=g.util_pct,
+            memory_used_bytes=g.memory_used_bytes,
+            memory_total_bytes=g.memory_total_bytes,
+            power_w=g.power_w,
+            sm_clock_mhz=g.sm_clock_mhz,
+        )
+        for g in sampler.gpu
+    ]
+    raw.nvml_status = sampler.nvml_status

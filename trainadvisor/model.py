@@ -1,0 +1,233 @@
+"""The plain data that flows through the pipeline:
+
+    profile -> RawRun -> Run (measurements) -> [Finding] -> FixPlan -> FixOutcome -> Comparison
+    -> Report
+
+Every class here is a dataclass of plain values, saved as JSON (see `_serial`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+# ---- what one child process measured (written by the child, completed by the parent) ----
+
+
+@dataclass
+class StepRecord:
+    """One training step inside the profiled window."""
+
+    index: int  # 0-based count of steps since the script started
+    start_ms: float  # since the window started
+    step_ms: float  # wall time from the previous step boundary to this one
+    data_wait_ms: float  # time spent inside DataLoader `__next__`
+    h2d_copy_ms: float = 0.0  # host-to-device copy time in the step (from the trace)
+    samples: int | None = None  # first dimension of the batch(es) drawn in the step
+    loss: float | None = None  # last scalar `.backward()` was called on in the step
+
+
+@dataclass
+class LoaderInfo:
+    """One `DataLoader` the script built, in creation order, with any override applied."""
+
+    index: int
+    created_at: str  # file:line of the DataLoader(...) call in the user's code
+    dataset_class: str
+    iterable_dataset: bool
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    start_method: str | None  # multiprocessing start method the workers would use
+    collate_fn: str | None  # qualified name of a user collate_fn, None for the default
+    batches_in_window: int = 0
+    overrides_applied: dict[str, Any] = field(default_factory=dict)
+    override_refused: str | None = None  # why a requested override was not applied
+
+
+@dataclass
+class HostSample:
+    t_ms: float  # since the window started (negative: before it)
+    main_cpu_pct: float
+    workers_cpu_pct: float
+    main_rss_bytes: int
+    workers_rss_bytes: int
+    workers: int
+
+
+@dataclass
+class GpuSample:
+    t_ms: float
+    util_pct: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_w: float | None
+    sm_clock_mhz: int | None
+
+
+@dataclass
+class DeviceInfo:
+    torch_version: str
+    python_version: str
+    cpu_count: int
+    cuda_used: bool
+    cuda_version: str | None = None
+    gpu_name: str | None = None
+
+
+@dataclass
+class RawRun:
+    """Everything one run of the script measured. Status is one of:
+    `window_complete` (the window was measured), `script_ended` (the script finished, maybe
+    before the window was full), `script_failed` (it raised or exited non-zero)."""
+
+    label: str
+    status: str
+    exit_code: int | None
+    error: str | None
+    warmup_steps: int
+    window_steps: int
+    steps_seen: int
+    steps: list[StepRecord]
+    loaders: list[LoaderInfo]
+    device: DeviceInfo | None
+    window_start_unix_s: float | None = None
+    duplicate_batches: int = 0  # batches in the window identical to an earlier one
+    losses: list[float | None] = field(default_factory=list)  # by step index, warmup included
+    trace_file: str | None = None  # relative to the report folder
+    host_samples: list[HostSample] = field(default_factory=list)
+    gpu_samples: list[GpuSample] = field(default_factory=list)
+    nvml_status: str = "not sampled"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    log_file: str | None = None  # script output, when it was captured rather than shown
+
+
+# ---- measurements: a summarised run ----
+
+
+@dataclass
+class Stats:
+    median: float | None
+    p90: float | None
+    mean: float | None
+    min: float | None
+    max: float | None
+
+
+@dataclass
+class Run:
+    """A run as the report shows it: the summary keys of report.json's `baseline`/`after`
+    plus the raw run it was computed from."""
+
+    label: str
+    steps: int
+    step_time_ms: Stats
+    steps_per_s: float | None
+    samples_per_s: float | None
+    breakdown_pct: dict[str, float]
+    breakdown_ms_per_step: dict[str, float]
+    window_steps_per_s: list[float]
+    raw: RawRun
+
+
+# ---- diagnosis ----
+
+
+@dataclass
+class Evidence:
+    measurement: str
+    label: str
+    value: Any
+    unit: str = ""
+
+
+@dataclass
+class Finding:
+    rule: str
+    title: str
+    severity: str
+    message: str
+    evidence: list[Evidence]
+    fixes: list[str]
+    recommendation: str
+    anti_pattern: str
+    best_practice: str
+    threshold_source: str
+
+
+# ---- fixing ----
+
+
+@dataclass
+class PlannedFix:
+    """A fix a finding proposed, and whether it can be tried on this run."""
+
+    fix: str
+    rule: str
+    applicable: bool
+    reason: str  # why not, when it is not applicable
+
+
+@dataclass
+class Trial:
+    """One candidate setting of a fix, run and measured."""
+
+    label: str
+    overrides: dict[str, Any]
+    status: str  # measured | failed | refused
+    steps_per_s: float | None
+    reason: str | None
+    raw: RawRun | None = None
+
+
+@dataclass
+class LossCheck:
+    steps_compared: int
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    tolerance_rel: float
+    equivalent: bool | None  # None: no loss was captured, so nothing could be compared
+    baseline: list[float | None] = field(default_factory=list)
+    after: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    speedup: float | None  # median window throughput, after / baseline
+    speedup_low: float | None  # slowest after window / fastest baseline window
+    speedup_high: float | None
+    windows: int
+    loss_check: LossCheck
+
+
+@dataclass
+class FixOutcome:
+    fix: str
+    rule: str
+    status: str  # kept | no_gain | changed_training | failed | not_applicable
+    reason: str
+    settings: dict[str, Any]
+    trials: list[Trial]
+
+
+@dataclass
+class Report:
+    schema_version: int
+    command: list[str]
+    script: str
+    environment: DeviceInfo | None
+    baseline: Run | None
+    after: Run | None
+    findings: list[Finding]
+    plan: list[PlannedFix]
+    fix_outcomes: list[FixOutcome]
+    applied_fixes: list[str]
+    speedup: float | None
+    comparison: Comparison | None
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0

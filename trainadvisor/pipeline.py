@@ -1,0 +1,209 @@
+"""`trainadvisor profile`: baseline run -> measurements -> findings -> fix plan -> tuning trials
+-> confirmation run -> comparison -> report. Only `measure` touches processes and clocks; every
+other stage is a pure function of the saved data before it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trainadvisor import engine, fixes
+from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
+from trainadvisor.compare import compare, judge_trial, verdict
+from trainadvisor.errors import NoStepsError, UsageError
+from trainadvisor.measure.runner import RunSpec, measure
+from trainadvisor.model import SCHEMA_VERSION, FixOutcome, PlannedFix, RawRun, Report, Run, Trial
+from trainadvisor.resources import rules_dir
+
+MAX_TRIALS_PER_FIX = 8
+
+STEP_MARKING_HELP = (
+    "trainadvisor finds steps through torch.optim optimizers' step() (global optimizer hooks). "
+    "If your loop does not call optimizer.step(), add `import trainadvisor` and call "
+    "`trainadvisor.step()` once at the end of every training step; outside trainadvisor the "
+    "call does nothing."
+)
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class ProfileOptions:
+    script: Path
+    args: list[str]
+    out_dir: Path
+    warmup: int = 5
+    steps: int = 20
+    seed: int | None = 0
+    rule_dirs: list[Path] = field(default_factory=list)
+    run_to_end: bool = False
+    apply_fixes: bool = True
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse to write into a folder of the user's that is not an earlier report."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir}: exists and is not a folder; choose another --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "report.json").exists():
+        raise UsageError(
+            f"--out {out_dir}: the folder has files and is not a trainadvisor report; "
+            "choose an empty or new folder so nothing of yours is overwritten"
+        )
+
+
+def _spec(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
+    spec = RunSpec(
+        label=label,
+        script=options.script,
+        args=options.args,
+        out_dir=options.out_dir,
+        warmup=options.warmup,
+        steps=options.steps,
+        seed=options.seed,
+    )
+    return replace(spec, **changes)
+
+
+def _with_loader_overrides(options: ProfileOptions, label: str, overrides: dict[str, Any],
+                           **changes: Any) -> RunSpec:
+    """A run with DataLoader overrides. Workers fill up to workers x prefetch_factor batches
+    while the first, slow steps run; consumed inside the window, that buffer would pass for
+    speed. So the warmup is lengthened by the buffer's depth and the window made at least three
+    times as long as it."""
+    buffered = sum(
+        int(loader.get("num_workers", 0)) * int(loader.get("prefetch_factor", 2))
+        for loader in overrides["loaders"].values()
+    )
+    return _spec(
+        options,
+        label,
+        warmup=options.warmup + buffered,
+        steps=max(options.steps, 3 * buffered),
+        loader_overrides=overrides["loaders"],
+        non_blocking_h2d=overrides["non_blocking_h2d"],
+        **changes,
+    )
+
+
+def _measure_run(spec: RunSpec) -> Run:
+    raw = measure(spec)
+    attach_trace(raw, spec.out_dir)
+    return summarize(raw)
+
+
+def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
+    if raw.status == "script_failed":
+        return
+    if raw.steps_seen == 0:
+        raise NoStepsError(f"{options.script} ran to the end but no training step was seen. "
+                           + STEP_MARKING_HELP)
+    if not raw.steps:
+        raise UsageError(
+            f"{options.script} ran only {raw.steps_seen} step(s), all inside the warmup of "
+            f"{options.warmup}: lower --warmup, or pass arguments that make the script train longer"
+        )
+
+
+def tune(
+    fix: fixes.Fix, values: dict[str, Any], options: ProfileOptions, baseline: Run, echo: Echo
+) -> list[Trial]:
+    trials: list[Trial] = []
+    timeout_s = max(60.0, 5 * baseline.raw.wall_s)
+    while len(trials) < MAX_TRIALS_PER_FIX:
+        candidate = fix.next_candidate(values, trials)
+        if candidate is None:
+            break
+        label = f"{fix.id}-{len(trials) + 1}"
+        run = _measure_run(
+            _with_loader_overrides(
+                options, label, candidate.overrides, profile=False, show_output=False,
+                timeout_s=timeout_s,
+            )
+        )
+        status, reason = judge_trial(baseline.raw, run.raw)
+        trials.append(Trial(candidate.label, candidate.overrides, status, run.steps_per_s, reason, run.raw))
+        shown = f"{run.steps_per_s:.1f} steps/s" if status == "measured" and run.steps_per_s else status
+        echo(f"  tried {candidate.label}: {shown}" + (f" ({reason})" if reason else ""))
+    return trials
+
+
+def profile(options: ProfileOptions, echo: Echo) -> Report:
+    started = time.monotonic()
+    if not options.script.is_file():
+        raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
+    rules = engine.load_rules([rules_dir(), *options.rule_dirs])
+    check_out_dir(options.out_dir)
+    echo(f"trainadvisor: running {options.script} (warmup {options.warmup} steps, "
+         f"then profiling {options.steps} steps)")
+    baseline = _measure_run(_spec(options, "baseline", stop_after_window=not options.run_to_end))
+    _check_steps(baseline.raw, options)
+    notes: list[str] = []
+    if 0 < baseline.steps < options.steps:
+        notes.append(f"The script ended after {baseline.steps} of the {options.steps} profiled steps.")
+    values = named_measurements(baseline)
+    findings = engine.evaluate(rules, values)
+    plan = fixes.plan(findings, values)
+    outcomes: list[FixOutcome] = []
+    after: Run | None = None
+    comparison = None
+    if baseline.raw.status == "script_failed":
+        notes.append("The script failed, so no fix was tried.")
+    elif options.apply_fixes:
+        outcomes = _tune_all(plan, values, options, baseline, echo)
+        kept = [o for o in outcomes if o.status == "kept"]
+        if kept:
+            echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
+            merged = fixes.merge_overrides([o.settings for o in kept])
+            after = _measure_run(_with_loader_overrides(options, "after", merged, show_output=False))
+            comparison = compare(baseline, after)
+            status, reason = verdict(comparison)
+            if after.raw.status != "window_complete":
+                status, reason = "failed", after.raw.error or "the confirmation run did not complete"
+            for outcome in kept:
+                outcome.status, outcome.reason = status, reason
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        command=["trainadvisor", "profile", str(options.script), *options.args],
+        script=str(options.script),
+        environment=baseline.raw.device,
+        baseline=baseline,
+        after=after,
+        findings=findings,
+        plan=plan,
+        fix_outcomes=outcomes,
+        applied_fixes=[o.fix for o in outcomes if o.status == "kept"],
+        speedup=comparison.speedup if comparison else None,
+        comparison=comparison,
+        notes=notes,
+        elapsed_s=time.monotonic() - started,
+    )
+
+
+def _tune_all(
+    plan: list[PlannedFix], values: dict[str, Any], options: ProfileOptions, baseline: Run, echo: Echo
+) -> list[FixOutcome]:
+    outcomes = []
+    for planned in plan:
+        if not planned.applicable:
+            outcomes.append(FixOutcome(planned.fix, planned.rule, "not_applicable", planned.reason, {}, []))
+            continue
+        fix = fixes.REGISTRY[planned.fix]
+        echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
+        trials = tune(fix, values, options, baseline, echo)
+        chosen = fix.choose(trials, baseline.steps_per_s or 0.0)
+        if chosen is not None:
+            outcomes.append(FixOutcome(planned.fix, planned.rule, "kept", fix.describe(chosen),
+                                       chosen.overrides, trials))
+            continue
+        blocked = next((t for t in trials if t.status != "measured"), None)
+        if blocked is not None and not any(t.status == "measured" for t in trials):
+            status = "changed_training" if blocked.status == "changed_training" else "failed"
+            outcomes.append(FixOutcome(planned.fix, planned.rule, status,
+                                       f"{blocked.label}: {blocked.reason}", {}, trials))
+        else:
+            outcomes.append(FixOutcome(planned.fix, planned.rule, "no_gain",
+                                       "no candidate was at least 5% faster than the baseline", {}, trials))
+    return outcomes

@@ -1,0 +1,199 @@
+"""Rendering: report.json (the whole saved pipeline state, re-renderable), report.md (a
+pull-request-sized summary), report.html (one self-contained file, pictures as inline SVG), and
+the short terminal diagnosis. Pure: a Report in, text out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from trainadvisor import _serial
+from trainadvisor.analysis.summary import BREAKDOWN_KEYS
+from trainadvisor.model import Report, Run
+
+COLORS = {"data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5"}
+LABELS = {"data_wait": "data wait", "h2d_copy": "host-to-device copy", "compute": "compute & other"}
+
+
+def headline(report: Report) -> str:
+    """One sentence: what held the loop back and what the fixes measured."""
+    kept = [o for o in report.fix_outcomes if o.status == "kept"]
+    comparison = report.comparison
+    if kept and comparison and comparison.speedup:
+        return (
+            f"{comparison.speedup:.2f}x faster (range {comparison.speedup_low:.2f}-"
+            f"{comparison.speedup_high:.2f}x over {comparison.windows} windows) after "
+            + ", ".join(o.fix for o in kept)
+        )
+    if report.findings:
+        top = report.findings[0]
+        return f"{top.title} ({top.severity}); no fix was kept"
+    if report.baseline is None or not report.baseline.steps:
+        return "Nothing was measured"
+    return "No bottleneck found by the rules in the profiled window"
+
+
+# ---- pictures (geometry computed here, drawn by the template) ----
+
+
+@dataclass
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    title: str
+
+
+def breakdown_bars(runs: list[Run], width: float = 560.0) -> list[dict[str, Any]]:
+    """One horizontal stacked bar per run, scaled to the slowest run's mean step time."""
+    longest = max((sum(r.breakdown_ms_per_step.values()) for r in runs), default=0.0) or 1.0
+    rows = []
+    for row, run in enumerate(runs):
+        x, bars = 0.0, []
+        for key in BREAKDOWN_KEYS:
+            ms = run.breakdown_ms_per_step.get(key, 0.0)
+            w = width * ms / longest
+            pct = run.breakdown_pct.get(key, 0.0)
+            bars.append(Bar(x, row * 34.0, w, 24.0, COLORS[key], f"{LABELS[key]}: {ms:.1f} ms ({pct:.0f}%)"))
+            x += w
+        rows.append({"label": run.label, "bars": bars, "total_ms": sum(run.breakdown_ms_per_step.values())})
+    return rows
+
+
+def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_ms: float = 0.0) -> list[Bar]:
+    """One stacked column per step: data wait at the bottom, copies, then compute."""
+    steps = run.raw.steps
+    if not steps:
+        return []
+    top = scale_ms or max(s.step_ms for s in steps)
+    column = width / len(steps)
+    bars = []
+    for i, s in enumerate(steps):
+        y = height
+        parts = {"data_wait": s.data_wait_ms, "h2d_copy": s.h2d_copy_ms,
+                 "compute": max(s.step_ms - s.data_wait_ms - s.h2d_copy_ms, 0.0)}
+        for key, ms in parts.items():
+            h = height * ms / top
+            y -= h
+            bars.append(Bar(i * column + 1, y, max(column - 2, 1.0), h, COLORS[key],
+                            f"step {s.index}: {LABELS[key]} {ms:.1f} ms of {s.step_ms:.1f} ms"))
+    return bars
+
+
+def cpu_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
+    """SVG polyline points of the main process's and the workers' CPU use over the window."""
+    window_ms = sum(s.step_ms for s in run.raw.steps) or 1.0
+    samples = [h for h in run.raw.host_samples if 0 <= h.t_ms <= window_ms]
+    if len(samples) < 2:
+        return {}
+    top = max(100.0, *(max(h.main_cpu_pct, h.workers_cpu_pct) for h in samples))
+
+    def points(values: list[tuple[float, float]]) -> str:
+        return " ".join(f"{width * t / window_ms:.1f},{height - height * v / top:.1f}" for t, v in values)
+
+    return {
+        "main": points([(h.t_ms, h.main_cpu_pct) for h in samples]),
+        "workers": points([(h.t_ms, h.workers_cpu_pct) for h in samples]),
+        "top": f"{top:.0f}",
+    }
+
+
+# ---- rendering ----
+
+
+def _environment(templates: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates)),
+        autoescape=jinja2.select_autoescape(["html", "html.j2"], default_for_string=False),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = _number
+    return env
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _context(report: Report) -> dict[str, Any]:
+    runs = [r for r in (report.baseline, report.after) if r is not None]
+    scale = max((s.step_ms for r in runs for s in r.raw.steps), default=0.0)
+    return {
+        "r": report,
+        "headline": headline(report),
+        "runs": runs,
+        "breakdown": breakdown_bars(runs),
+        "timelines": [(run, timeline_bars(run, scale_ms=scale)) for run in runs],
+        "cpu": [(run, cpu_lines(run)) for run in runs],
+        "colors": COLORS,
+        "labels": LABELS,
+        "keys": BREAKDOWN_KEYS,
+    }
+
+
+def render_html(report: Report, templates: Path) -> str:
+    return _environment(templates).get_template("report.html.j2").render(**_context(report))
+
+
+def render_markdown(report: Report, templates: Path) -> str:
+    return _environment(templates).get_template("report.md.j2").render(**_context(report))
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(_serial.to_plain(report), indent=1, allow_nan=False) + "\n"
+
+
+def write_report(report: Report, out_dir: Path, templates: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(report_json(report))
+    (out_dir / "report.md").write_text(render_markdown(report, templates))
+    (out_dir / "report.html").write_text(render_html(report, templates))
+
+
+def load_report(out_dir: Path) -> Report:
+    return _serial.load_json(Report, out_dir / "report.json")
+
+
+def terminal_summary(report: Report, out_dir: Path) -> str:
+    """The diagnosis printed at the end of a run: fits in 80 columns, a dozen lines."""
+    lines = [f"trainadvisor: {headline(report)}"]
+    base = report.baseline
+    if base is not None and base.steps:
+        lines.append(_run_line("before", base))
+    if report.after is not None:
+        lines.append(_run_line("after", report.after))
+    for finding in report.findings:
+        lines.append(f"  [{finding.severity}] {finding.rule}: {finding.message}")
+    for outcome in report.fix_outcomes:
+        lines.append(f"  fix {outcome.fix}: {outcome.status.replace('_', ' ')} - {outcome.reason}")
+    if report.comparison and report.comparison.loss_check.equivalent is not None:
+        check = report.comparison.loss_check
+        same = "unchanged" if check.equivalent else "CHANGED"
+        lines.append(f"  training {same}: loss of {check.steps_compared} steps differs by at most "
+                     f"{check.max_abs_diff:.3g}")
+    for note in report.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"  report: {out_dir / 'report.html'}")
+    return "\n".join(lines)
+
+
+def _run_line(name: str, run: Run) -> str:
+    pct = run.breakdown_pct
+    return (
+        f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, "
+        f"{run.steps_per_s or 0:7.1f} steps/s, data wait {pct.get('data_wait', 0):.0f}%"
+    )
