@@ -58,6 +58,7 @@ def main() -> int:
     try:
         runpy.run_path(script, run_name="__main__")
     except _hooks.WindowComplete:
+        recorder.write("window_complete", 0, None)
         return 0
     except SystemExit as exc:
         code = _exit_code(exc)

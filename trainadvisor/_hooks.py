@@ -16,6 +16,7 @@ import os
 import pickle
 import platform
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,8 @@ class ChildConfig:
     result_file: str
     trace_file: str | None  # absolute; None: do not run torch.profiler
     warmup: int
-    steps: int
+    steps: int  # timed with clocks alone
+    profile_steps: int  # then traced with torch.profiler (its overhead would bias the timing)
     stop_after_window: bool
     seed: int | None
     loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -74,7 +76,7 @@ class Recorder:
         self.fingerprints: set[tuple[Any, ...]] = set()
         self.duplicate_batches = 0
         self.profiler: torch.profiler.profile | None = None
-        self.written = False
+        self.result: RawRun | None = None
 
     # ---- step boundaries ----
 
@@ -104,10 +106,14 @@ class Recorder:
                     step_ms=(now - self.last_mark) * 1e3,
                     data_wait_ms=self.data_wait_s * 1e3,
                     samples=self.samples,
+                    profiled=self.profiler is not None,
                 )
             )
-            if len(self.records) == self.config.steps:
+            recorded = len(self.records)
+            if recorded == self.config.steps + self.config.profile_steps:
                 self.end_window()
+            elif recorded == self.config.steps:
+                self.start_profiler()
             elif self.profiler is not None:
                 self.profiler.step()
         elif not self.window_done and self.steps_seen == self.config.warmup:
@@ -120,7 +126,12 @@ class Recorder:
             raise WindowComplete()
 
     def start_window(self) -> None:
-        if self.config.trace_file is not None:
+        self.in_window = True
+        self.window_start_unix_s = time.time()
+        self.window_t0 = time.perf_counter()
+
+    def start_profiler(self) -> None:
+        if self.config.trace_file is not None and self.config.profile_steps > 0:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -129,9 +140,6 @@ class Recorder:
                 schedule=lambda _step: torch.profiler.ProfilerAction.RECORD,
             )
             self.profiler.start()
-        self.in_window = True
-        self.window_start_unix_s = time.time()
-        self.window_t0 = time.perf_counter()
 
     def end_window(self) -> None:
         self.in_window = False
@@ -159,9 +167,20 @@ class Recorder:
     # ---- results ----
 
     def write(self, status: str, exit_code: int | None, error: str | None) -> None:
-        if self.written:
-            return
-        self.written = True
+        """Save the measurements. Called once when the window ends and again when the script
+        exits (then only the step count and the exit are updated). Never raises: a failure of
+        trainadvisor must not break the user's training."""
+        try:
+            if self.result is None:
+                self.result = self._collect(status, exit_code, error)
+            else:
+                self.result.steps_seen = self.steps_seen
+                self.result.exit_code, self.result.error = exit_code, error
+            _serial.save_json(self.result, Path(self.config.result_file))
+        except Exception as exc:  # report it, let training go on
+            print(f"[trainadvisor] could not record the measurements: {exc!r}", file=sys.stderr)
+
+    def _collect(self, status: str, exit_code: int | None, error: str | None) -> RawRun:
         if self.profiler is not None:
             self.profiler.stop()
             _export_trace(self.profiler, Path(str(self.config.trace_file)))
@@ -171,13 +190,14 @@ class Recorder:
         for record in self.records:
             record.loss = losses[record.index]
         trace = self.config.trace_file
-        raw = RawRun(
+        return RawRun(
             label=self.config.label,
             status=status,
             exit_code=exit_code,
             error=error,
             warmup_steps=self.config.warmup,
             window_steps=self.config.steps,
+            profile_steps=self.config.profile_steps,
             steps_seen=self.steps_seen,
             steps=self.records,
             loaders=self.loaders,
@@ -187,7 +207,6 @@ class Recorder:
             losses=losses,
             trace_file=trace if trace and Path(trace).exists() else None,
         )
-        _serial.save_json(raw, Path(self.config.result_file))
 
 
 _WEIGHTS = torch.empty(0, dtype=torch.int64)

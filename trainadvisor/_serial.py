@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -14,7 +15,10 @@ T = TypeVar("T")
 
 
 def to_plain(obj: Any) -> Any:
-    """A dataclass tree as JSON-ready dicts and lists."""
+    """A dataclass tree as JSON-ready dicts and lists. JSON has no NaN or infinity: such a float
+    (a diverged loss, say) becomes null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):

@@ -94,10 +94,10 @@ def profile_command(
         report = profile(options, _echo)
         write_report(report, out_dir, templates_dir())
         click.echo(terminal_summary(report, out_dir))
-        baseline = report.baseline
-        if baseline is not None and baseline.raw.status == "script_failed":
+        raw = report.baseline.raw if report.baseline is not None else None
+        if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
             raise ScriptFailedError(
-                f"{script} failed: {baseline.raw.error}. What was measured before it failed is "
+                f"{script} failed: {raw.error}. What was measured before it failed is "
                 f"in {out_dir / 'report.html'}"
             )
     except TrainAdvisorError as exc:

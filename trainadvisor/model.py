@@ -27,6 +27,7 @@ class StepRecord:
     h2d_copy_ms: float = 0.0  # host-to-device copy time in the step (from the trace)
     samples: int | None = None  # first dimension of the batch(es) drawn in the step
     loss: float | None = None  # last scalar `.backward()` was called on in the step
+    profiled: bool = False  # traced by torch.profiler (not used for timing: it adds overhead)
 
 
 @dataclass
@@ -91,6 +92,7 @@ class RawRun:
     error: str | None
     warmup_steps: int
     window_steps: int
+    profile_steps: int
     steps_seen: int
     steps: list[StepRecord]
     loaders: list[LoaderInfo]

@@ -14,7 +14,7 @@ from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.compare import compare, judge_trial, verdict
 from trainadvisor.errors import NoStepsError, UsageError
-from trainadvisor.measure.runner import RunSpec, measure
+from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
 from trainadvisor.model import SCHEMA_VERSION, FixOutcome, PlannedFix, RawRun, Report, Run, Trial
 from trainadvisor.resources import rules_dir
 
@@ -136,13 +136,13 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
         raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
     rules = engine.load_rules([rules_dir(), *options.rule_dirs])
     check_out_dir(options.out_dir)
-    echo(f"trainadvisor: running {options.script} (warmup {options.warmup} steps, "
-         f"then profiling {options.steps} steps)")
+    echo(f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
+         f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)")
     baseline = _measure_run(_spec(options, "baseline", stop_after_window=not options.run_to_end))
     _check_steps(baseline.raw, options)
     notes: list[str] = []
     if 0 < baseline.steps < options.steps:
-        notes.append(f"The script ended after {baseline.steps} of the {options.steps} profiled steps.")
+        notes.append(f"The script ended after {baseline.steps} of the {options.steps} timed steps.")
     values = named_measurements(baseline)
     findings = engine.evaluate(rules, values)
     plan = fixes.plan(findings, values)

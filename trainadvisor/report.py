@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 
 from trainadvisor import _serial
-from trainadvisor.analysis.summary import BREAKDOWN_KEYS
+from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps
 from trainadvisor.model import Report, Run
 
 COLORS = {"data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5"}
@@ -68,7 +68,7 @@ def breakdown_bars(runs: list[Run], width: float = 560.0) -> list[dict[str, Any]
 
 def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_ms: float = 0.0) -> list[Bar]:
     """One stacked column per step: data wait at the bottom, copies, then compute."""
-    steps = run.raw.steps
+    steps = timed_steps(run.raw)
     if not steps:
         return []
     top = scale_ms or max(s.step_ms for s in steps)
@@ -88,7 +88,7 @@ def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_m
 
 def cpu_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
     """SVG polyline points of the main process's and the workers' CPU use over the window."""
-    window_ms = sum(s.step_ms for s in run.raw.steps) or 1.0
+    window_ms = sum(s.step_ms for s in timed_steps(run.raw)) or 1.0
     samples = [h for h in run.raw.host_samples if 0 <= h.t_ms <= window_ms]
     if len(samples) < 2:
         return {}
@@ -131,7 +131,7 @@ def _number(value: Any, digits: int = 1) -> str:
 
 def _context(report: Report) -> dict[str, Any]:
     runs = [r for r in (report.baseline, report.after) if r is not None]
-    scale = max((s.step_ms for r in runs for s in r.raw.steps), default=0.0)
+    scale = max((s.step_ms for r in runs for s in timed_steps(r.raw)), default=0.0)
     return {
         "r": report,
         "headline": headline(report),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.analysis.trace import summarize_trace
-from trainadvisor.model import LoaderInfo, RawRun, Run, Stats
+from trainadvisor.model import LoaderInfo, RawRun, Run, Stats, StepRecord
 
 # Steps per throughput window: the spread of a speedup is taken over windows of this many steps.
 WINDOW_STEPS = 5
@@ -43,7 +43,7 @@ def attach_trace(raw: RawRun, out_dir: Path) -> None:
     if not raw.trace_file:
         return
     trace_steps = summarize_trace(out_dir / raw.trace_file).steps
-    for record, traced in zip(raw.steps, trace_steps):
+    for record, traced in zip([s for s in raw.steps if s.profiled], trace_steps):
         record.h2d_copy_ms = traced.h2d_copy_us / 1e3
 
 
@@ -54,11 +54,16 @@ def window_size(raw: RawRun) -> int:
     return max(WINDOW_STEPS, 2 * workers)
 
 
+def timed_steps(raw: RawRun) -> list[StepRecord]:
+    """The steps timed with clocks alone; the traced steps after them carry profiler overhead."""
+    return [s for s in raw.steps if not s.profiled]
+
+
 def window_throughputs(raw: RawRun) -> list[float]:
     """Steps per second in consecutive windows of `window_size` steps (a short tail is dropped
     unless it is the only window)."""
     window_steps = window_size(raw)
-    durations = [s.step_ms for s in raw.steps]
+    durations = [s.step_ms for s in timed_steps(raw)]
     windows = [
         durations[i : i + window_steps]
         for i in range(0, len(durations), window_steps)
@@ -68,12 +73,15 @@ def window_throughputs(raw: RawRun) -> list[float]:
 
 
 def summarize(raw: RawRun) -> Run:
-    steps = raw.steps
+    """Timing from the timed steps; device-side copy time (only in the trace) from the traced
+    steps, as a mean per step."""
+    steps = timed_steps(raw)
+    traced = [s for s in raw.steps if s.profiled]
     total_ms = sum(s.step_ms for s in steps)
     per_step: dict[str, float] = {}
     if steps:
         data = sum(s.data_wait_ms for s in steps) / len(steps)
-        h2d = sum(s.h2d_copy_ms for s in steps) / len(steps)
+        h2d = sum(s.h2d_copy_ms for s in traced) / len(traced) if traced else 0.0
         mean = total_ms / len(steps)
         per_step = {"data_wait": data, "h2d_copy": h2d, "compute": max(mean - data - h2d, 0.0)}
     mean_ms = total_ms / len(steps) if steps else 0.0
@@ -132,7 +140,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
             dataloader_call_site=loader.created_at,
             dataset_class=loader.dataset_class,
         )
-    window_ms = sum(s.step_ms for s in raw.steps)
+    window_ms = sum(s.step_ms for s in timed_steps(raw))
     inside = [h for h in raw.host_samples if 0 <= h.t_ms <= window_ms]
     workers = [h.workers_cpu_pct for h in inside]
     main = [h.main_cpu_pct for h in inside]

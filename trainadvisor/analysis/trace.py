@@ -28,6 +28,7 @@ class TraceStep:
     h2d_copy_us: float = 0.0
     h2d_pageable: int = 0
     h2d_pinned: int = 0
+    h2d_unknown: int = 0  # ROCm names copies "Host -> Device", without pinned or pageable
     h2d_bytes: int = 0
 
 
@@ -67,7 +68,9 @@ def summarize_trace(path: Path) -> TraceSummary:
         (
             TraceStep(int(m.group(1)), float(e["ts"]), float(e.get("dur", 0.0)))
             for e in events
-            if e.get("ph") == "X" and (m := _STEP.match(str(e.get("name", ""))))
+            if e.get("ph") == "X"
+            and e.get("cat") != "gpu_user_annotation"  # the step's mirror on the GPU timeline
+            and (m := _STEP.match(str(e.get("name", ""))))
         ),
         key=lambda s: s.start_us,
     )
@@ -82,10 +85,13 @@ def summarize_trace(path: Path) -> TraceSummary:
             continue
         step.h2d_copy_us += float(event.get("dur", 0.0))
         step.h2d_bytes += int((event.get("args") or {}).get("bytes", 0) or 0)
-        if "Pageable" in str(event.get("name")):
+        name = str(event.get("name"))
+        if "Pageable" in name:
             step.h2d_pageable += 1
-        else:
+        elif "Pinned" in name:
             step.h2d_pinned += 1
+        else:
+            step.h2d_unknown += 1
     return TraceSummary(path=str(path), events=len(events), steps=steps)
 
 

@@ -24,6 +24,9 @@ from trainadvisor.model import GpuSample, HostSample, RawRun
 # (a loop that catches BaseException would otherwise keep training).
 STOP_GRACE_S = 15.0
 
+# Steps traced by torch.profiler after the timed window (fewer when the window is shorter).
+PROFILE_STEPS = 10
+
 
 @dataclass
 class RunSpec:
@@ -98,6 +101,7 @@ def measure(spec: RunSpec) -> RawRun:
         trace_file=str((spec.out_dir / trace_rel).resolve()) if trace_rel else None,
         warmup=spec.warmup,
         steps=spec.steps,
+        profile_steps=min(PROFILE_STEPS, spec.steps) if spec.profile else 0,
         stop_after_window=spec.stop_after_window,
         seed=spec.seed,
         loader_overrides=spec.loader_overrides,
@@ -161,6 +165,7 @@ def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | Non
         error=error,
         warmup_steps=spec.warmup,
         window_steps=spec.steps,
+        profile_steps=0,
         steps_seen=0,
         steps=[],
         loaders=[],

@@ -1,0 +1,53 @@
+"""Shared helpers: the tests run the real `trainadvisor` CLI in a subprocess, on real scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SCRIPTS = ROOT / "tests" / "scripts"
+DATA = ROOT / "tests" / "data"
+
+
+def run_cli(*args: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainadvisor", *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+    )
+
+
+def load_report(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "report.json").read_text())
+
+
+def processes_running(fragment: str) -> list[str]:
+    """Command lines of live processes that mention `fragment` (leftover scripts or workers)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if fragment in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmdline)
+    return found
+
+
+@pytest.fixture(scope="session")
+def slow_input_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One full `profile` run of the slow-input example, shared by the tests that read it."""
+    work = tmp_path_factory.mktemp("slow")
+    out = work / "report"
+    result = run_cli(
+        "profile", "--warmup", "3", "--steps", "10", "--out", out,
+        EXAMPLES / "slow_input_mnist.py", "--samples", "20000", cwd=work,
+    )
+    return result, out

@@ -1,0 +1,203 @@
+"""`trainadvisor profile` end to end: real scripts, real child processes, no mocks of torch."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import EXAMPLES, SCRIPTS, load_report, processes_running, run_cli
+
+RUN_KEYS = {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"}
+
+
+def test_slow_input_is_diagnosed_fixed_and_reported(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    result, out = slow_input_report
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    assert report["schema_version"] == 1
+    for run in ("baseline", "after"):
+        assert RUN_KEYS <= set(report[run])
+        assert report[run]["steps"] >= 10
+        assert {"median", "p90"} <= set(report[run]["step_time_ms"])
+        assert "data_wait" in report[run]["breakdown_pct"]
+    assert report["baseline"]["steps"] == 10
+    assert report["baseline"]["samples_per_s"] == report["baseline"]["steps_per_s"] * 64
+    [finding] = report["findings"]
+    assert {"rule", "severity", "message", "evidence", "fixes"} <= set(finding)
+    assert (finding["rule"], finding["severity"], finding["fixes"]) == ("data-stall", "high", ["dataloader-workers"])
+    evidence = {e["measurement"]: e["value"] for e in finding["evidence"]}
+    assert evidence["num_workers"] == 0 and evidence["batch_size"] == 64
+    assert evidence["data_wait_pct"] > 50
+    assert evidence["dataloader_call_site"].endswith("slow_input_mnist.py:56")
+    assert report["applied_fixes"] == ["dataloader-workers"]
+    assert report["speedup"] > 2.0
+    assert report["comparison"]["speedup_low"] > 1.0
+    trials = report["fix_outcomes"][0]["trials"]
+    assert trials[0]["label"] == "num_workers=2"
+    assert all(t["overrides"]["loaders"]["0"]["persistent_workers"] for t in trials)
+    check = report["comparison"]["loss_check"]
+    assert check["equivalent"] is True and check["max_abs_diff"] == 0.0
+    assert check["steps_compared"] == 23  # warmup 3 + 10 timed + 10 traced, in both runs
+    # The terminal diagnosis names the finding, the fix, the speedup and the report.
+    assert "data-stall" in result.stdout and "x faster" in result.stdout
+    assert str(out / "report.html") in result.stdout
+
+
+def test_report_files_are_written(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, out = slow_input_report
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "data-stall" in html
+    for external in ("http://", "https://", "<script", "<link"):
+        # The only URLs allowed are the threshold source's, printed as text.
+        assert external not in html.replace("https://www.tensorflow.org/guide/profiler#input_pipeline_analyzer", "")
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("### trainadvisor:") and "| step time, median |" in markdown
+    assert len(markdown.splitlines()) < 80
+    for run in ("baseline", "after"):
+        trace = out / "traces" / run / "trainadvisor.pt.trace.json.gz"
+        events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+        steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+        assert len(steps) == 10
+        assert sum(s["profiled"] for s in load_report(out)[run]["raw"]["steps"]) == 10
+
+
+def test_no_process_is_left_behind(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    assert processes_running("slow_input_mnist.py") == []
+
+
+def test_compute_bound_example_has_no_data_stall(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
+                     EXAMPLES / "compute_bound.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    assert report["findings"] == []
+    assert report["after"] is None and report["speedup"] is None and report["applied_fixes"] == []
+    assert report["baseline"]["breakdown_pct"]["data_wait"] < 5
+    assert "No bottleneck found" in result.stdout
+
+
+def test_script_that_raises_is_reported(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
+                     SCRIPTS / "raises.py", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "RuntimeError: boom at step 5" in result.stderr  # the script's own traceback
+    assert 'raises.py", line 10' in result.stderr
+    assert "trainadvisor: error:" in result.stderr and "Traceback" not in result.stdout
+    report = load_report(out)
+    assert report["baseline"]["steps"] == 3  # steps 2, 3 and 4 completed inside the window
+    assert report["baseline"]["raw"]["status"] == "script_failed"
+    assert report["baseline"]["raw"]["error"] == "RuntimeError: boom at step 5"
+
+
+def test_missing_script(tmp_path: Path) -> None:
+    result = run_cli("profile", "does_not_exist.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "trainadvisor: error: does_not_exist.py: no such script; give the path of a Python training script"
+    )
+
+
+def test_script_without_steps(tmp_path: Path) -> None:
+    result = run_cli("profile", "--out", tmp_path / "r", SCRIPTS / "no_steps.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "evaluated 10 batches" in result.stdout  # the script's output is shown
+    [message] = [line for line in result.stderr.splitlines() if line.startswith("trainadvisor: error:")]
+    assert "no training step was seen" in message
+    assert "optimizer.step()" in message and "trainadvisor.step()" in message
+
+
+def test_manual_steps_and_script_arguments(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = run_cli("profile", "--warmup", "2", "--steps", "6", "--out", out,
+                     SCRIPTS / "manual_steps.py", "40", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "final loss" not in result.stdout  # stopped after the window
+    report = load_report(out)
+    assert report["baseline"]["steps"] == 6
+    assert report["baseline"]["raw"]["steps_seen"] == 14  # warmup 2, 6 timed, 6 traced
+    losses = report["baseline"]["raw"]["losses"]
+    assert losses[0] == 140.0  # sum((0 - k)^2 for k in 0..7), the first step's loss
+
+
+def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:
+    result = run_cli("profile", "--warmup", "2", "--steps", "4", "--run-to-end", "--no-fix",
+                     "--out", tmp_path / "r", SCRIPTS / "manual_steps.py", "12", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "final loss" in result.stdout
+    assert load_report(tmp_path / "r")["baseline"]["raw"]["steps_seen"] == 12
+
+
+def test_too_few_steps_for_the_warmup(tmp_path: Path) -> None:
+    result = run_cli("profile", "--warmup", "20", "--out", tmp_path / "r",
+                     SCRIPTS / "manual_steps.py", "5", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "ran only 5 step(s), all inside the warmup of 20" in result.stderr
+
+
+def test_unsharded_iterable_dataset_fix_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
+                     SCRIPTS / "iterable_unsharded.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    assert report["findings"][0]["rule"] == "data-stall"
+    [outcome] = report["fix_outcomes"]
+    assert outcome["status"] == "changed_training"
+    assert "get_worker_info" in outcome["reason"]
+    assert report["applied_fixes"] == [] and report["after"] is None
+
+
+def test_lambda_collate_with_spawn_fix_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
+                     SCRIPTS / "lambda_collate_spawn.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [outcome] = load_report(out)["fix_outcomes"]
+    assert outcome["status"] == "failed"
+    assert "collate_fn (<lambda>) cannot be pickled" in outcome["reason"]
+    assert "'spawn'" in outcome["reason"]
+
+
+def test_out_folder_of_the_user_is_not_overwritten(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    result = run_cli("profile", "--out", folder, SCRIPTS / "manual_steps.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "is not a trainadvisor report" in result.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+def test_user_rule_folder(tmp_path: Path) -> None:
+    rules = tmp_path / "myrules"
+    rules.mkdir()
+    (rules / "slow-steps.toml").write_text('''
+id = "slow-steps"
+title = "Steps slower than a budget"
+threshold_source = "our team's budget"
+message = "median step {step_time_ms_median:.1f} ms"
+[[when]]
+severity = "low"
+condition = "step_time_ms_median > 0"
+[recommendation]
+text = "Make it faster."
+anti_pattern = "slow()"
+best_practice = "fast()"
+''')
+    out = tmp_path / "r"
+    result = run_cli("profile", "--rules", rules, "--warmup", "2", "--steps", "4", "--out", out,
+                     SCRIPTS / "manual_steps.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [finding] = load_report(out)["findings"]
+    assert (finding["rule"], finding["severity"], finding["fixes"]) == ("slow-steps", "low", [])
+
+
+def test_help_teaches() -> None:
+    result = run_cli("profile", "--help", cwd=Path.cwd())
+    assert result.returncode == 0
+    for words in ("--warmup", "--steps", "--out", "--rules", "--run-to-end", "trainadvisor.step()", "Exit codes"):
+        assert words in result.stdout

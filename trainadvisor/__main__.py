@@ -1,0 +1,3 @@
+from trainadvisor.cli import main
+
+main()
