@@ -1,7 +1,7 @@
 """MNIST-style feed-forward network whose input pipeline is slow.
 
-Each sample is "read from storage" with a fixed latency (as from network storage or a slow
-disk, default 0.5 ms per sample) and decoded on the host; the DataLoader uses num_workers=0, so
+Each sample is "read from storage" with a fixed latency (as from network or object storage,
+default 1 ms per sample) and decoded on the host; the DataLoader uses num_workers=0, so
 the training loop waits for every batch to be read one sample after another.
 
 What trainadvisor should find: `data-stall` (high severity: most of each step is spent in
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--samples", type=int, default=60_000)
-    parser.add_argument("--latency-ms", type=float, default=0.5)
+    parser.add_argument("--latency-ms", type=float, default=1.0)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()

@@ -166,6 +166,9 @@ def load_rule(path: Path) -> Rule:
     ]
     message = _text(data, "message", where)
     in_message = {name for _, name, _, _ in string.Formatter().parse(message) if name}
+    for name in in_message:
+        if not name.isidentifier():
+            raise RuleError(f"{where}: message field '{{{name}}}' may only name measurements")
     requires = sorted(set().union(in_message, *(_names(level.tree) for level in levels)))
     return Rule(
         id=rule_id,

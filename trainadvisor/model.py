@@ -215,6 +215,7 @@ class FixOutcome:
     reason: str
     settings: dict[str, Any]
     trials: list[Trial]
+    chosen: str = ""  # the settings measured best, in words ("num_workers=8, ...")
 
 
 @dataclass

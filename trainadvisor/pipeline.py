@@ -195,8 +195,8 @@ def _tune_all(
         trials = tune(fix, values, options, baseline, echo)
         chosen = fix.choose(trials, baseline.steps_per_s or 0.0)
         if chosen is not None:
-            outcomes.append(FixOutcome(planned.fix, planned.rule, "kept", fix.describe(chosen),
-                                       chosen.overrides, trials))
+            outcomes.append(FixOutcome(planned.fix, planned.rule, "kept", "chosen by the trials",
+                                       chosen.overrides, trials, fix.describe(chosen)))
             continue
         blocked = next((t for t in trials if t.status != "measured"), None)
         if blocked is not None and not any(t.status == "measured" for t in trials):

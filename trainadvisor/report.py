@@ -5,6 +5,7 @@ the short terminal diagnosis. Pure: a Report in, text out."""
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import jinja2
 
 from trainadvisor import _serial
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps
-from trainadvisor.model import Report, Run
+from trainadvisor.model import LossCheck, Report, Run
 
 COLORS = {"data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5"}
 LABELS = {"data_wait": "data wait", "h2d_copy": "host-to-device copy", "compute": "compute & other"}
@@ -142,6 +143,7 @@ def _context(report: Report) -> dict[str, Any]:
         "colors": COLORS,
         "labels": LABELS,
         "keys": BREAKDOWN_KEYS,
+        "loss_sentence": loss_sentence,
     }
 
 
@@ -170,25 +172,40 @@ def load_report(out_dir: Path) -> Report:
 
 def terminal_summary(report: Report, out_dir: Path) -> str:
     """The diagnosis printed at the end of a run: fits in 80 columns, a dozen lines."""
-    lines = [f"trainadvisor: {headline(report)}"]
+    lines = _wrap(f"trainadvisor: {headline(report)}")
     base = report.baseline
     if base is not None and base.steps:
         lines.append(_run_line("before", base))
     if report.after is not None:
         lines.append(_run_line("after", report.after))
     for finding in report.findings:
-        lines.append(f"  [{finding.severity}] {finding.rule}: {finding.message}")
+        lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
     for outcome in report.fix_outcomes:
-        lines.append(f"  fix {outcome.fix}: {outcome.status.replace('_', ' ')} - {outcome.reason}")
-    if report.comparison and report.comparison.loss_check.equivalent is not None:
-        check = report.comparison.loss_check
-        same = "unchanged" if check.equivalent else "CHANGED"
-        lines.append(f"  training {same}: loss of {check.steps_compared} steps differs by at most "
-                     f"{check.max_abs_diff:.3g}")
+        chosen = f" ({outcome.chosen})" if outcome.chosen else ""
+        lines += _wrap(f"  fix {outcome.fix}: {outcome.status.replace('_', ' ')}{chosen}: {outcome.reason}")
+    if report.comparison:
+        lines += _wrap(f"  {loss_sentence(report.comparison.loss_check)}")
     for note in report.notes:
-        lines.append(f"  note: {note}")
+        lines += _wrap(f"  note: {note}")
     lines.append(f"  report: {out_dir / 'report.html'}")
     return "\n".join(lines)
+
+
+def loss_sentence(check: LossCheck) -> str:
+    if check.equivalent is None:
+        return "training not compared: no scalar loss was seen in the steps"
+    if check.max_abs_diff == 0:
+        return f"training unchanged: the loss of {check.steps_compared} seeded steps is identical"
+    verdict = "unchanged" if check.equivalent else "CHANGED"
+    return (
+        f"training {verdict}: the loss of {check.steps_compared} seeded steps differs by at most "
+        f"{check.max_abs_diff:.3g} ({100 * (check.max_rel_diff or 0):.2g}%)"
+    )
+
+
+def _wrap(text: str, width: int = 80) -> list[str]:
+    indent = " " * (len(text) - len(text.lstrip()) + 4)
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [text]
 
 
 def _run_line(name: str, run: Run) -> str:

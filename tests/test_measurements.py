@@ -1,0 +1,174 @@
+"""Pure stages: summaries, windows, speedups, loss checks, verdicts, fix search. Exact numbers."""
+
+from __future__ import annotations
+
+from trainadvisor.analysis.summary import named_measurements, percentile, stats, summarize
+from trainadvisor.compare import compare, judge_trial, loss_check, verdict
+from trainadvisor.fixes import merge_overrides, plan
+from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.model import DeviceInfo, Finding, LoaderInfo, RawRun, StepRecord, Trial
+
+
+def raw(step_ms: list[float], data_ms: list[float] | None = None, workers: int = 0,
+        losses: list[float | None] | None = None, label: str = "baseline") -> RawRun:
+    data_ms = data_ms or [0.0] * len(step_ms)
+    steps = [StepRecord(index=2 + i, start_ms=sum(step_ms[:i]), step_ms=ms, data_wait_ms=d, samples=32)
+             for i, (ms, d) in enumerate(zip(step_ms, data_ms))]
+    loader = LoaderInfo(index=0, created_at="train.py:12", dataset_class="D", iterable_dataset=False,
+                        batch_size=32, num_workers=workers, pin_memory=False, persistent_workers=False,
+                        prefetch_factor=None, start_method="fork", collate_fn=None,
+                        batches_in_window=len(step_ms))
+    return RawRun(label=label, status="window_complete", exit_code=0, error=None, warmup_steps=2,
+                  window_steps=len(step_ms), profile_steps=0, steps_seen=2 + len(step_ms), steps=steps,
+                  loaders=[loader], device=DeviceInfo("2.13.0", "3.11.7", 2, False),
+                  losses=losses if losses is not None else [1.0, 0.9] + [0.5] * len(step_ms))
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    assert percentile([10.0, 20.0, 30.0, 40.0], 50) == 25.0
+    assert percentile([10.0, 20.0, 30.0, 40.0], 90) == 37.0
+    assert percentile([], 50) is None
+    s = stats([4.0, 1.0, 3.0, 2.0])
+    assert (s.median, s.p90, s.mean, s.min, s.max) == (2.5, 3.7, 2.5, 1.0, 4.0)
+
+
+def test_summary_breakdown_adds_up_to_the_step() -> None:
+    run = summarize(raw([100.0, 100.0, 100.0, 100.0, 100.0], [80.0, 60.0, 70.0, 90.0, 50.0]))
+    assert run.steps == 5
+    assert run.steps_per_s == 10.0 and run.samples_per_s == 320.0
+    assert run.breakdown_ms_per_step == {"data_wait": 70.0, "h2d_copy": 0.0, "compute": 30.0}
+    assert run.breakdown_pct == {"data_wait": 70.0, "h2d_copy": 0.0, "compute": 30.0}
+    assert run.window_steps_per_s == [10.0]
+
+
+def test_traced_steps_do_not_count_for_timing() -> None:
+    r = raw([10.0] * 5 + [50.0] * 5)
+    for step in r.steps[5:]:
+        step.profiled = True
+        step.h2d_copy_ms = 2.0
+    run = summarize(r)
+    assert run.steps == 5 and run.step_time_ms.median == 10.0
+    assert run.breakdown_ms_per_step["h2d_copy"] == 2.0  # from the traced steps only
+
+
+def test_windows_are_two_rounds_of_workers_long() -> None:
+    assert summarize(raw([10.0] * 20)).window_steps_per_s == [100.0] * 4
+    assert summarize(raw([10.0] * 20, workers=4)).window_steps_per_s == [100.0, 100.0]  # 8 steps each
+
+
+def test_speedup_and_its_range() -> None:
+    before = summarize(raw([50.0] * 10 + [40.0] * 10))  # windows: 20, 20, 25, 25 steps/s
+    after = summarize(raw([10.0] * 10 + [12.5] * 10))  # windows: 100, 100, 80, 80 steps/s
+    c = compare(before, after)
+    assert c.windows == 4
+    assert c.speedup == 90.0 / 22.5
+    assert c.speedup_low == 80.0 / 25.0 and c.speedup_high == 100.0 / 20.0
+    assert c.loss_check.equivalent is True and c.loss_check.steps_compared == 22
+    assert verdict(c) == ("kept", "measured 4.00x (range 3.20-5.00x) over 4 windows")
+
+
+def test_no_gain_is_not_kept() -> None:
+    before = summarize(raw([10.0] * 20))
+    after = summarize(raw([9.8] * 20))
+    status, reason = verdict(compare(before, after))
+    assert status == "no_gain" and reason.startswith("measured 1.02x")
+
+
+def test_changed_loss_is_not_kept() -> None:
+    before = raw([10.0] * 10, losses=[1.0] * 12)
+    after = raw([5.0] * 10, losses=[1.0] * 11 + [1.001])
+    check = loss_check(before, after)
+    assert check.steps_compared == 12
+    assert round(check.max_abs_diff, 9) == 0.001 and round(check.max_rel_diff, 9) == 0.001
+    assert check.equivalent is False
+    status, reason = verdict(compare(summarize(before), summarize(after)))
+    assert status == "changed_training" and "0.1%" in reason
+    assert judge_trial(before, after)[0] == "changed_training"
+
+
+def test_missing_losses_are_not_compared() -> None:
+    check = loss_check(raw([1.0], losses=[None, None, None]), raw([1.0], losses=[None, 2.0]))
+    assert (check.steps_compared, check.equivalent) == (0, None)
+
+
+def test_repeated_batches_reject_a_trial() -> None:
+    trial = raw([5.0] * 10)
+    trial.duplicate_batches = 6
+    status, reason = judge_trial(raw([10.0] * 10), trial)
+    assert status == "changed_training" and "6 of 10 batches" in reason and "get_worker_info" in reason
+
+
+def test_refused_override_rejects_a_trial() -> None:
+    trial = raw([5.0] * 10)
+    trial.loaders[0].override_refused = "the DataLoader's dataset cannot be pickled"
+    assert judge_trial(raw([10.0] * 10), trial) == ("refused", "the DataLoader's dataset cannot be pickled")
+
+
+def test_named_measurements_for_rules() -> None:
+    values = named_measurements(summarize(raw([100.0] * 5, [80.0] * 5)))
+    assert values["data_wait_pct"] == 80.0 and values["data_wait_ms_per_step"] == 80.0
+    assert values["num_workers"] == 0 and values["batch_size"] == 32 and values["cpu_count"] == 2
+    assert values["dataloader_call_site"] == "train.py:12" and values["cuda_used"] is False
+
+
+def trial(workers: int, steps_per_s: float | None, prefetch: int | None = None, status: str = "measured") -> Trial:
+    loader = {"num_workers": workers, "persistent_workers": True}
+    if prefetch:
+        loader["prefetch_factor"] = prefetch
+    return Trial(f"w{workers}", {"loaders": {"0": loader}, "non_blocking_h2d": False}, status, steps_per_s, None)
+
+
+def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
+    fix = DataLoaderWorkers()
+    values = {"dataloader_index": 0, "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0}
+    first = fix.next_candidate(values, [])
+    assert first.label == "num_workers=2"
+    assert first.overrides == {"loaders": {"0": {"num_workers": 2, "persistent_workers": True}},
+                               "non_blocking_h2d": False}
+    assert fix.next_candidate(values, [trial(2, 20.0)]).label == "num_workers=4"
+    # 8 workers gained less than 10% over 4: the search stops doubling and tries prefetch at 4.
+    done = [trial(2, 20.0), trial(4, 35.0), trial(8, 36.0)]
+    assert fix.next_candidate(values, done).label == "num_workers=8, prefetch_factor=4"
+    done = [trial(2, 20.0), trial(4, 35.0), trial(8, 30.0)]
+    assert fix.next_candidate(values, done).label == "num_workers=4, prefetch_factor=4"
+    assert fix.next_candidate(values, [*done, trial(4, 36.0, prefetch=4)]) is None
+    # 8 is the ceiling on 2 cores (4 per core, at least 8).
+    assert fix.next_candidate(values, [trial(2, 20.0), trial(4, 40.0), trial(8, 80.0)]).label == (
+        "num_workers=8, prefetch_factor=4")
+    assert fix.next_candidate(values, [trial(2, None, status="refused")]) is None
+
+
+def test_worker_choice_prefers_the_simpler_setting_within_noise() -> None:
+    fix = DataLoaderWorkers()
+    trials = [trial(2, 20.0), trial(4, 35.0), trial(4, 36.0, prefetch=4)]
+    assert fix.choose(trials, 10.0) is trials[1]  # prefetch gained < 5%
+    trials[2].steps_per_s = 40.0
+    assert fix.choose(trials, 10.0) is trials[2]
+    assert fix.choose([trial(2, 10.4)], 10.0) is None  # < 5% over the baseline
+    assert fix.describe(trials[2]) == "num_workers=4, persistent_workers=True, prefetch_factor=4"
+
+
+def test_cuda_runs_also_pin_memory_and_copy_without_blocking() -> None:
+    values = {"dataloader_index": 1, "num_workers": 0, "cpu_count": 8, "cuda_used": True}
+    setting = DataLoaderWorkers().next_candidate(values, [])
+    assert setting.overrides == {
+        "loaders": {"1": {"num_workers": 2, "persistent_workers": True, "pin_memory": True}},
+        "non_blocking_h2d": True,
+    }
+
+
+def test_plan_lists_each_fix_once_with_why_it_cannot_apply() -> None:
+    finding = Finding("data-stall", "t", "high", "m", [], ["dataloader-workers", "unknown-fix"], "r", "a", "b", "s")
+    planned = plan([finding, finding], {"num_workers": 16, "cpu_count": 2, "dataloader_index": 0})
+    assert [(p.fix, p.applicable) for p in planned] == [("dataloader-workers", False), ("unknown-fix", False)]
+    assert "already has 16 workers" in planned[0].reason
+    assert plan([finding], {})[0].reason.startswith("no torch DataLoader fed the profiled steps")
+
+
+def test_merge_overrides() -> None:
+    merged = merge_overrides([
+        {"loaders": {"0": {"num_workers": 4}}, "non_blocking_h2d": False},
+        {"loaders": {"0": {"pin_memory": True}, "1": {"num_workers": 2}}, "non_blocking_h2d": True},
+    ])
+    assert merged == {"loaders": {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}},
+                      "non_blocking_h2d": True}

@@ -1,0 +1,77 @@
+"""Rendering a saved report: golden files, escaping, self-containment, re-rendering."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import DATA, ROOT
+from trainadvisor.report import load_report, render_html, report_json, write_report
+from trainadvisor.resources import templates_dir
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import regen_golden  # noqa: E402
+
+
+def test_renderings_match_the_golden_files() -> None:
+    for name, text in regen_golden.renderings().items():
+        golden = (ROOT / "tests" / "golden" / name).read_text()
+        assert golden == regen_golden.HEADER + text, f"{name} changed: run scripts/regen_golden.py if intended"
+
+
+def test_terminal_summary_fits_in_80_columns() -> None:
+    summary = (ROOT / "tests" / "golden" / "summary.txt").read_text().splitlines()[1:]
+    assert 5 <= len(summary) <= 15
+    assert max(len(line) for line in summary) <= 80
+
+
+def test_report_json_round_trips() -> None:
+    original = json.loads((DATA / "report" / "report.json").read_text())
+    assert json.loads(report_json(load_report(DATA / "report"))) == original
+
+
+def test_saved_report_re_renders_without_rerunning(tmp_path: Path) -> None:
+    write_report(load_report(DATA / "report"), tmp_path, templates_dir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.json", "report.md"]
+
+
+def test_user_supplied_text_is_escaped() -> None:
+    report = load_report(DATA / "report")
+    evil = '<img src=x onerror="alert(1)">'
+    report.script = evil
+    report.command = ["trainadvisor", "profile", evil]
+    report.findings[0].message = f"message {evil}"
+    report.findings[0].evidence[-1].value = evil
+    report.baseline.raw.loaders[0].created_at = evil
+    html = render_html(report, templates_dir())
+    assert evil not in html
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in html
+
+
+def test_html_is_self_contained() -> None:
+    html = render_html(load_report(DATA / "report"), templates_dir())
+    assert not re.search(r"<(script|link|img|iframe)\b", html)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "url(" not in html and "@import" not in html
+    assert html.count("<svg") == 5  # breakdown, two timelines, two CPU plots
+
+
+def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheels), str(ROOT)], check=True)
+    [wheel] = wheels.glob("trainadvisor-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                    str(wheel)], check=True)
+    probe = ("import trainadvisor.resources as r, trainadvisor.engine as e;"
+             "print(r.rules_dir()); print(r.templates_dir());"
+             "print([x.id for x in e.load_rules([r.rules_dir()])])")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [str(site / "trainadvisor" / "rules"), str(site / "trainadvisor" / "templates"),
+                   "['data-stall']"]
+    assert (site / "trainadvisor" / "templates" / "report.html.j2").is_file()

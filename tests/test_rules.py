@@ -1,0 +1,111 @@
+"""The rule engine and the shipped rule files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainadvisor import engine
+from trainadvisor.errors import RuleError
+from trainadvisor.resources import rules_dir
+
+RULE = '''
+id = "{id}"
+title = "t"
+threshold_source = "s"
+message = "{message}"
+[[when]]
+severity = "medium"
+condition = "{condition}"
+[recommendation]
+text = "r"
+anti_pattern = "bad()"
+best_practice = "good()"
+'''
+
+
+def write_rule(folder: Path, rule_id: str = "x", condition: str = "a > 1", message: str = "a={a}") -> Path:
+    path = folder / f"{rule_id}.toml"
+    path.write_text(RULE.format(id=rule_id, condition=condition, message=message))
+    return path
+
+
+def test_every_shipped_rule_loads_with_its_code_examples() -> None:
+    rules = engine.load_rules([rules_dir()])
+    assert [r.id for r in rules] == ["data-stall"]
+    for rule in rules:
+        assert rule.anti_pattern.strip() and rule.best_practice.strip()
+        assert rule.threshold_source.strip() and rule.fixes
+
+
+@pytest.mark.parametrize(
+    ("data_wait_pct", "severity"),
+    [(4.99, None), (5.0, "medium"), (19.99, "medium"), (20.0, "high"), (84.0, "high")],
+)
+def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> None:
+    [rule] = engine.load_rules([rules_dir()])
+    values = {"data_wait_pct": data_wait_pct, "data_wait_ms_per_step": 10.0,
+              "step_time_ms_median": 50.0, "num_workers": 0}
+    finding = engine.evaluate_rule(rule, values)
+    assert (finding.severity if finding else None) == severity
+    if finding:
+        assert finding.message == (
+            f"The loop waited on the DataLoader for {data_wait_pct:.0f}% of each step "
+            "(10.0 ms of 50.0 ms) with num_workers=0."
+        )
+
+
+def test_a_rule_is_not_evaluated_without_its_measurements() -> None:
+    [rule] = engine.load_rules([rules_dir()])
+    assert engine.evaluate_rule(rule, {"data_wait_pct": 90.0}) is None  # message needs more
+
+
+def test_conditions_are_expressions_over_measurements_only(tmp_path: Path) -> None:
+    for condition in ("__import__('os').system('true')", "a.__class__ > 1", "[a][0] > 1", "a if a else 1"):
+        path = write_rule(tmp_path, condition=condition)
+        with pytest.raises(RuleError, match="is not allowed in a condition"):
+            engine.load_rule(path)
+
+
+def test_messages_cannot_reach_attributes(tmp_path: Path) -> None:
+    path = write_rule(tmp_path, message="{a.__class__}")
+    with pytest.raises(RuleError, match=r"message field '\{a.__class__\}' may only name measurements"):
+        engine.load_rule(path)
+
+
+def test_arithmetic_and_boolean_conditions(tmp_path: Path) -> None:
+    rule = engine.load_rule(write_rule(tmp_path, condition="a * 2 >= b and not c or -a > 0"))
+    assert engine.evaluate_rule(rule, {"a": 3, "b": 6, "c": False}) is not None
+    assert engine.evaluate_rule(rule, {"a": 3, "b": 7, "c": False}) is None
+    assert engine.evaluate_rule(rule, {"a": -1, "b": 7, "c": True}) is not None
+
+
+def test_malformed_rule_files_name_the_problem(tmp_path: Path) -> None:
+    (tmp_path / "broken.toml").write_text("id = ")
+    with pytest.raises(RuleError, match="broken.toml: not a readable TOML rule file"):
+        engine.load_rule(tmp_path / "broken.toml")
+    path = write_rule(tmp_path, rule_id="other")
+    path.rename(tmp_path / "renamed.toml")
+    with pytest.raises(RuleError, match=r"must be named after the rule id \(other.toml\)"):
+        engine.load_rule(tmp_path / "renamed.toml")
+    (tmp_path / "nolevel.toml").write_text('id = "nolevel"\ntitle = "t"\nmessage = "m"\n')
+    with pytest.raises(RuleError, match="at least one"):
+        engine.load_rule(tmp_path / "nolevel.toml")
+
+
+def test_a_user_rule_replaces_a_shipped_rule_of_the_same_id(tmp_path: Path) -> None:
+    write_rule(tmp_path, rule_id="data-stall", condition="data_wait_pct > 50", message="mine")
+    rules = engine.load_rules([rules_dir(), tmp_path])
+    [rule] = rules
+    assert rule.path.parent == tmp_path
+    assert engine.evaluate(rules, {"data_wait_pct": 30.0}) == []
+
+
+def test_findings_are_ordered_by_severity(tmp_path: Path) -> None:
+    write_rule(tmp_path, rule_id="a-medium", condition="a > 1")
+    (tmp_path / "b-high.toml").write_text(
+        RULE.format(id="b-high", condition="a > 1", message="m").replace('"medium"', '"high"')
+    )
+    findings = engine.evaluate(engine.load_rules([tmp_path]), {"a": 2})
+    assert [f.rule for f in findings] == ["b-high", "a-medium"]
