@@ -20,7 +20,10 @@ DATA = ROOT / "tests" / "data"
 def run_cli(*args: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "trainadvisor", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 
@@ -42,12 +45,23 @@ def processes_running(fragment: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def slow_input_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def slow_input_report(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """One full `profile` run of the slow-input example, shared by the tests that read it."""
     work = tmp_path_factory.mktemp("slow")
     out = work / "report"
     result = run_cli(
-        "profile", "--warmup", "3", "--steps", "10", "--out", out,
-        EXAMPLES / "slow_input_mnist.py", "--samples", "20000", cwd=work,
+        "profile",
+        "--warmup",
+        "3",
+        "--steps",
+        "10",
+        "--out",
+        out,
+        EXAMPLES / "slow_input_mnist.py",
+        "--samples",
+        "20000",
+        cwd=work,
     )
     return result, out

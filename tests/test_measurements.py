@@ -9,19 +9,46 @@ from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.model import DeviceInfo, Finding, LoaderInfo, RawRun, StepRecord, Trial
 
 
-def raw(step_ms: list[float], data_ms: list[float] | None = None, workers: int = 0,
-        losses: list[float | None] | None = None, label: str = "baseline") -> RawRun:
+def raw(
+    step_ms: list[float],
+    data_ms: list[float] | None = None,
+    workers: int = 0,
+    losses: list[float | None] | None = None,
+    label: str = "baseline",
+) -> RawRun:
     data_ms = data_ms or [0.0] * len(step_ms)
-    steps = [StepRecord(index=2 + i, start_ms=sum(step_ms[:i]), step_ms=ms, data_wait_ms=d, samples=32)
-             for i, (ms, d) in enumerate(zip(step_ms, data_ms))]
-    loader = LoaderInfo(index=0, created_at="train.py:12", dataset_class="D", iterable_dataset=False,
-                        batch_size=32, num_workers=workers, pin_memory=False, persistent_workers=False,
-                        prefetch_factor=None, start_method="fork", collate_fn=None,
-                        batches_in_window=len(step_ms))
-    return RawRun(label=label, status="window_complete", exit_code=0, error=None, warmup_steps=2,
-                  window_steps=len(step_ms), profile_steps=0, steps_seen=2 + len(step_ms), steps=steps,
-                  loaders=[loader], device=DeviceInfo("2.13.0", "3.11.7", 2, False),
-                  losses=losses if losses is not None else [1.0, 0.9] + [0.5] * len(step_ms))
+    steps = [
+        StepRecord(index=2 + i, start_ms=sum(step_ms[:i]), step_ms=ms, data_wait_ms=d, samples=32)
+        for i, (ms, d) in enumerate(zip(step_ms, data_ms))
+    ]
+    loader = LoaderInfo(
+        index=0,
+        created_at="train.py:12",
+        dataset_class="D",
+        iterable_dataset=False,
+        batch_size=32,
+        num_workers=workers,
+        pin_memory=False,
+        persistent_workers=False,
+        prefetch_factor=None,
+        start_method="fork",
+        collate_fn=None,
+        batches_in_window=len(step_ms),
+    )
+    return RawRun(
+        label=label,
+        status="window_complete",
+        exit_code=0,
+        error=None,
+        warmup_steps=2,
+        window_steps=len(step_ms),
+        profile_steps=0,
+        steps_seen=2 + len(step_ms),
+        steps=steps,
+        loaders=[loader],
+        device=DeviceInfo("2.13.0", "3.11.7", 2, False),
+        losses=losses if losses is not None else [1.0, 0.9] + [0.5] * len(step_ms),
+    )
 
 
 def test_percentiles_interpolate_like_numpy() -> None:
@@ -111,11 +138,15 @@ def test_named_measurements_for_rules() -> None:
     assert values["dataloader_call_site"] == "train.py:12" and values["cuda_used"] is False
 
 
-def trial(workers: int, steps_per_s: float | None, prefetch: int | None = None, status: str = "measured") -> Trial:
+def trial(
+    workers: int, steps_per_s: float | None, prefetch: int | None = None, status: str = "measured"
+) -> Trial:
     loader = {"num_workers": workers, "persistent_workers": True}
     if prefetch:
         loader["prefetch_factor"] = prefetch
-    return Trial(f"w{workers}", {"loaders": {"0": loader}, "non_blocking_h2d": False}, status, steps_per_s, None)
+    return Trial(
+        f"w{workers}", {"loaders": {"0": loader}, "non_blocking_h2d": False}, status, steps_per_s, None
+    )
 
 
 def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
@@ -123,8 +154,10 @@ def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
     values = {"dataloader_index": 0, "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0}
     first = fix.next_candidate(values, [])
     assert first.label == "num_workers=2"
-    assert first.overrides == {"loaders": {"0": {"num_workers": 2, "persistent_workers": True}},
-                               "non_blocking_h2d": False}
+    assert first.overrides == {
+        "loaders": {"0": {"num_workers": 2, "persistent_workers": True}},
+        "non_blocking_h2d": False,
+    }
     assert fix.next_candidate(values, [trial(2, 20.0)]).label == "num_workers=4"
     # 8 workers gained less than 10% over 4: the search stops doubling and tries prefetch at 4.
     done = [trial(2, 20.0), trial(4, 35.0), trial(8, 36.0)]
@@ -134,7 +167,8 @@ def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
     assert fix.next_candidate(values, [*done, trial(4, 36.0, prefetch=4)]) is None
     # 8 is the ceiling on 2 cores (4 per core, at least 8).
     assert fix.next_candidate(values, [trial(2, 20.0), trial(4, 40.0), trial(8, 80.0)]).label == (
-        "num_workers=8, prefetch_factor=4")
+        "num_workers=8, prefetch_factor=4"
+    )
     assert fix.next_candidate(values, [trial(2, None, status="refused")]) is None
 
 
@@ -158,7 +192,9 @@ def test_cuda_runs_also_pin_memory_and_copy_without_blocking() -> None:
 
 
 def test_plan_lists_each_fix_once_with_why_it_cannot_apply() -> None:
-    finding = Finding("data-stall", "t", "high", "m", [], ["dataloader-workers", "unknown-fix"], "r", "a", "b", "s")
+    finding = Finding(
+        "data-stall", "t", "high", "m", [], ["dataloader-workers", "unknown-fix"], "r", "a", "b", "s"
+    )
     planned = plan([finding, finding], {"num_workers": 16, "cpu_count": 2, "dataloader_index": 0})
     assert [(p.fix, p.applicable) for p in planned] == [("dataloader-workers", False), ("unknown-fix", False)]
     assert "already has 16 workers" in planned[0].reason
@@ -166,9 +202,13 @@ def test_plan_lists_each_fix_once_with_why_it_cannot_apply() -> None:
 
 
 def test_merge_overrides() -> None:
-    merged = merge_overrides([
-        {"loaders": {"0": {"num_workers": 4}}, "non_blocking_h2d": False},
-        {"loaders": {"0": {"pin_memory": True}, "1": {"num_workers": 2}}, "non_blocking_h2d": True},
-    ])
-    assert merged == {"loaders": {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}},
-                      "non_blocking_h2d": True}
+    merged = merge_overrides(
+        [
+            {"loaders": {"0": {"num_workers": 4}}, "non_blocking_h2d": False},
+            {"loaders": {"0": {"pin_memory": True}, "1": {"num_workers": 2}}, "non_blocking_h2d": True},
+        ]
+    )
+    assert merged == {
+        "loaders": {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}},
+        "non_blocking_h2d": True,
+    }

@@ -12,7 +12,9 @@ from conftest import EXAMPLES, SCRIPTS, load_report, processes_running, run_cli
 RUN_KEYS = {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"}
 
 
-def test_slow_input_is_diagnosed_fixed_and_reported(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+def test_slow_input_is_diagnosed_fixed_and_reported(
+    slow_input_report: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     result, out = slow_input_report
     assert result.returncode == 0, result.stderr
     report = load_report(out)
@@ -26,7 +28,11 @@ def test_slow_input_is_diagnosed_fixed_and_reported(slow_input_report: tuple[sub
     assert report["baseline"]["samples_per_s"] == report["baseline"]["steps_per_s"] * 64
     [finding] = report["findings"]
     assert {"rule", "severity", "message", "evidence", "fixes"} <= set(finding)
-    assert (finding["rule"], finding["severity"], finding["fixes"]) == ("data-stall", "high", ["dataloader-workers"])
+    assert (finding["rule"], finding["severity"], finding["fixes"]) == (
+        "data-stall",
+        "high",
+        ["dataloader-workers"],
+    )
     evidence = {e["measurement"]: e["value"] for e in finding["evidence"]}
     assert evidence["num_workers"] == 0 and evidence["batch_size"] == 64
     assert evidence["data_wait_pct"] > 50
@@ -51,7 +57,9 @@ def test_report_files_are_written(slow_input_report: tuple[subprocess.CompletedP
     assert "<svg" in html and "data-stall" in html
     for external in ("http://", "https://", "<script", "<link"):
         # The only URLs allowed are the threshold source's, printed as text.
-        assert external not in html.replace("https://www.tensorflow.org/guide/profiler#input_pipeline_analyzer", "")
+        assert external not in html.replace(
+            "https://www.tensorflow.org/guide/profiler#input_pipeline_analyzer", ""
+        )
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("### trainadvisor:") and "| step time, median |" in markdown
     assert len(markdown.splitlines()) < 80
@@ -69,8 +77,9 @@ def test_no_process_is_left_behind(slow_input_report: tuple[subprocess.Completed
 
 def test_compute_bound_example_has_no_data_stall(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
-                     EXAMPLES / "compute_bound.py", cwd=tmp_path)
+    result = run_cli(
+        "profile", "--warmup", "2", "--steps", "10", "--out", out, EXAMPLES / "compute_bound.py", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     assert report["findings"] == []
@@ -81,8 +90,9 @@ def test_compute_bound_example_has_no_data_stall(tmp_path: Path) -> None:
 
 def test_script_that_raises_is_reported(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
-                     SCRIPTS / "raises.py", cwd=tmp_path)
+    result = run_cli(
+        "profile", "--warmup", "2", "--steps", "10", "--out", out, SCRIPTS / "raises.py", cwd=tmp_path
+    )
     assert result.returncode == 3
     assert "RuntimeError: boom at step 5" in result.stderr  # the script's own traceback
     assert 'raises.py", line 10' in result.stderr
@@ -112,8 +122,18 @@ def test_script_without_steps(tmp_path: Path) -> None:
 
 def test_manual_steps_and_script_arguments(tmp_path: Path) -> None:
     out = tmp_path / "r"
-    result = run_cli("profile", "--warmup", "2", "--steps", "6", "--out", out,
-                     SCRIPTS / "manual_steps.py", "40", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--warmup",
+        "2",
+        "--steps",
+        "6",
+        "--out",
+        out,
+        SCRIPTS / "manual_steps.py",
+        "40",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "final loss" not in result.stdout  # stopped after the window
     report = load_report(out)
@@ -124,24 +144,46 @@ def test_manual_steps_and_script_arguments(tmp_path: Path) -> None:
 
 
 def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:
-    result = run_cli("profile", "--warmup", "2", "--steps", "4", "--run-to-end", "--no-fix",
-                     "--out", tmp_path / "r", SCRIPTS / "manual_steps.py", "12", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--warmup",
+        "2",
+        "--steps",
+        "4",
+        "--run-to-end",
+        "--no-fix",
+        "--out",
+        tmp_path / "r",
+        SCRIPTS / "manual_steps.py",
+        "12",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "final loss" in result.stdout
     assert load_report(tmp_path / "r")["baseline"]["raw"]["steps_seen"] == 12
 
 
 def test_too_few_steps_for_the_warmup(tmp_path: Path) -> None:
-    result = run_cli("profile", "--warmup", "20", "--out", tmp_path / "r",
-                     SCRIPTS / "manual_steps.py", "5", cwd=tmp_path)
+    result = run_cli(
+        "profile", "--warmup", "20", "--out", tmp_path / "r", SCRIPTS / "manual_steps.py", "5", cwd=tmp_path
+    )
     assert result.returncode == 2
     assert "ran only 5 step(s), all inside the warmup of 20" in result.stderr
 
 
 def test_unsharded_iterable_dataset_fix_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "r"
-    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
-                     SCRIPTS / "iterable_unsharded.py", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--warmup",
+        "2",
+        "--steps",
+        "10",
+        "--out",
+        out,
+        SCRIPTS / "iterable_unsharded.py",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     assert report["findings"][0]["rule"] == "data-stall"
@@ -153,8 +195,17 @@ def test_unsharded_iterable_dataset_fix_is_refused(tmp_path: Path) -> None:
 
 def test_lambda_collate_with_spawn_fix_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "r"
-    result = run_cli("profile", "--warmup", "2", "--steps", "10", "--out", out,
-                     SCRIPTS / "lambda_collate_spawn.py", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--warmup",
+        "2",
+        "--steps",
+        "10",
+        "--out",
+        out,
+        SCRIPTS / "lambda_collate_spawn.py",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     [outcome] = load_report(out)["fix_outcomes"]
     assert outcome["status"] == "failed"
@@ -175,7 +226,7 @@ def test_out_folder_of_the_user_is_not_overwritten(tmp_path: Path) -> None:
 def test_user_rule_folder(tmp_path: Path) -> None:
     rules = tmp_path / "myrules"
     rules.mkdir()
-    (rules / "slow-steps.toml").write_text('''
+    (rules / "slow-steps.toml").write_text("""
 id = "slow-steps"
 title = "Steps slower than a budget"
 threshold_source = "our team's budget"
@@ -187,10 +238,21 @@ condition = "step_time_ms_median > 0"
 text = "Make it faster."
 anti_pattern = "slow()"
 best_practice = "fast()"
-''')
+""")
     out = tmp_path / "r"
-    result = run_cli("profile", "--rules", rules, "--warmup", "2", "--steps", "4", "--out", out,
-                     SCRIPTS / "manual_steps.py", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--rules",
+        rules,
+        "--warmup",
+        "2",
+        "--steps",
+        "4",
+        "--out",
+        out,
+        SCRIPTS / "manual_steps.py",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     [finding] = load_report(out)["findings"]
     assert (finding["rule"], finding["severity"], finding["fixes"]) == ("slow-steps", "low", [])
@@ -199,5 +261,13 @@ best_practice = "fast()"
 def test_help_teaches() -> None:
     result = run_cli("profile", "--help", cwd=Path.cwd())
     assert result.returncode == 0
-    for words in ("--warmup", "--steps", "--out", "--rules", "--run-to-end", "trainadvisor.step()", "Exit codes"):
+    for words in (
+        "--warmup",
+        "--steps",
+        "--out",
+        "--rules",
+        "--run-to-end",
+        "trainadvisor.step()",
+        "Exit codes",
+    ):
         assert words in result.stdout

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import DATA, ROOT
+
 from trainadvisor.report import load_report, render_html, report_json, write_report
 from trainadvisor.resources import templates_dir
 
@@ -19,7 +20,9 @@ import regen_golden  # noqa: E402
 def test_renderings_match_the_golden_files() -> None:
     for name, text in regen_golden.renderings().items():
         golden = (ROOT / "tests" / "golden" / name).read_text()
-        assert golden == regen_golden.HEADER + text, f"{name} changed: run scripts/regen_golden.py if intended"
+        assert golden == regen_golden.HEADER + text, (
+            f"{name} changed: run scripts/regen_golden.py if intended"
+        )
 
 
 def test_terminal_summary_fits_in_80_columns() -> None:
@@ -61,17 +64,43 @@ def test_html_is_self_contained() -> None:
 
 def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheels), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(ROOT),
+        ],
+        check=True,
+    )
     [wheel] = wheels.glob("trainadvisor-*.whl")
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                    str(wheel)], check=True)
-    probe = ("import trainadvisor.resources as r, trainadvisor.engine as e;"
-             "print(r.rules_dir()); print(r.templates_dir());"
-             "print([x.id for x in e.load_rules([r.rules_dir()])])")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site)},
-                         capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == [str(site / "trainadvisor" / "rules"), str(site / "trainadvisor" / "templates"),
-                   "['data-stall']"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    probe = (
+        "import trainadvisor.resources as r, trainadvisor.engine as e;"
+        "print(r.rules_dir()); print(r.templates_dir());"
+        "print([x.id for x in e.load_rules([r.rules_dir()])])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out == [
+        str(site / "trainadvisor" / "rules"),
+        str(site / "trainadvisor" / "templates"),
+        "['data-stall']",
+    ]
     assert (site / "trainadvisor" / "templates" / "report.html.j2").is_file()

@@ -10,7 +10,7 @@ from trainadvisor import engine
 from trainadvisor.errors import RuleError
 from trainadvisor.resources import rules_dir
 
-RULE = '''
+RULE = """
 id = "{id}"
 title = "t"
 threshold_source = "s"
@@ -22,7 +22,7 @@ condition = "{condition}"
 text = "r"
 anti_pattern = "bad()"
 best_practice = "good()"
-'''
+"""
 
 
 def write_rule(folder: Path, rule_id: str = "x", condition: str = "a > 1", message: str = "a={a}") -> Path:
@@ -45,8 +45,12 @@ def test_every_shipped_rule_loads_with_its_code_examples() -> None:
 )
 def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> None:
     [rule] = engine.load_rules([rules_dir()])
-    values = {"data_wait_pct": data_wait_pct, "data_wait_ms_per_step": 10.0,
-              "step_time_ms_median": 50.0, "num_workers": 0}
+    values = {
+        "data_wait_pct": data_wait_pct,
+        "data_wait_ms_per_step": 10.0,
+        "step_time_ms_median": 50.0,
+        "num_workers": 0,
+    }
     finding = engine.evaluate_rule(rule, values)
     assert (finding.severity if finding else None) == severity
     if finding:

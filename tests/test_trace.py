@@ -6,8 +6,8 @@ import gzip
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA
+
 from trainadvisor.analysis.trace import summarize_trace
 from trainadvisor.errors import UsageError
 

@@ -273,8 +273,8 @@ def _call_site() -> str:
 
 def _start_method(context: Any) -> str:
     if context is None:
-        return multiprocessing.get_start_method(allow_none=True) or (
-            multiprocessing.get_all_start_methods()[0]
+        return (
+            multiprocessing.get_start_method(allow_none=True) or (multiprocessing.get_all_start_methods()[0])
         )
     if isinstance(context, str):
         return context
@@ -421,8 +421,8 @@ def _install_non_blocking_copies() -> None:
             kwargs["non_blocking"] = True
         return original_cuda(self, *args, **kwargs)
 
-    torch.Tensor.to = to  # type: ignore[method-assign]
-    torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+    torch.Tensor.to = to  # type: ignore[method-assign,assignment]
+    torch.Tensor.cuda = cuda  # type: ignore[method-assign,assignment]
 
 
 def load_config(path: str) -> ChildConfig:

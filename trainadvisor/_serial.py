@@ -45,12 +45,10 @@ def from_plain(cls: Any, data: Any) -> Any:
     if origin is dict:
         _, value = typing.get_args(cls) or (str, Any)
         return {k: from_plain(value, v) for k, v in data.items()}
-    if dataclasses.is_dataclass(cls):
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         hints = typing.get_type_hints(cls)
         kwargs = {
-            f.name: from_plain(hints[f.name], data[f.name])
-            for f in dataclasses.fields(cls)
-            if f.name in data
+            f.name: from_plain(hints[f.name], data[f.name]) for f in dataclasses.fields(cls) if f.name in data
         }
         return cls(**kwargs)
     if cls is float and isinstance(data, int):

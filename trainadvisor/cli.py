@@ -40,28 +40,63 @@ def main() -> None:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog=EXIT_CODES,
 )
-@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Training steps to run before profiling (compilation, caches, worker start-up).")
-@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=2),
-              help="Training steps to profile; speedups are measured over windows of 5 of them.")
-@click.option("--out", "out_dir", default="trainadvisor-report", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path),
-              help="Report folder: report.html, report.md, report.json and the raw traces.")
-@click.option("--rules", "rule_dirs", multiple=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A folder of extra rule files (*.toml); may be given several times.")
-@click.option("--run-to-end", is_flag=True,
-              help="Let the script finish after the profiled window instead of stopping it.")
-@click.option("--no-fix", "no_fix", is_flag=True,
-              help="Only diagnose: do not rerun the script with fixes applied.")
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Seed for random, torch and numpy before the script starts, the same in every "
-                   "run, so the loss of the same steps can be compared.")
+@click.option(
+    "--warmup",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Training steps to run before profiling (compilation, caches, worker start-up).",
+)
+@click.option(
+    "--steps",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Training steps to profile; speedups are measured over windows of 5 of them.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="trainadvisor-report",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Report folder: report.html, report.md, report.json and the raw traces.",
+)
+@click.option(
+    "--rules",
+    "rule_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rule files (*.toml); may be given several times.",
+)
+@click.option(
+    "--run-to-end",
+    is_flag=True,
+    help="Let the script finish after the profiled window instead of stopping it.",
+)
+@click.option(
+    "--no-fix", "no_fix", is_flag=True, help="Only diagnose: do not rerun the script with fixes applied."
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Seed for random, torch and numpy before the script starts, the same in every "
+    "run, so the loss of the same steps can be compared.",
+)
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def profile_command(
-    warmup: int, steps: int, out_dir: Path, rule_dirs: tuple[Path, ...], run_to_end: bool,
-    no_fix: bool, seed: int, script: Path, script_args: tuple[str, ...],
+    warmup: int,
+    steps: int,
+    out_dir: Path,
+    rule_dirs: tuple[Path, ...],
+    run_to_end: bool,
+    no_fix: bool,
+    seed: int,
+    script: Path,
+    script_args: tuple[str, ...],
 ) -> None:
     """Profile SCRIPT, diagnose it, rerun it with the fixes, and write a before/after report.
 

@@ -154,7 +154,7 @@ def load_rule(path: Path) -> Rule:
         try:
             tree = ast.parse(condition, mode="eval")
         except SyntaxError as exc:
-            raise RuleError(f"{where}: condition '{condition}' is not an expression ({exc.msg})")
+            raise RuleError(f"{where}: condition '{condition}' is not an expression ({exc.msg})") from None
         _check(tree, f"{where}: condition '{condition}'")
         levels.append(Level(severity, condition, tree))
     if not levels:
@@ -213,10 +213,7 @@ def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
         title=rule.title,
         severity=level.severity,
         message=render_message(rule.message, values),
-        evidence=[
-            Evidence(e.measurement, e.label, values.get(e.measurement), e.unit)
-            for e in rule.evidence
-        ],
+        evidence=[Evidence(e.measurement, e.label, values.get(e.measurement), e.unit) for e in rule.evidence],
         fixes=list(rule.fixes),
         recommendation=rule.recommendation,
         anti_pattern=rule.anti_pattern,

@@ -67,8 +67,9 @@ def _spec(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
     return replace(spec, **changes)
 
 
-def _with_loader_overrides(options: ProfileOptions, label: str, overrides: dict[str, Any],
-                           **changes: Any) -> RunSpec:
+def _with_loader_overrides(
+    options: ProfileOptions, label: str, overrides: dict[str, Any], **changes: Any
+) -> RunSpec:
     """A run with DataLoader overrides. Workers fill up to workers x prefetch_factor batches
     while the first, slow steps run; consumed inside the window, that buffer would pass for
     speed. So the warmup is lengthened by the buffer's depth and the window made at least three
@@ -98,8 +99,9 @@ def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
     if raw.status == "script_failed":
         return
     if raw.steps_seen == 0:
-        raise NoStepsError(f"{options.script} ran to the end but no training step was seen. "
-                           + STEP_MARKING_HELP)
+        raise NoStepsError(
+            f"{options.script} ran to the end but no training step was seen. " + STEP_MARKING_HELP
+        )
     if not raw.steps:
         raise UsageError(
             f"{options.script} ran only {raw.steps_seen} step(s), all inside the warmup of "
@@ -119,7 +121,11 @@ def tune(
         label = f"{fix.id}-{len(trials) + 1}"
         run = _measure_run(
             _with_loader_overrides(
-                options, label, candidate.overrides, profile=False, show_output=False,
+                options,
+                label,
+                candidate.overrides,
+                profile=False,
+                show_output=False,
                 timeout_s=timeout_s,
             )
         )
@@ -136,8 +142,10 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
         raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
     rules = engine.load_rules([rules_dir(), *options.rule_dirs])
     check_out_dir(options.out_dir)
-    echo(f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
-         f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)")
+    echo(
+        f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
+        f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)"
+    )
     baseline = _measure_run(_spec(options, "baseline", stop_after_window=not options.run_to_end))
     _check_steps(baseline.raw, options)
     notes: list[str] = []
@@ -195,15 +203,35 @@ def _tune_all(
         trials = tune(fix, values, options, baseline, echo)
         chosen = fix.choose(trials, baseline.steps_per_s or 0.0)
         if chosen is not None:
-            outcomes.append(FixOutcome(planned.fix, planned.rule, "kept", "chosen by the trials",
-                                       chosen.overrides, trials, fix.describe(chosen)))
+            outcomes.append(
+                FixOutcome(
+                    planned.fix,
+                    planned.rule,
+                    "kept",
+                    "chosen by the trials",
+                    chosen.overrides,
+                    trials,
+                    fix.describe(chosen),
+                )
+            )
             continue
         blocked = next((t for t in trials if t.status != "measured"), None)
         if blocked is not None and not any(t.status == "measured" for t in trials):
             status = "changed_training" if blocked.status == "changed_training" else "failed"
-            outcomes.append(FixOutcome(planned.fix, planned.rule, status,
-                                       f"{blocked.label}: {blocked.reason}", {}, trials))
+            outcomes.append(
+                FixOutcome(
+                    planned.fix, planned.rule, status, f"{blocked.label}: {blocked.reason}", {}, trials
+                )
+            )
         else:
-            outcomes.append(FixOutcome(planned.fix, planned.rule, "no_gain",
-                                       "no candidate was at least 5% faster than the baseline", {}, trials))
+            outcomes.append(
+                FixOutcome(
+                    planned.fix,
+                    planned.rule,
+                    "no_gain",
+                    "no candidate was at least 5% faster than the baseline",
+                    {},
+                    trials,
+                )
+            )
     return outcomes

@@ -77,13 +77,24 @@ def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_m
     bars = []
     for i, s in enumerate(steps):
         y = height
-        parts = {"data_wait": s.data_wait_ms, "h2d_copy": s.h2d_copy_ms,
-                 "compute": max(s.step_ms - s.data_wait_ms - s.h2d_copy_ms, 0.0)}
+        parts = {
+            "data_wait": s.data_wait_ms,
+            "h2d_copy": s.h2d_copy_ms,
+            "compute": max(s.step_ms - s.data_wait_ms - s.h2d_copy_ms, 0.0),
+        }
         for key, ms in parts.items():
             h = height * ms / top
             y -= h
-            bars.append(Bar(i * column + 1, y, max(column - 2, 1.0), h, COLORS[key],
-                            f"step {s.index}: {LABELS[key]} {ms:.1f} ms of {s.step_ms:.1f} ms"))
+            bars.append(
+                Bar(
+                    i * column + 1,
+                    y,
+                    max(column - 2, 1.0),
+                    h,
+                    COLORS[key],
+                    f"step {s.index}: {LABELS[key]} {ms:.1f} ms of {s.step_ms:.1f} ms",
+                )
+            )
     return bars
 
 
