@@ -18,6 +18,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,20 @@ class Recorder:
         self.duplicate_batches = 0
         self.profiler: torch.profiler.profile | None = None
         self.result: RawRun | None = None
+        self._undo: list[Callable[[], None]] = []
+
+    def patch(self, owner: Any, name: str, replacement: Any) -> None:
+        original = owner.__dict__[name]
+        setattr(owner, name, replacement)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def uninstall(self) -> None:
+        """Put back everything `install` changed: torch is as it was before."""
+        global ACTIVE
+        while self._undo:
+            self._undo.pop()()
+        if ACTIVE is self:
+            ACTIVE = None
 
     # ---- step boundaries ----
 
@@ -345,7 +360,7 @@ def install(config: ChildConfig) -> Recorder:
     global ACTIVE
     recorder = Recorder(config)
     ACTIVE = recorder
-    register_optimizer_step_post_hook(recorder.optimizer_step)
+    recorder._undo.append(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
 
     original_next = _BaseDataLoaderIter.__next__
 
@@ -362,7 +377,7 @@ def install(config: ChildConfig) -> Recorder:
             recorder.loaders[info_index].batches_in_window += 1
         return batch
 
-    _BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]
+    recorder.patch(_BaseDataLoaderIter, "__next__", timed_next)
 
     original_get_iterator = DataLoader._get_iterator
 
@@ -371,7 +386,7 @@ def install(config: ChildConfig) -> Recorder:
         iterator._trainadvisor_loader = getattr(self, "_trainadvisor_loader", None)  # type: ignore[attr-defined]
         return iterator
 
-    DataLoader._get_iterator = get_iterator  # type: ignore[method-assign]
+    recorder.patch(DataLoader, "_get_iterator", get_iterator)
 
     original_init = DataLoader.__init__
     signature = inspect.signature(original_init)
@@ -388,7 +403,7 @@ def install(config: ChildConfig) -> Recorder:
         original_init(self, **call)
         self._trainadvisor_loader = index  # type: ignore[attr-defined]
 
-    DataLoader.__init__ = init  # type: ignore[method-assign]
+    recorder.patch(DataLoader, "__init__", init)
 
     original_backward = torch.Tensor.backward
 
@@ -396,14 +411,14 @@ def install(config: ChildConfig) -> Recorder:
         recorder.loss_candidate(self)
         return original_backward(self, *args, **kwargs)
 
-    torch.Tensor.backward = backward  # type: ignore[method-assign]
+    recorder.patch(torch.Tensor, "backward", backward)
 
     if config.non_blocking_h2d and torch.cuda.is_available():
-        _install_non_blocking_copies()
+        _install_non_blocking_copies(recorder)
     return recorder
 
 
-def _install_non_blocking_copies() -> None:
+def _install_non_blocking_copies(recorder: Recorder) -> None:
     """Make `.to('cuda')`/`.cuda()` of pinned host tensors non-blocking.
 
     Safe for DataLoader batches: the pin-memory thread hands out a fresh pinned buffer per
@@ -421,8 +436,8 @@ def _install_non_blocking_copies() -> None:
             kwargs["non_blocking"] = True
         return original_cuda(self, *args, **kwargs)
 
-    torch.Tensor.to = to  # type: ignore[method-assign,assignment]
-    torch.Tensor.cuda = cuda  # type: ignore[method-assign,assignment]
+    recorder.patch(torch.Tensor, "to", to)
+    recorder.patch(torch.Tensor, "cuda", cuda)
 
 
 def load_config(path: str) -> ChildConfig:
