@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainadvisor.analysis.summary import named_measurements, percentile, stats, summarize
-from trainadvisor.compare import compare, judge_trial, loss_check, verdict
+from trainadvisor.compare import compare, judge_trial, loss_change, loss_check, verdict
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.model import DeviceInfo, Finding, LoaderInfo, RawRun, StepRecord, Trial
@@ -88,10 +88,10 @@ def test_speedup_and_its_range() -> None:
     after = summarize(raw([10.0] * 10 + [12.5] * 10))  # windows: 100, 100, 80, 80 steps/s
     c = compare(before, after)
     assert c.windows == 4
-    assert c.speedup == 90.0 / 22.5
+    assert c.speedup == after.steps_per_s / before.steps_per_s == (20 / 0.225) / (20 / 0.9)
     assert c.speedup_low == 80.0 / 25.0 and c.speedup_high == 100.0 / 20.0
     assert c.loss_check.equivalent is True and c.loss_check.steps_compared == 22
-    assert verdict(c) == ("kept", "measured 4.00x (range 3.20-5.00x) over 4 windows")
+    assert verdict(c) == ("kept", "measured 4.00x (range 3.20-5.00x)")
 
 
 def test_no_gain_is_not_kept() -> None:
@@ -118,11 +118,48 @@ def test_missing_losses_are_not_compared() -> None:
     assert (check.steps_compared, check.equivalent) == (0, None)
 
 
-def test_repeated_batches_reject_a_trial() -> None:
+def test_repeated_batches_reject_a_trial_of_an_iterable_dataset() -> None:
+    baseline, trial = raw([10.0] * 10), raw([5.0] * 10)
+    baseline.batch_fingerprints = [f"b{i}" for i in range(12)]
+    trial.batch_fingerprints = ["b0", "b1"] + [f"b{2 + i // 2}" for i in range(10)]  # 2 workers, same data
+    trial.loaders[0].iterable_dataset = True
+    status, reason = judge_trial(baseline, trial)
+    assert status == "changed_training" and "5 of 10 batches" in reason and "get_worker_info" in reason
+    trial.loaders[0].iterable_dataset = False  # map-style data repeats only by wrapping an epoch
+    assert judge_trial(baseline, trial)[0] == "measured"
+
+
+def test_batches_without_host_tensors_are_not_repeats() -> None:
     trial = raw([5.0] * 10)
-    trial.duplicate_batches = 6
-    status, reason = judge_trial(raw([10.0] * 10), trial)
-    assert status == "changed_training" and "6 of 10 batches" in reason and "get_worker_info" in reason
+    trial.batch_fingerprints = [None] * 12
+    trial.loaders[0].iterable_dataset = True
+    assert judge_trial(raw([10.0] * 10), trial)[0] == "measured"
+
+
+def test_a_diverged_loss_is_a_change() -> None:
+    nan, inf = float("nan"), float("inf")
+    check = loss_check(raw([1.0], losses=[1.0, 0.5, 0.4]), raw([1.0], losses=[1.0, 0.5, nan]))
+    assert check.equivalent is False and check.max_rel_diff == inf
+    assert loss_change(check) == "the loss diverged (NaN or infinite) in one run but not in the other"
+    same = loss_check(raw([1.0], losses=[1.0, nan, inf]), raw([1.0], losses=[1.0, nan, inf]))
+    assert same.equivalent is True and same.steps_compared == 3
+
+
+def test_different_batches_compare_the_mean_loss() -> None:
+    before = raw([1.0] * 2, losses=[1.0, 0.75, 0.5, 0.25])
+    after = raw([1.0] * 2, losses=[1.125, 0.625, 0.5, 0.25])
+    before.batch_fingerprints = ["a", "b", "c", "d"]
+    after.batch_fingerprints = ["a", "x", "y", "z"]
+    check = loss_check(before, after)
+    assert check.same_batches is False and check.tolerance_rel == 0.1
+    assert check.max_rel_diff == 0.125 / 0.75  # 0.625 against 0.75: a step alone would fail
+    assert check.mean_rel_diff == 0.0 and check.equivalent is True
+    after.losses = [1.25, 1.0, 0.625, 0.25]  # mean 0.78125 against 0.625
+    check = loss_check(before, after)
+    assert check.equivalent is False
+    assert loss_change(check) == (
+        "the mean loss of the same steps changed by 25% (tolerance 10%, the batches differ between runs)"
+    )
 
 
 def test_refused_override_rejects_a_trial() -> None:
@@ -151,11 +188,11 @@ def trial(
 
 def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
     fix = DataLoaderWorkers()
-    values = {"dataloader_index": 0, "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0}
+    values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0}
     first = fix.next_candidate(values, [])
     assert first.label == "num_workers=2"
     assert first.overrides == {
-        "loaders": {"0": {"num_workers": 2, "persistent_workers": True}},
+        "loaders": {"train.py:12": {"num_workers": 2, "persistent_workers": True}},
         "non_blocking_h2d": False,
     }
     assert fix.next_candidate(values, [trial(2, 20.0)]).label == "num_workers=4"
@@ -183,10 +220,10 @@ def test_worker_choice_prefers_the_simpler_setting_within_noise() -> None:
 
 
 def test_cuda_runs_also_pin_memory_and_copy_without_blocking() -> None:
-    values = {"dataloader_index": 1, "num_workers": 0, "cpu_count": 8, "cuda_used": True}
+    values = {"dataloader_call_site": "t.py:3", "num_workers": 0, "cpu_count": 8, "cuda_used": True}
     setting = DataLoaderWorkers().next_candidate(values, [])
     assert setting.overrides == {
-        "loaders": {"1": {"num_workers": 2, "persistent_workers": True, "pin_memory": True}},
+        "loaders": {"t.py:3": {"num_workers": 2, "persistent_workers": True, "pin_memory": True}},
         "non_blocking_h2d": True,
     }
 
@@ -195,7 +232,7 @@ def test_plan_lists_each_fix_once_with_why_it_cannot_apply() -> None:
     finding = Finding(
         "data-stall", "t", "high", "m", [], ["dataloader-workers", "unknown-fix"], "r", "a", "b", "s"
     )
-    planned = plan([finding, finding], {"num_workers": 16, "cpu_count": 2, "dataloader_index": 0})
+    planned = plan([finding, finding], {"num_workers": 16, "cpu_count": 2, "dataloader_call_site": "t.py:3"})
     assert [(p.fix, p.applicable) for p in planned] == [("dataloader-workers", False), ("unknown-fix", False)]
     assert "already has 16 workers" in planned[0].reason
     assert plan([finding], {})[0].reason.startswith("no torch DataLoader fed the profiled steps")

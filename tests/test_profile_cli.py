@@ -42,9 +42,11 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     assert report["comparison"]["speedup_low"] > 1.0
     trials = report["fix_outcomes"][0]["trials"]
     assert trials[0]["label"] == "num_workers=2"
-    assert all(t["overrides"]["loaders"]["0"]["persistent_workers"] for t in trials)
+    site = next(iter(trials[0]["overrides"]["loaders"]))
+    assert site.endswith("slow_input_mnist.py:56")
+    assert all(t["overrides"]["loaders"][site]["persistent_workers"] for t in trials)
     check = report["comparison"]["loss_check"]
-    assert check["equivalent"] is True and check["max_abs_diff"] == 0.0
+    assert check["equivalent"] is True and check["max_abs_diff"] == 0.0 and check["same_batches"] is True
     assert check["steps_compared"] == 23  # warmup 3 + 10 timed + 10 traced, in both runs
     # The terminal diagnosis names the finding, the fix, the speedup and the report.
     assert "data-stall" in result.stdout and "x faster" in result.stdout
@@ -208,7 +210,7 @@ def test_lambda_collate_with_spawn_fix_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     [outcome] = load_report(out)["fix_outcomes"]
-    assert outcome["status"] == "failed"
+    assert outcome["status"] == "refused"
     assert "collate_fn (<lambda>) cannot be pickled" in outcome["reason"]
     assert "'spawn'" in outcome["reason"]
 
@@ -271,3 +273,62 @@ def test_help_teaches() -> None:
         "Exit codes",
     ):
         assert words in result.stdout
+
+
+def test_loader_variants_get_the_fix_at_their_call_site(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = run_cli(
+        "profile",
+        "--warmup",
+        "3",
+        "--steps",
+        "10",
+        "--out",
+        out,
+        SCRIPTS / "loader_variants.py",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    loaders = report["baseline"]["raw"]["loaders"]
+    assert len(loaders) >= 2  # a new loader every 12 steps
+    assert {(ld["dataset_class"], ld["batch_size"], ld["collate_fn"]) for ld in loaders} == {
+        ("Slow", None, "collate")
+    }
+    assert report["baseline"]["samples_per_s"] == report["baseline"]["steps_per_s"] * 16
+    [outcome] = report["fix_outcomes"]
+    assert outcome["status"] == "kept", outcome
+    after_loaders = report["after"]["raw"]["loaders"]
+    assert len(after_loaders) >= 2
+    assert all(ld["num_workers"] > 0 and ld["overrides_applied"] for ld in after_loaders)
+    assert report["comparison"]["loss_check"]["same_batches"] is True
+
+
+def test_random_augmentation_compares_the_mean_loss(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = run_cli(
+        "profile", "--warmup", "2", "--steps", "10", "--out", out, SCRIPTS / "random_augment.py", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    check = report["comparison"]["loss_check"]
+    assert check["same_batches"] is False and check["tolerance_rel"] == 0.1
+    assert check["equivalent"] is True and check["mean_rel_diff"] < 0.1
+    assert report["applied_fixes"] == ["dataloader-workers"]
+
+
+def test_script_that_exits_non_zero(tmp_path: Path) -> None:
+    result = run_cli(
+        "profile",
+        "--warmup",
+        "2",
+        "--steps",
+        "10",
+        "--out",
+        tmp_path / "r",
+        SCRIPTS / "exits.py",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3
+    assert "exits.py failed: the script exited with code 4" in result.stderr
+    assert load_report(tmp_path / "r")["baseline"]["steps"] == 4

@@ -48,7 +48,7 @@ def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> No
     values = {
         "data_wait_pct": data_wait_pct,
         "data_wait_ms_per_step": 10.0,
-        "step_time_ms_median": 50.0,
+        "step_time_ms_mean": 50.0,
         "num_workers": 0,
     }
     finding = engine.evaluate_rule(rule, values)
@@ -56,7 +56,7 @@ def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> No
     if finding:
         assert finding.message == (
             f"The loop waited on the DataLoader for {data_wait_pct:.0f}% of each step "
-            "(10.0 ms of 50.0 ms) with num_workers=0."
+            "(10.0 ms of 50.0 ms on average) with num_workers=0."
         )
 
 

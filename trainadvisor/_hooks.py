@@ -54,7 +54,7 @@ class ChildConfig:
     profile_steps: int  # then traced with torch.profiler (its overhead would bias the timing)
     stop_after_window: bool
     seed: int | None
-    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call site
     non_blocking_h2d: bool = False
 
 
@@ -75,8 +75,8 @@ class Recorder:
         self.losses: list[torch.Tensor | None] = []  # by step index, up to the window's end
         self.records: list[StepRecord] = []
         self.loaders: list[LoaderInfo] = []
-        self.fingerprints: set[tuple[Any, ...]] = set()
-        self.duplicate_batches = 0
+        self.step_batches: list[str] = []  # fingerprints of the batches drawn in this step
+        self.batch_fingerprints: list[str | None] = []  # by step index, up to the window's end
         self.profiler: torch.profiler.profile | None = None
         self.result: RawRun | None = None
         self._undo: list[Callable[[], None]] = []
@@ -106,6 +106,12 @@ class Recorder:
             self.boundary()
 
     def manual_step(self) -> None:
+        if not self.manual and self.steps_seen and not self.in_window and not self.window_done:
+            # Optimizer steps were counted before the first trainadvisor.step(): count afresh,
+            # so a loop that does both is not counted twice.
+            self.steps_seen = 0
+            self.losses.clear()
+            self.batch_fingerprints.clear()
         self.manual = True
         self.boundary()
 
@@ -114,6 +120,8 @@ class Recorder:
         self.steps_seen += 1
         if not self.window_done:
             self.losses.append(self.loss)
+            self.batch_fingerprints.append("|".join(self.step_batches) or None)
+        self.step_batches = []
         if self.in_window:
             self.records.append(
                 StepRecord(
@@ -166,15 +174,18 @@ class Recorder:
 
     def data_wait(self, seconds: float, batch: Any) -> None:
         self.data_wait_s += seconds
-        if not self.in_window:
+        if self.window_done:
             return
         tensors = list(_tensors(batch))
-        if tensors and tensors[0].dim() > 0:
+        if self.config.non_blocking_h2d:
+            for tensor in tensors:
+                if tensor.is_pinned():
+                    tensor._trainadvisor_batch = True  # type: ignore[attr-defined]
+        host = [_fingerprint(t) for t in tensors if t.device.type == "cpu"]
+        if host:
+            self.step_batches.append(",".join(host))
+        if self.in_window and tensors and tensors[0].dim() > 0:
             self.samples = (self.samples or 0) + int(tensors[0].shape[0])
-        key = tuple(_fingerprint(t) for t in tensors if t.device.type == "cpu")
-        if key in self.fingerprints:
-            self.duplicate_batches += 1
-        self.fingerprints.add(key)
 
     def loss_candidate(self, tensor: torch.Tensor) -> None:
         if not self.window_done and tensor.numel() == 1:
@@ -219,24 +230,27 @@ class Recorder:
             loaders=self.loaders,
             device=_device_info(),
             window_start_unix_s=self.window_start_unix_s,
-            duplicate_batches=self.duplicate_batches,
+            batch_fingerprints=self.batch_fingerprints,
             losses=losses,
             trace_file=trace if trace and Path(trace).exists() else None,
         )
 
 
-_WEIGHTS = torch.empty(0, dtype=torch.int64)
+_SAMPLED = 4096  # elements of a tensor that enter its fingerprint
+_WEIGHTS = torch.randint(1, 2**31, (_SAMPLED * 8,), generator=torch.Generator().manual_seed(0x7A17))
 
 
-def _fingerprint(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """A content hash of a host tensor in torch ops alone (numpy may be absent): its bytes
-    weighted by fixed pseudo-random int64 factors and summed, with shape and dtype."""
-    global _WEIGHTS
-    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
-    if _WEIGHTS.numel() < data.numel():
-        generator = torch.Generator().manual_seed(0x7A17)
-        _WEIGHTS = torch.randint(1, 2**31, (data.numel(),), generator=generator)
-    return (tuple(tensor.shape), str(tensor.dtype), int((data * _WEIGHTS[: data.numel()]).sum()))
+def _fingerprint(tensor: torch.Tensor) -> str:
+    """A cheap content hash of a host tensor, in torch ops alone (numpy may be absent): shape,
+    dtype, and a weighted sum of the bytes of at most 4096 evenly spaced elements. Enough to tell
+    whether two runs drew the same batches, and far cheaper than hashing every byte (a 7 MB
+    batch would cost tens of ms inside the step)."""
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() > _SAMPLED:
+        flat = flat[:: flat.numel() // _SAMPLED][:_SAMPLED]
+    data = flat.contiguous().view(torch.uint8).to(torch.int64)
+    digest = int((data * _WEIGHTS[: data.numel()]).sum())
+    return f"{tuple(tensor.shape)}:{str(tensor.dtype)[6:]}:{digest & 0xFFFFFFFFFFFF:012x}"
 
 
 def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
@@ -297,6 +311,11 @@ def _start_method(context: Any) -> str:
     return str(context.get_start_method())
 
 
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
 def _unpicklable(args: dict[str, Any]) -> str | None:
     """Why workers started with spawn/forkserver could not receive the loader's parts."""
     for name in ("dataset", "collate_fn", "worker_init_fn"):
@@ -304,7 +323,7 @@ def _unpicklable(args: dict[str, Any]) -> str | None:
         if value is None:
             continue
         try:
-            pickle.dumps(value)
+            pickle.Pickler(_Discard()).dump(value)  # the bytes are not kept: datasets can be large
         except Exception as exc:  # pickling runs user code: any error means "cannot send"
             what = getattr(value, "__qualname__", type(value).__qualname__)
             return (
@@ -396,13 +415,15 @@ def install(config: ChildConfig) -> Recorder:
         bound = signature.bind(self, *args, **kwargs)
         call = dict(bound.arguments)
         call.pop("self")
-        call.update(call.pop("kwargs", {}) or {})
-        index = len(recorder.loaders)
-        info = _describe(call, index, _call_site())
-        _apply(call, dict(config.loader_overrides.get(str(index), {})), info)
+        site = _call_site()
+        info = _describe(call, len(recorder.loaders), site)
+        _apply(call, dict(config.loader_overrides.get(site, {})), info)
         recorder.loaders.append(info)
+        if info.override_refused:  # the run cannot measure what it was started for
+            recorder.write("refused", 0, info.override_refused)
+            raise WindowComplete()
         original_init(self, **call)
-        self._trainadvisor_loader = index  # type: ignore[attr-defined]
+        self._trainadvisor_loader = info.index  # type: ignore[attr-defined]
 
     recorder.patch(DataLoader, "__init__", init)
 
@@ -420,20 +441,21 @@ def install(config: ChildConfig) -> Recorder:
 
 
 def _install_non_blocking_copies(recorder: Recorder) -> None:
-    """Make `.to('cuda')`/`.cuda()` of pinned host tensors non-blocking.
+    """Make `.to('cuda')`/`.cuda()` of pinned DataLoader batches non-blocking.
 
-    Safe for DataLoader batches: the pin-memory thread hands out a fresh pinned buffer per
-    batch, so nothing writes the source while the copy is in flight."""
+    Only tensors the DataLoader handed out are touched (`data_wait` marks them): the pin-memory
+    thread gives each batch a fresh pinned buffer, so nothing writes the source while the copy is
+    in flight. A pinned staging buffer the script refills itself keeps its blocking copy."""
     original_to = torch.Tensor.to
     original_cuda = torch.Tensor.cuda
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if self.is_pinned() and "non_blocking" not in kwargs and len(args) < 2:
+        if getattr(self, "_trainadvisor_batch", False) and "non_blocking" not in kwargs and len(args) < 2:
             kwargs["non_blocking"] = True
         return original_to(self, *args, **kwargs)
 
     def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if self.is_pinned() and "non_blocking" not in kwargs and len(args) < 2:
+        if getattr(self, "_trainadvisor_batch", False) and "non_blocking" not in kwargs and len(args) < 2:
             kwargs["non_blocking"] = True
         return original_cuda(self, *args, **kwargs)
 

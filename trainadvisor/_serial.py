@@ -16,9 +16,9 @@ T = TypeVar("T")
 
 def to_plain(obj: Any) -> Any:
     """A dataclass tree as JSON-ready dicts and lists. JSON has no NaN or infinity: such a float
-    (a diverged loss, say) becomes null."""
+    (a diverged loss, say) is written as the string "NaN", "Infinity" or "-Infinity"."""
     if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
@@ -51,8 +51,8 @@ def from_plain(cls: Any, data: Any) -> Any:
             f.name: from_plain(hints[f.name], data[f.name]) for f in dataclasses.fields(cls) if f.name in data
         }
         return cls(**kwargs)
-    if cls is float and isinstance(data, int):
-        return float(data)
+    if cls is float and isinstance(data, (int, str)):
+        return float(data)  # also "NaN", "Infinity", "-Infinity"
     return data
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -104,11 +105,13 @@ def profile_command(
     arguments (options for trainadvisor go before SCRIPT). Training steps are found through
     torch.optim optimizers; a loop without one calls trainadvisor.step() once per step.
 
-    After WARMUP steps, STEPS steps are profiled with torch.profiler, host sampling and NVML;
-    then the script is stopped (see --run-to-end). When a rule fires, its fix is measured in
-    fresh runs (several candidate settings, the fastest kept), confirmed in one more profiled
-    run, and kept only if it is faster in every window and leaves the loss of the same steps
-    unchanged.
+    After WARMUP steps, STEPS steps are timed with clocks (the profiler's overhead would bias
+    them) while psutil and NVML sample the process, its DataLoader workers and the GPU; up to 10
+    more steps are traced with torch.profiler; then the script is stopped (see --run-to-end).
+    When a rule fires, its fix is measured in fresh runs (several candidate settings, the
+    fastest kept) and confirmed in one more run. It is kept only if the confirmation run's slow
+    windows beat the first run's fast ones, it gains at least 5%, and the loss of the same
+    seeded steps is unchanged.
 
     \b
     Example:
@@ -141,6 +144,15 @@ def profile_command(
     except KeyboardInterrupt:
         click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
         sys.exit(130)
+    except Exception as exc:  # a defect of ours: one line for the user, the details on request
+        if os.environ.get("TRAINADVISOR_DEBUG"):
+            raise
+        click.echo(
+            f"trainadvisor: internal error: {type(exc).__name__}: {exc}. Please report it; "
+            "set TRAINADVISOR_DEBUG=1 to see the traceback.",
+            err=True,
+        )
+        sys.exit(1)
 
 
 main.add_command(profile_command, name="profile")

@@ -84,7 +84,8 @@ class DeviceInfo:
 class RawRun:
     """Everything one run of the script measured. Status is one of:
     `window_complete` (the window was measured), `script_ended` (the script finished, maybe
-    before the window was full), `script_failed` (it raised or exited non-zero)."""
+    before the window was full), `script_failed` (it raised or exited non-zero), `refused` (a
+    requested DataLoader override could not be applied, so the run was stopped)."""
 
     label: str
     status: str
@@ -98,8 +99,9 @@ class RawRun:
     loaders: list[LoaderInfo]
     device: DeviceInfo | None
     window_start_unix_s: float | None = None
-    duplicate_batches: int = 0  # batches in the window identical to an earlier one
     losses: list[float | None] = field(default_factory=list)  # by step index, warmup included
+    # by step index: a content hash of the host tensors the step drew from DataLoaders
+    batch_fingerprints: list[str | None] = field(default_factory=list)
     trace_file: str | None = None  # relative to the report folder
     host_samples: list[HostSample] = field(default_factory=list)
     gpu_samples: list[GpuSample] = field(default_factory=list)
@@ -189,20 +191,26 @@ class Trial:
 
 @dataclass
 class LossCheck:
+    """Whether training stayed the same. With the same batches (same fingerprints) every step's
+    loss must agree; with different batches (random augmentation drawn in worker processes,
+    say) only the mean loss over the shared steps can be compared."""
+
     steps_compared: int
     max_abs_diff: float | None
     max_rel_diff: float | None
     tolerance_rel: float
     equivalent: bool | None  # None: no loss was captured, so nothing could be compared
+    same_batches: bool | None = None  # None: the batches could not be fingerprinted
+    mean_rel_diff: float | None = None  # of the mean loss over the shared steps
     baseline: list[float | None] = field(default_factory=list)
     after: list[float | None] = field(default_factory=list)
 
 
 @dataclass
 class Comparison:
-    speedup: float | None  # median window throughput, after / baseline
-    speedup_low: float | None  # slowest after window / fastest baseline window
-    speedup_high: float | None
+    speedup: float | None  # throughput (steps/s), after / baseline
+    speedup_low: float | None  # 10th percentile of after windows / 90th of baseline windows
+    speedup_high: float | None  # 90th percentile of after windows / 10th of baseline windows
     windows: int
     loss_check: LossCheck
 
@@ -211,7 +219,7 @@ class Comparison:
 class FixOutcome:
     fix: str
     rule: str
-    status: str  # kept | no_gain | changed_training | failed | not_applicable
+    status: str  # kept | no_gain | changed_training | refused | failed | not_applicable
     reason: str
     settings: dict[str, Any]
     trials: list[Trial]

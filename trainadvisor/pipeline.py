@@ -43,6 +43,29 @@ class ProfileOptions:
     apply_fixes: bool = True
 
 
+def reproduce_command(options: ProfileOptions) -> list[str]:
+    """The command line that repeats this run, every option spelled out."""
+    command = [
+        "trainadvisor",
+        "profile",
+        "--warmup",
+        str(options.warmup),
+        "--steps",
+        str(options.steps),
+        "--out",
+        str(options.out_dir),
+    ]
+    if options.seed is not None:
+        command += ["--seed", str(options.seed)]
+    for folder in options.rule_dirs:
+        command += ["--rules", str(folder)]
+    if options.run_to_end:
+        command.append("--run-to-end")
+    if not options.apply_fixes:
+        command.append("--no-fix")
+    return [*command, str(options.script), *options.args]
+
+
 def check_out_dir(out_dir: Path) -> None:
     """Refuse to write into a folder of the user's that is not an earlier report."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -174,7 +197,7 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
                 outcome.status, outcome.reason = status, reason
     return Report(
         schema_version=SCHEMA_VERSION,
-        command=["trainadvisor", "profile", str(options.script), *options.args],
+        command=reproduce_command(options),
         script=str(options.script),
         environment=baseline.raw.device,
         baseline=baseline,
@@ -217,7 +240,7 @@ def _tune_all(
             continue
         blocked = next((t for t in trials if t.status != "measured"), None)
         if blocked is not None and not any(t.status == "measured" for t in trials):
-            status = "changed_training" if blocked.status == "changed_training" else "failed"
+            status = blocked.status  # refused | failed | changed_training
             outcomes.append(
                 FixOutcome(
                     planned.fix, planned.rule, status, f"{blocked.label}: {blocked.reason}", {}, trials

@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 
 from trainadvisor import _serial
-from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps
+from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps, window_samples
 from trainadvisor.model import LossCheck, Report, Run
 
 COLORS = {"data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5"}
@@ -27,8 +27,7 @@ def headline(report: Report) -> str:
     if kept and comparison and comparison.speedup:
         return (
             f"{comparison.speedup:.2f}x faster (range {comparison.speedup_low:.2f}-"
-            f"{comparison.speedup_high:.2f}x over {comparison.windows} windows) after "
-            + ", ".join(o.fix for o in kept)
+            f"{comparison.speedup_high:.2f}x across windows) after " + ", ".join(o.fix for o in kept)
         )
     if report.findings:
         top = report.findings[0]
@@ -68,7 +67,8 @@ def breakdown_bars(runs: list[Run], width: float = 560.0) -> list[dict[str, Any]
 
 
 def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_ms: float = 0.0) -> list[Bar]:
-    """One stacked column per step: data wait at the bottom, copies, then compute."""
+    """One stacked column per timed step: data wait at the bottom, the rest of the step above.
+    (Copy time is known only for the traced steps, so it is not split out here.)"""
     steps = timed_steps(run.raw)
     if not steps:
         return []
@@ -98,22 +98,27 @@ def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_m
     return bars
 
 
-def cpu_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
-    """SVG polyline points of the main process's and the workers' CPU use over the window."""
+def usage_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
+    """SVG polyline points over the timed window: CPU use of the main process and of the
+    DataLoader workers, and GPU utilisation when NVML sampled it."""
     window_ms = sum(s.step_ms for s in timed_steps(run.raw)) or 1.0
-    samples = [h for h in run.raw.host_samples if 0 <= h.t_ms <= window_ms]
-    if len(samples) < 2:
+    host = window_samples(run.raw, run.raw.host_samples)
+    gpu = window_samples(run.raw, run.raw.gpu_samples)
+    if len(host) < 2:
         return {}
-    top = max(100.0, *(max(h.main_cpu_pct, h.workers_cpu_pct) for h in samples))
+    top = max(100.0, *(max(h.main_cpu_pct, h.workers_cpu_pct) for h in host))
 
     def points(values: list[tuple[float, float]]) -> str:
         return " ".join(f"{width * t / window_ms:.1f},{height - height * v / top:.1f}" for t, v in values)
 
-    return {
-        "main": points([(h.t_ms, h.main_cpu_pct) for h in samples]),
-        "workers": points([(h.t_ms, h.workers_cpu_pct) for h in samples]),
+    lines = {
+        "main": points([(h.t_ms, h.main_cpu_pct) for h in host]),
+        "workers": points([(h.t_ms, h.workers_cpu_pct) for h in host]),
         "top": f"{top:.0f}",
     }
+    if len(gpu) >= 2:
+        lines["gpu"] = points([(g.t_ms, g.util_pct) for g in gpu])
+    return lines
 
 
 # ---- rendering ----
@@ -150,7 +155,7 @@ def _context(report: Report) -> dict[str, Any]:
         "runs": runs,
         "breakdown": breakdown_bars(runs),
         "timelines": [(run, timeline_bars(run, scale_ms=scale)) for run in runs],
-        "cpu": [(run, cpu_lines(run)) for run in runs],
+        "cpu": [(run, usage_lines(run)) for run in runs],
         "colors": COLORS,
         "labels": LABELS,
         "keys": BREAKDOWN_KEYS,

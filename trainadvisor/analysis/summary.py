@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainadvisor.analysis.trace import summarize_trace
 from trainadvisor.model import LoaderInfo, RawRun, Run, Stats, StepRecord
+
+T = TypeVar("T")
 
 # Steps per throughput window: the spread of a speedup is taken over windows of this many steps.
 WINDOW_STEPS = 5
@@ -103,6 +105,12 @@ def summarize(raw: RawRun) -> Run:
     )
 
 
+def window_samples(raw: RawRun, samples: list[T]) -> list[T]:
+    """The host or GPU samples taken while the timed steps ran."""
+    window_ms = sum(s.step_ms for s in timed_steps(raw))
+    return [s for s in samples if 0 <= s.t_ms <= window_ms]  # type: ignore[attr-defined]
+
+
 def main_loader(raw: RawRun) -> LoaderInfo | None:
     """The DataLoader that fed the profiled steps: the one that served most batches in the window."""
     used = [loader for loader in raw.loaders if loader.batches_in_window > 0]
@@ -115,6 +123,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
     table: dict[str, Any] = {
         "steps": run.steps,
         "step_time_ms_median": run.step_time_ms.median,
+        "step_time_ms_mean": run.step_time_ms.mean,
         "step_time_ms_p90": run.step_time_ms.p90,
         "steps_per_s": run.steps_per_s,
         "samples_per_s": run.samples_per_s,
@@ -140,8 +149,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
             dataloader_call_site=loader.created_at,
             dataset_class=loader.dataset_class,
         )
-    window_ms = sum(s.step_ms for s in timed_steps(raw))
-    inside = [h for h in raw.host_samples if 0 <= h.t_ms <= window_ms]
+    inside = window_samples(raw, raw.host_samples)
     workers = [h.workers_cpu_pct for h in inside]
     main = [h.main_cpu_pct for h in inside]
     if main:

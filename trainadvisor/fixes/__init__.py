@@ -11,11 +11,6 @@ from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.model import Finding, PlannedFix, Trial
 
 
-class Candidate(Protocol):
-    label: str
-    overrides: dict[str, Any]
-
-
 class Fix(Protocol):
     id: str
 

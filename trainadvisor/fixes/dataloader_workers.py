@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainadvisor.compare import KEEP_MIN_SPEEDUP
 from trainadvisor.model import Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
 PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
-MIN_GAIN = 1.05  # a candidate must beat the baseline by 5% to be worth a confirmation run
 PREFETCH = 4
 
 
@@ -34,7 +34,7 @@ class DataLoaderWorkers:
     id = "dataloader-workers"
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
-        if "dataloader_index" not in values:
+        if "dataloader_call_site" not in values:
             return "no torch DataLoader fed the profiled steps, so there is nothing to tune"
         if values["num_workers"] * 2 > max_workers(values.get("cpu_count", 1)):
             return (
@@ -52,7 +52,8 @@ class DataLoaderWorkers:
             label += f", prefetch_factor={prefetch}"
         if cuda:
             loader["pin_memory"] = True
-        overrides = {"loaders": {str(values["dataloader_index"]): loader}, "non_blocking_h2d": cuda}
+        # Keyed by the DataLoader(...) call site: a loader rebuilt every epoch gets it every time.
+        overrides = {"loaders": {values["dataloader_call_site"]: loader}, "non_blocking_h2d": cuda}
         return Setting(label, overrides)
 
     @staticmethod
@@ -91,7 +92,7 @@ class DataLoaderWorkers:
             same = [t for t in plain if self._workers(t) == self._workers(best)]
             if same and (best.steps_per_s or 0.0) < PREFETCH_GAIN * (same[0].steps_per_s or 0.0):
                 best = same[0]
-        if (best.steps_per_s or 0.0) < MIN_GAIN * baseline_steps_per_s:
+        if (best.steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * baseline_steps_per_s:
             return None
         return best
 

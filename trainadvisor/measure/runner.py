@@ -46,26 +46,35 @@ class RunSpec:
 
 
 def _child_env() -> dict[str, str]:
+    """The user's environment; this package's folder is appended to PYTHONPATH (after the user's
+    entries, so it never changes which copy of a module their script imports)."""
     env = dict(os.environ)
     package_root = str(Path(trainadvisor.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), package_root) if p)
     return env
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGTERM the whole group, then SIGKILL whatever is left after a short grace."""
-    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    proc.poll()  # reap the leader if it has exited, so its zombie does not count as alive
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the child's whole process group: SIGTERM, then SIGKILL what is left after 2 s."""
+    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        if not _group_alive(proc):
+            return
         try:
-            os.killpg(pgid, sig)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.02)
 
 
 def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_file: Path) -> str | None:
@@ -77,10 +86,10 @@ def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_file: Path) -> st
         if spec.stop_after_window and written_at is None and result_file.exists():
             written_at = now
         if written_at is not None and now - written_at > STOP_GRACE_S:
-            _kill_group(proc.pid)
+            _stop_group(proc)
             return f"the script kept running {STOP_GRACE_S:.0f} s after it was asked to stop"
         if spec.timeout_s is not None and now - started > spec.timeout_s:
-            _kill_group(proc.pid)
+            _stop_group(proc)
             return f"the run took longer than {spec.timeout_s:.0f} s"
         time.sleep(0.05)
     return None
@@ -95,6 +104,7 @@ def measure(spec: RunSpec) -> RawRun:
     trace_rel = f"traces/{spec.label}/trainadvisor.pt.trace.json.gz" if spec.profile else None
     if trace_rel:
         (spec.out_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+        (spec.out_dir / trace_rel).unlink(missing_ok=True)  # left by an earlier report here
     config = ChildConfig(
         label=spec.label,
         result_file=str(result_file.resolve()),
@@ -131,7 +141,7 @@ def measure(spec: RunSpec) -> RawRun:
             killed = _wait(proc, spec, result_file)
         finally:
             sampler.stop()
-            _kill_group(proc.pid)
+            _stop_group(proc)  # DataLoader workers or anything else the script left running
             proc.wait()
     finally:
         if log:
