@@ -1,0 +1,196 @@
+"""Streaming reader of Kineto (torch.profiler) Chrome traces, in bounded memory.
+
+The file (`.json` or `.json.gz`) is read in blocks. The `traceEvents` array is cut into chunks
+at `}, {` boundaries and each chunk is decoded with msgspec into small typed structs, keeping
+only the fields the analysis uses; a cut that falls inside a string or a nested object makes the
+chunk fail to parse, and the chunk is then extended, so a successful parse is always a correct
+cut. The events of a chunk are handed to a callback and dropped: memory stays at a few blocks
+plus whatever the callback keeps."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from trainadvisor.errors import UsageError
+
+BLOCK_BYTES = 8 << 20
+_CUT = re.compile(rb"\}\s*,\s*\{")
+_ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+
+class Args(msgspec.Struct):
+    correlation: Any = None
+    bytes: Any = None
+    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: Any = msgspec.field(name="Total Reserved", default=None)
+    device_id: Any = msgspec.field(name="Device Id", default=None)
+    device_type: Any = msgspec.field(name="Device Type", default=None)
+
+
+class Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    args: Args | None = None
+
+
+_decode_events = msgspec.json.Decoder(list[Event]).decode
+
+
+def _loose(raw: bytes) -> list[Event]:
+    """Decode a chunk whose fields have unexpected types (a string `ts`, say), event by event."""
+    events = []
+    for item in json.loads(raw):
+        if not isinstance(item, dict):
+            continue
+        try:
+            args = item.get("args") if isinstance(item.get("args"), dict) else {}
+            events.append(
+                Event(
+                    ph=str(item.get("ph", "")),
+                    cat=str(item.get("cat", "")),
+                    name=str(item.get("name", "")),
+                    ts=float(item.get("ts", 0.0)),
+                    dur=float(item.get("dur", 0.0) or 0.0),
+                    args=Args(
+                        args.get("correlation"), args.get("bytes"), args.get("Total Allocated"),
+                        args.get("Total Reserved"), args.get("Device Id"), args.get("Device Type"),
+                    ),
+                )
+            )
+        except (TypeError, ValueError):
+            continue  # an event with a non-numeric time is unusable; skip it
+    return events
+
+
+def _decode(raw: bytes) -> list[Event]:
+    try:
+        return _decode_events(raw)
+    except msgspec.ValidationError:
+        return _loose(raw)
+
+
+def _blocks(stream: IO[bytes]) -> Iterator[bytes]:
+    while block := stream.read(BLOCK_BYTES):
+        yield block
+
+
+def _open(path: Path) -> IO[bytes]:
+    if not path.exists():
+        raise UsageError(f"{path}: no such trace file")
+    if path.is_dir():
+        raise UsageError(f"{path}: a folder, not a trace file")
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
+    """Feed every event of the trace to `on_events` in chunks; return the trace's other
+    top-level keys (deviceProperties, distributedInfo, ...)."""
+    try:
+        with _open(path) as stream:
+            return _read(stream, on_events, path)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
+
+
+def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: Path) -> dict[str, Any]:
+    blocks = _blocks(stream)
+    buffer = b""
+    head = None
+    for block in blocks:
+        buffer += block
+        match = _ARRAY_START.search(buffer)
+        if match:
+            head, buffer = buffer[: match.start()], buffer[match.end() :]
+            break
+        if len(buffer) > 4 * BLOCK_BYTES:
+            break
+    if head is None:
+        return _whole_document(buffer + b"".join(blocks), path, on_events)
+    events = 0
+    for block in blocks:
+        buffer += block
+        buffer, decoded = _drain(buffer, final=False)
+        events += _feed(decoded or [], on_events)
+    tail, decoded = _drain(buffer, final=True)
+    if decoded is None:
+        raise UsageError(f"{path}: the trace's event list is cut off or malformed; is the file complete?")
+    events += _feed(decoded, on_events)
+    meta = _metadata(head, tail)
+    meta["_events"] = events
+    return meta
+
+
+def _feed(events: list[Event], on_events: Callable[[list[Event]], None]) -> int:
+    if events:
+        on_events(events)
+    return len(events)
+
+
+def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
+    """Decode as many whole events from the front of `buffer` as a clean cut allows.
+    Returns (the undecoded rest, the events); with `final`, the rest is what follows the array."""
+    if final:
+        # The array ends at one of the last ']' characters; the first that parses is it.
+        end = len(buffer)
+        for _ in range(64):
+            end = buffer.rfind(b"]", 0, end)
+            if end < 0:
+                return b"", None
+            try:
+                return buffer[end + 1 :], _decode(b"[" + buffer[:end] + b"]")
+            except msgspec.DecodeError:
+                continue
+        return b"", None
+    cuts = [m.start() for m in _CUT.finditer(buffer, max(0, len(buffer) - BLOCK_BYTES))]
+    for cut in reversed(cuts[-8:]):
+        try:
+            return buffer[cut + 1 :].lstrip().lstrip(b","), _decode(b"[" + buffer[: cut + 1] + b"]")
+        except msgspec.DecodeError:
+            continue  # the cut fell inside a string or a nested object: try an earlier one
+    return buffer, []  # no clean cut yet: read more
+
+
+def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for text in (head + b'"traceEvents": []}', b"{" + tail.lstrip().lstrip(b",")):
+        try:
+            part = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(part, dict):
+            meta.update(part)
+    meta.pop("traceEvents", None)
+    return meta
+
+
+def _whole_document(raw: bytes, path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
+    """A trace without a `"traceEvents": [` head: a bare event array, or not a trace at all."""
+    try:
+        document = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc}); is the file truncated?") from None
+    if isinstance(document, dict) and isinstance(document.get("traceEvents"), list):
+        events = document.pop("traceEvents")
+    elif isinstance(document, list):
+        events, document = document, {}
+    else:
+        raise UsageError(
+            f"{path}: a JSON file but not a profiler trace (no 'traceEvents' list); write traces "
+            "with torch.profiler's export_chrome_trace or tensorboard_trace_handler"
+        )
+    decoded = _decode(json.dumps(events).encode())
+    document["_events"] = _feed(decoded, on_events)
+    return document
