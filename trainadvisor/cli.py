@@ -157,5 +157,58 @@ def profile_command(
 
 main.add_command(profile_command, name="profile")
 
+
+@main.command(epilog=EXIT_CODES)
+@click.option(
+    "--out",
+    "out_dir",
+    default="trainadvisor-report",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Report folder: report.html, report.md and report.json.",
+)
+@click.option(
+    "--rules",
+    "rule_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rule files (*.toml); may be given several times.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report JSON to stdout instead of the diagnosis."
+)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tuple[Path, ...]) -> None:
+    """Analyse existing torch.profiler (Kineto) traces: PATHS are trace files (.json or
+    .json.gz) or folders of them (one file per rank, or tensorboard_trace_handler output).
+
+    Each trace gets a per-step breakdown of wall time (GPU kernels, memcpy, memset,
+    communication, CUDA runtime, data wait, other host work, idle), GPU busy share, Tensor Core
+    share, pageable and pinned host-to-device copies, host syncs, kernel launch statistics and
+    peak memory; several ranks are compared. The rules of `profile` run on the result. Traces
+    are read as a stream, in bounded memory.
+
+    \b
+    Example:
+      trainadvisor analyze --out report/ ./log/resnet50/
+    """
+    from trainadvisor.analyze import analyze as run_analysis
+    from trainadvisor.pipeline import check_out_dir
+    from trainadvisor.report import analysis_summary, report_json
+
+    try:
+        check_out_dir(out_dir)
+        report, analyses = run_analysis(
+            list(paths), list(rule_dirs), ["trainadvisor", "analyze", *map(str, paths)]
+        )
+        write_report(report, out_dir, templates_dir())
+        click.echo(
+            report_json(report) if as_json else analysis_summary(report, analyses, out_dir), nl=not as_json
+        )
+    except TrainAdvisorError as exc:
+        click.echo(f"trainadvisor: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
 if __name__ == "__main__":
     main()

@@ -242,3 +242,5 @@ class Report:
     comparison: Comparison | None
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    traces: list[Any] = field(default_factory=list)  # analyze: each trace's measurements
+    ranks: Any = None  # analyze: per-rank comparison, when the traces are of several ranks

@@ -16,8 +16,16 @@ from trainadvisor import _serial
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps, window_samples
 from trainadvisor.model import LossCheck, Report, Run
 
-COLORS = {"data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5"}
-LABELS = {"data_wait": "data wait", "h2d_copy": "host-to-device copy", "compute": "compute & other"}
+COLORS = {
+    "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",
+    "kernel": "#5b9bd5", "memcpy": "#f0ad4e", "memset": "#e8c36a", "communication": "#8e6bbf",
+    "runtime": "#7fb77e", "other_host": "#9aa5b1", "idle": "#dddddd",
+}  # fmt: skip
+LABELS = {
+    "data_wait": "data wait", "h2d_copy": "host-to-device copy", "compute": "compute & other",
+    "kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset", "communication": "communication",
+    "runtime": "CUDA runtime", "other_host": "other host work", "idle": "idle",
+}  # fmt: skip
 
 
 def headline(report: Report) -> str:
@@ -50,13 +58,21 @@ class Bar:
     title: str
 
 
+def breakdown_keys(runs: list[Run]) -> list[str]:
+    """The breakdown's parts, in order: profile's (data wait, copy, compute) or a trace's."""
+    keys: list[str] = []
+    for run in runs:
+        keys += [key for key in run.breakdown_pct if key not in keys]
+    return keys or list(BREAKDOWN_KEYS)
+
+
 def breakdown_bars(runs: list[Run], width: float = 560.0) -> list[dict[str, Any]]:
     """One horizontal stacked bar per run, scaled to the slowest run's mean step time."""
     longest = max((sum(r.breakdown_ms_per_step.values()) for r in runs), default=0.0) or 1.0
     rows = []
     for row, run in enumerate(runs):
         x, bars = 0.0, []
-        for key in BREAKDOWN_KEYS:
+        for key in breakdown_keys(runs):
             ms = run.breakdown_ms_per_step.get(key, 0.0)
             w = width * ms / longest
             pct = run.breakdown_pct.get(key, 0.0)
@@ -158,7 +174,7 @@ def _context(report: Report) -> dict[str, Any]:
         "cpu": [(run, usage_lines(run)) for run in runs],
         "colors": COLORS,
         "labels": LABELS,
-        "keys": BREAKDOWN_KEYS,
+        "keys": breakdown_keys(runs),
         "loss_sentence": loss_sentence,
     }
 
@@ -230,3 +246,35 @@ def _run_line(name: str, run: Run) -> str:
         f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, "
         f"{run.steps_per_s or 0:7.1f} steps/s, data wait {pct.get('data_wait', 0):.0f}%"
     )
+
+
+def analysis_summary(report: Report, analyses: list[Any], out_dir: Path) -> str:
+    """The diagnosis `analyze` prints: one block per trace, then the findings."""
+    lines: list[str] = []
+    for a in analyses:
+        rank = f" (rank {a.rank} of {a.world_size})" if a.rank is not None else ""
+        lines.append(
+            f"{Path(a.path).name}{rank}: {len(a.steps)} steps, "
+            f"{a.step_time_ms_mean or 0:.1f} ms/step" + ("" if a.steps_marked else " (one window)")
+        )
+        parts = ", ".join(f"{LABELS[k]} {v:.1f}%" for k, v in a.breakdown_pct.items() if v >= 0.05)
+        lines += _wrap(f"  {parts}")
+        facts = []
+        if a.gpu_busy_pct is not None:
+            facts.append(f"GPU busy {a.gpu_busy_pct:.1f}%")
+        if a.tensor_core_pct is not None:
+            facts.append(f"Tensor Core kernel time {a.tensor_core_pct:.1f}%")
+        if a.h2d_pageable or a.h2d_pinned or a.h2d_unknown:
+            facts.append(f"H2D copies {a.h2d_pageable} pageable / {a.h2d_pinned} pinned")
+        if a.syncs:
+            facts.append("syncs " + ", ".join(f"{k} {v}" for k, v in sorted(a.syncs.items())))
+        if a.peak_reserved_bytes:
+            facts.append(f"peak reserved {a.peak_reserved_bytes / 2**30:.2f} GiB")
+        if facts:
+            lines += _wrap("  " + "; ".join(facts))
+    for finding in report.findings:
+        lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
+    for note in report.notes:
+        lines += _wrap(f"  note: {note}")
+    lines.append(f"  report: {out_dir / 'report.html'}")
+    return "\n".join(lines)

@@ -63,8 +63,12 @@ def _loose(raw: bytes) -> list[Event]:
                     ts=float(item.get("ts", 0.0)),
                     dur=float(item.get("dur", 0.0) or 0.0),
                     args=Args(
-                        args.get("correlation"), args.get("bytes"), args.get("Total Allocated"),
-                        args.get("Total Reserved"), args.get("Device Id"), args.get("Device Type"),
+                        args.get("correlation"),
+                        args.get("bytes"),
+                        args.get("Total Allocated"),
+                        args.get("Total Reserved"),
+                        args.get("Device Id"),
+                        args.get("Device Type"),
                     ),
                 )
             )

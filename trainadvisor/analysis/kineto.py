@@ -1,0 +1,309 @@
+"""Measurements from a Kineto trace: a per-step breakdown of wall time that adds up to the step,
+copies, syncs, kernels and memory. Both schemas (2021: Operator/Runtime/Kernel/Memcpy; current:
+cpu_op/user_annotation/cuda_runtime/cuda_driver/kernel/gpu_memcpy/gpu_memset), CUDA and ROCm.
+
+The breakdown follows the TensorBoard profiler plugin's definition, so its numbers can be
+checked against that tool: every instant of a step is given to the first of kernel, memcpy,
+memset, communication, runtime, data wait, other host work that covers it, and to idle when none
+does; a step's span is extended to the end of the device work its runtime calls launched."""
+
+from __future__ import annotations
+
+import bisect
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainadvisor.analysis import intervals as iv
+from trainadvisor.analysis.stream import Event, read_trace
+from trainadvisor.errors import UsageError
+
+ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "data_wait", "other_host")
+BREAKDOWN = (*ROLES, "idle")
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_HOST_OPS = {"cpu_op", "operator", "user_annotation", "python"}
+_RUNTIME = {"cuda_runtime", "runtime", "cuda_driver", "hip_runtime"}
+_KERNEL = {"kernel"}
+_MEMCPY = {"gpu_memcpy", "memcpy"}
+_MEMSET = {"gpu_memset", "memset"}
+_SYNCS = {
+    "cudaStreamSynchronize": "stream_sync", "hipStreamSynchronize": "stream_sync",
+    "cudaDeviceSynchronize": "device_sync", "hipDeviceSynchronize": "device_sync",
+    "aten::_local_scalar_dense": "item",
+}  # fmt: skip
+# Kernel-name markers of Tensor Core (MMA) kernels in cuBLAS, cuDNN, CUTLASS and their ROCm peers.
+_TENSOR_CORE = re.compile(
+    r"884|1688|16816|hmma|wmma|xmma|gmma|tensorop|_tc_|s161616|mfma|nvjet|bf16gemm|f16gemm", re.I
+)
+SHORT_KERNEL_US = 10.0
+
+
+@dataclass
+class StepBreakdown:
+    number: int
+    start_us: float
+    dur_us: float
+    ms: dict[str, float]  # BREAKDOWN -> milliseconds; they add up to dur_us / 1000
+    h2d_ms: float = 0.0
+    h2d_pageable: int = 0
+    h2d_pinned: int = 0
+    h2d_unknown: int = 0
+    h2d_bytes: int = 0
+    syncs: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class TraceAnalysis:
+    path: str
+    events: int
+    rank: int | None
+    world_size: int | None
+    gpu_name: str | None
+    gpu_memory_bytes: int | None
+    steps_marked: bool  # False: no ProfilerStep#N, the whole trace is one window
+    steps: list[StepBreakdown]
+    breakdown_pct: dict[str, float]
+    step_time_ms_mean: float | None
+    gpu_busy_pct: float | None
+    tensor_core_pct: float | None
+    kernels: int
+    short_kernels: int
+    kernel_us_median: float | None
+    launch_delay_us_median: float | None
+    h2d_pageable: int
+    h2d_pinned: int
+    h2d_unknown: int
+    h2d_pageable_bytes: int
+    syncs: dict[str, int]
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    loader_iterators: list[str] = field(default_factory=list)
+
+
+class _Collector:
+    """Reduces the stream of events to what the analysis needs, chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, float, float]] = []
+        self.roles: dict[str, list[tuple[float, float]]] = {role: [] for role in ROLES}
+        self.runtimes: list[tuple[float, float, Any]] = []
+        self.device: dict[Any, list[float]] = {}  # correlation -> [first start, last end, count]
+        self.runtime_start: dict[Any, float] = {}
+        self.kernel_durations: list[float] = []
+        self.kernel_starts: list[tuple[Any, float]] = []
+        self.tensor_core_us = 0.0
+        self.h2d: list[tuple[float, float, str, int]] = []  # (ts, dur, kind, bytes)
+        self.syncs: list[tuple[float, str]] = []
+        self.host_min, self.host_max = float("inf"), float("-inf")
+        self.loader_iterators: set[str] = set()  # DataLoader iterator classes seen
+        self.peak_allocated: float | None = None
+        self.peak_reserved: float | None = None
+
+    def __call__(self, events: list[Event]) -> None:
+        for e in events:
+            if e.ph == "X":
+                self._span(e)
+            elif e.ph == "i" and e.name == "[memory]" and e.args is not None:
+                self._memory(e)
+
+    def _span(self, e: Event) -> None:
+        cat, name, start = e.cat.lower(), e.name, e.ts
+        end = start + e.dur
+        if cat in _HOST_OPS:
+            self.host_min, self.host_max = min(self.host_min, start), max(self.host_max, end)
+            step = _STEP.match(name)
+            if step:
+                self.steps.append((int(step.group(1)), start, end))
+            elif name.startswith("enumerate(DataLoader)#") and name.endswith(".__next__"):
+                self.roles["data_wait"].append((start, end))
+                self.loader_iterators.add(name[len("enumerate(DataLoader)#") : -len(".__next__")])
+            else:
+                self.roles["other_host"].append((start, end))
+                if name in _SYNCS:
+                    self.syncs.append((start, _SYNCS[name]))
+        elif cat in _RUNTIME:
+            self.roles["runtime"].append((start, end))
+            corr = e.args.correlation if e.args else None
+            if corr is not None:
+                self.runtimes.append((start, end, corr))
+                self.runtime_start[corr] = start
+            if name in _SYNCS:
+                self.syncs.append((start, _SYNCS[name]))
+        elif cat in _KERNEL:
+            lowered = name.lower()
+            if "nccl" in lowered or "rccl" in lowered:
+                self.roles["communication"].append((start, end))
+            else:
+                self.roles["kernel"].append((start, end))
+                if _TENSOR_CORE.search(name):
+                    self.tensor_core_us += e.dur
+            self.kernel_durations.append(e.dur)
+            self._device(e, start, end, kernel=True)
+        elif cat in _MEMCPY:
+            self.roles["memcpy"].append((start, end))
+            if "HtoD" in name or "HostToDevice" in name:
+                kind = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else "unknown"
+                nbytes = e.args.bytes if e.args and isinstance(e.args.bytes, int) else 0
+                self.h2d.append((start, e.dur, kind, nbytes))
+            self._device(e, start, end)
+        elif cat in _MEMSET:
+            self.roles["memset"].append((start, end))
+            self._device(e, start, end)
+
+    def _device(self, e: Event, start: float, end: float, kernel: bool = False) -> None:
+        corr = e.args.correlation if e.args else None
+        if corr is None:
+            return
+        seen = self.device.get(corr)
+        if seen is None:
+            self.device[corr] = [start, end, 1]
+        else:
+            seen[0], seen[1], seen[2] = min(seen[0], start), max(seen[1], end), seen[2] + 1
+        if kernel:
+            self.kernel_starts.append((corr, start))
+
+    def _memory(self, e: Event) -> None:
+        args = e.args
+        if args is None or args.device_type not in (1, 8):  # CUDA / HIP allocator events
+            return
+        if isinstance(args.total_allocated, (int, float)):
+            self.peak_allocated = max(self.peak_allocated or 0, args.total_allocated)
+        if isinstance(args.total_reserved, (int, float)):
+            self.peak_reserved = max(self.peak_reserved or 0, args.total_reserved)
+
+
+def _step_spans(c: _Collector) -> tuple[list[tuple[int, float, float]], bool]:
+    """Host step spans extended to the device work launched inside them (the plugin's rule),
+    with trailing steps whose device work was not fully captured dropped."""
+    if not c.steps:
+        if c.host_max < c.host_min:
+            return [], False
+        return [(0, c.host_min, c.host_max)], False
+    steps = sorted(c.steps, key=lambda s: s[1])
+    if not c.device:
+        return steps, True
+    runtimes = sorted(c.runtimes)
+    starts = [r[0] for r in runtimes]
+    device_span, launched = [], []
+    for _, host_start, host_end in steps:
+        lo, hi, count = float("inf"), float("-inf"), 0
+        for start, end, corr in runtimes[bisect.bisect_left(starts, host_start) :]:
+            if start >= host_end:
+                break
+            if end <= host_end and corr in c.device:
+                first, last, n = c.device[corr]
+                lo, hi, count = min(lo, first), max(hi, last), count + n
+        device_span.append((lo, hi))
+        launched.append(count)
+    extended, previous_end = [], steps[0][1]
+    for (number, host_start, host_end), (_, device_end) in zip(steps, device_span):
+        start = max(previous_end, host_start)
+        end = max(host_end, device_end, start)
+        extended.append((number, start, end))
+        previous_end = end
+    keep = len(extended)
+    while keep > 0 and launched[keep - 1] == 0:
+        keep -= 1
+    if keep > 1 and launched[keep - 2] * 0.8 > launched[keep - 1]:
+        keep -= 1
+    return (extended[:keep] or extended), True
+
+
+def analyze_trace(path: Path) -> TraceAnalysis:
+    collector = _Collector()
+    meta = read_trace(path, collector)
+    spans, marked = _step_spans(collector)
+    if not spans:
+        raise UsageError(f"{path}: the trace has no host events to analyse (an empty trace?)")
+    merged = {role: iv.merge(collector.roles[role]) for role in ROLES}
+    slots = iv.merge([(s, e) for _, s, e in spans])
+    costs: dict[str, iv.Intervals] = {}
+    for role in ROLES:
+        costs[role] = iv.intersect(slots, merged[role])
+        slots = iv.subtract(slots, costs[role])
+    costs["idle"] = slots
+    starts = {key: [s for s, _ in costs[key]] for key in BREAKDOWN}
+    steps = [
+        StepBreakdown(
+            number=number,
+            start_us=start,
+            dur_us=end - start,
+            ms={key: iv.clip_total(costs[key], starts[key], start, end) / 1e3 for key in BREAKDOWN},
+        )
+        for number, start, end in spans
+    ]
+    _per_step_counts(steps, collector)
+    return _summarize(path, meta, collector, steps, marked, merged)
+
+
+def _per_step_counts(steps: list[StepBreakdown], c: _Collector) -> None:
+    step_starts = [s.start_us for s in steps]
+
+    def step_at(ts: float) -> StepBreakdown | None:
+        i = bisect.bisect_right(step_starts, ts) - 1
+        return steps[i] if i >= 0 and ts < steps[i].start_us + steps[i].dur_us else None
+
+    for ts, dur, kind, nbytes in c.h2d:
+        step = step_at(ts)
+        if step is not None:
+            step.h2d_ms += dur / 1e3
+            step.h2d_bytes += nbytes
+            setattr(step, f"h2d_{kind}", getattr(step, f"h2d_{kind}") + 1)
+    for ts, kind in c.syncs:
+        step = step_at(ts)
+        if step is not None:
+            step.syncs[kind] = step.syncs.get(kind, 0) + 1
+
+
+def _summarize(
+    path: Path,
+    meta: dict[str, Any],
+    c: _Collector,
+    steps: list[StepBreakdown],
+    marked: bool,
+    merged: dict[str, iv.Intervals],
+) -> TraceAnalysis:
+    wall_ms = sum(s.dur_us for s in steps) / 1e3
+    totals = {key: sum(s.ms[key] for s in steps) for key in BREAKDOWN}
+    device = iv.merge(
+        [span for role in ("kernel", "memcpy", "memset", "communication") for span in merged[role]]
+    )
+    busy_ms = sum(iv.total(iv.intersect(device, [(s.start_us, s.start_us + s.dur_us)])) for s in steps) / 1e3
+    kernel_us = sum(c.kernel_durations)
+    delays = [start - c.runtime_start[corr] for corr, start in c.kernel_starts if corr in c.runtime_start]
+    props = meta.get("deviceProperties") or []
+    gpu = props[0] if props and isinstance(props[0], dict) else {}
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    kinds = [kind for _, _, kind, _ in c.h2d]
+    syncs: dict[str, int] = {}
+    for _, kind in c.syncs:
+        syncs[kind] = syncs.get(kind, 0) + 1
+    return TraceAnalysis(
+        path=str(path),
+        events=int(meta.get("_events", 0)),
+        rank=dist.get("rank"),
+        world_size=dist.get("world_size"),
+        gpu_name=gpu.get("name"),
+        gpu_memory_bytes=gpu.get("totalGlobalMem"),
+        steps_marked=marked,
+        steps=steps,
+        breakdown_pct={k: 100.0 * v / wall_ms for k, v in totals.items()} if wall_ms else {},
+        step_time_ms_mean=wall_ms / len(steps) if steps else None,
+        gpu_busy_pct=100.0 * busy_ms / wall_ms if c.device and wall_ms else None,
+        tensor_core_pct=100.0 * c.tensor_core_us / kernel_us if kernel_us else None,
+        kernels=len(c.kernel_durations),
+        short_kernels=sum(d < SHORT_KERNEL_US for d in c.kernel_durations),
+        kernel_us_median=statistics.median(c.kernel_durations) if c.kernel_durations else None,
+        launch_delay_us_median=statistics.median(delays) if delays else None,
+        h2d_pageable=kinds.count("pageable"),
+        h2d_pinned=kinds.count("pinned"),
+        h2d_unknown=kinds.count("unknown"),
+        h2d_pageable_bytes=sum(b for _, _, kind, b in c.h2d if kind == "pageable"),
+        syncs=syncs,
+        peak_allocated_bytes=int(c.peak_allocated) if c.peak_allocated is not None else None,
+        peak_reserved_bytes=int(c.peak_reserved) if c.peak_reserved is not None else None,
+        loader_iterators=sorted(c.loader_iterators),
+    )
