@@ -1,50 +1,99 @@
-"""The Kineto trace reader, on real GPU traces recorded by others (tests/data/hta/SOURCE.md)."""
+"""The trace engine on real GPU traces recorded by others (tests/data/*/SOURCE.md), against the
+figures of the tools that read them first."""
 
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
 from conftest import DATA
 
-from trainadvisor.analysis.trace import summarize_trace
+from trainadvisor.analysis.kineto import BREAKDOWN, analyze_trace
 from trainadvisor.errors import UsageError
 
+TB = DATA / "tb_plugin"
+EXPECTED = json.loads((TB / "EXPECTED_tb_profiler_overview.json").read_text())["files"]
+TB_NAMES = {
+    "kernel": "Kernel",
+    "memcpy": "Memcpy",
+    "memset": "Memset",
+    "communication": "Communication",
+    "runtime": "Runtime",
+    "data_wait": "DataLoader",
+    "other_host": "CpuOp",
+    "idle": "Other",
+}
 
-def test_pageable_and_pinned_copies_per_step_on_a_cuda_trace() -> None:
-    summary = summarize_trace(DATA / "hta" / "sampled_rank-0.json.gz")
-    assert [s.number for s in summary.steps] == [551, 552]
-    first, second = summary.steps
+
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n.startswith("resnet50")])
+def test_breakdown_matches_the_tensorboard_plugin_on_resnet50(name: str) -> None:
+    expected = EXPECTED[name]
+    analysis = analyze_trace(TB / name)
+    assert [str(s.number) for s in analysis.steps] == expected["profiler_steps"]
+    assert round(analysis.step_time_ms_mean * 1000) == expected["avg_step_us"]
+    for key in BREAKDOWN:  # the issue asks 1.5 points for data wait; every part agrees to 0.01
+        assert abs(analysis.breakdown_pct[key] - expected["breakdown_pct"][TB_NAMES[key]]) < 0.01, key
+    for step in analysis.steps:  # each step's parts add up to its wall time
+        assert abs(sum(step.ms.values()) - step.dur_us / 1e3) < 1e-6
+    assert analysis.loader_iterators in (["_SingleProcessDataLoaderIter"], ["_MultiProcessingDataLoaderIter"])
+
+
+def test_copies_and_syncs_match_hta_counts() -> None:
+    queue = analyze_trace(DATA / "hta" / "rank0.json.gz")
+    assert (queue.h2d_pageable, queue.h2d_pinned) == (45, 35)
+    assert queue.syncs["item"] == 945 and queue.syncs["stream_sync"] == 75
+    assert (queue.rank, queue.world_size, len(queue.steps)) == (0, 16, 5)
+    alexnet = analyze_trace(DATA / "hta" / "alexnet_trace.json.gz")
+    assert (alexnet.h2d_pageable, alexnet.syncs["stream_sync"]) == (16, 16)
+    assert not alexnet.steps_marked and len(alexnet.steps) == 1  # no ProfilerStep: one window
+
+
+def test_pageable_and_pinned_copies_per_step() -> None:
+    first, second = analyze_trace(DATA / "hta" / "sampled_rank-0.json.gz").steps
+    assert (first.number, second.number) == (551, 552)
     assert (first.h2d_pageable, first.h2d_pinned, first.h2d_unknown) == (8, 4, 0)
-    assert (first.h2d_copy_us, first.h2d_bytes) == (395.0, 2367536)
+    assert (round(first.h2d_ms * 1000, 6), first.h2d_bytes) == (395.0, 2367536)
     assert (second.h2d_pageable, second.h2d_pinned) == (8, 4)
-    assert (second.h2d_copy_us, second.h2d_bytes) == (482.0, 2498576)
+    assert (round(second.h2d_ms * 1000, 6), second.h2d_bytes) == (482.0, 2498576)
 
 
-def test_rocm_trace_steps_and_copies() -> None:
-    summary = summarize_trace(DATA / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
-    # Each step also appears as a gpu_user_annotation on the GPU timeline; it is not counted.
-    assert [(s.number, s.dur_us) for s in summary.steps] == [(1, 9288.291), (2, 49.073)]
-    assert summary.steps[0].h2d_unknown == 2  # ROCm: "Memcpy HtoD (Host -> Device)"
-    assert round(summary.steps[0].h2d_copy_us, 3) == 38.161
+def test_rocm_trace() -> None:
+    analysis = analyze_trace(DATA / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    # Each step also appears as a gpu_user_annotation on the GPU timeline; it is not a step.
+    assert [s.number for s in analysis.steps] == [1]  # step 2 launched no device work: dropped
+    assert analysis.h2d_unknown == 2  # ROCm: "Memcpy HtoD (Host -> Device)"
+    assert round(analysis.steps[0].h2d_ms * 1000, 3) == 38.161
+
+
+def test_a_bare_event_array_and_an_uncompressed_file(tmp_path: Path) -> None:
+    events = json.loads(gzip.decompress((DATA / "hta" / "sampled_rank-0.json.gz").read_bytes()))[
+        "traceEvents"
+    ]
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(events))
+    assert [s.number for s in analyze_trace(path).steps] == [551, 552]
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b'{"traceEvents": [', "not valid JSON"),
+        (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph"', "cut off or malformed"),
+        (b'{"traceEvents": [', "cut off or malformed"),
         (b'{"hello": 1}', "not a profiler trace"),
+        (b"not json at all", "not valid JSON"),
         (gzip.compress(b'{"traceEvents": []}')[:-8], "cannot read the trace"),
+        (b'{"traceEvents": []}', "no host events"),
     ],
 )
 def test_bad_traces_get_a_clear_error(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "trace.json"
     path.write_bytes(content)
     with pytest.raises(UsageError, match=message):
-        summarize_trace(path)
+        analyze_trace(path)
 
 
 def test_missing_trace(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such trace file"):
-        summarize_trace(tmp_path / "nope.json")
+        analyze_trace(tmp_path / "nope.json")

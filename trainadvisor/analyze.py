@@ -147,7 +147,8 @@ def analyze(
     ranks = compare_ranks(analyses)
     if ranks is not None:
         notes.append(
-            f"{len(ranks.ranks)} ranks: step time {min(ranks.step_time_ms):.1f}-{max(ranks.step_time_ms):.1f} ms, "
+            f"{len(ranks.ranks)} ranks: step time {min(ranks.step_time_ms):.1f}-"
+            f"{max(ranks.step_time_ms):.1f} ms, "
             f"skew {ranks.skew_pct:.1f}%, slowest rank {ranks.slowest_rank}."
         )
     report = Report(

@@ -195,7 +195,7 @@ def _step_spans(c: _Collector) -> tuple[list[tuple[int, float, float]], bool]:
                 break
             if end <= host_end and corr in c.device:
                 first, last, n = c.device[corr]
-                lo, hi, count = min(lo, first), max(hi, last), count + n
+                lo, hi, count = min(lo, first), max(hi, last), count + int(n)
         device_span.append((lo, hi))
         launched.append(count)
     extended, previous_end = [], steps[0][1]
@@ -275,8 +275,8 @@ def _summarize(
     kernel_us = sum(c.kernel_durations)
     delays = [start - c.runtime_start[corr] for corr, start in c.kernel_starts if corr in c.runtime_start]
     props = meta.get("deviceProperties") or []
-    gpu = props[0] if props and isinstance(props[0], dict) else {}
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
+    dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
     kinds = [kind for _, _, kind, _ in c.h2d]
     syncs: dict[str, int] = {}
     for _, kind in c.syncs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import typing
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,7 +55,7 @@ def _loose(raw: bytes) -> list[Event]:
         if not isinstance(item, dict):
             continue
         try:
-            args = item.get("args") if isinstance(item.get("args"), dict) else {}
+            args: dict[str, Any] = item["args"] if isinstance(item.get("args"), dict) else {}
             events.append(
                 Event(
                     ph=str(item.get("ph", "")),
@@ -96,7 +97,7 @@ def _open(path: Path) -> IO[bytes]:
         raise UsageError(f"{path}: a folder, not a trace file")
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+    return typing.cast(IO[bytes], gzip.open(path, "rb") if gzipped else open(path, "rb"))
 
 
 def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:

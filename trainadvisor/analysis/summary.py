@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainadvisor.analysis.trace import summarize_trace
+from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.model import LoaderInfo, RawRun, Run, Stats, StepRecord
 
 T = TypeVar("T")
@@ -44,9 +44,9 @@ def attach_trace(raw: RawRun, out_dir: Path) -> None:
     """Copy the device-side per-step facts of the run's trace onto its step records."""
     if not raw.trace_file:
         return
-    trace_steps = summarize_trace(out_dir / raw.trace_file).steps
+    trace_steps = analyze_trace(out_dir / raw.trace_file).steps
     for record, traced in zip([s for s in raw.steps if s.profiled], trace_steps):
-        record.h2d_copy_ms = traced.h2d_copy_us / 1e3
+        record.h2d_copy_ms = traced.h2d_ms
 
 
 def window_size(raw: RawRun) -> int:

@@ -1,0 +1,62 @@
+"""`trainadvisor analyze` through the real CLI, on real traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import DATA, load_report, run_cli
+
+
+def test_data_stall_fires_on_num_workers_0_and_not_on_its_fix(tmp_path: Path) -> None:
+    for folder, fires in (("resnet50_num_workers_0", True), ("resnet50_num_workers_4", False)):
+        out = tmp_path / folder
+        result = run_cli("analyze", "--out", out, DATA / "tb_plugin" / folder, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        report = load_report(out)
+        stalls = [f for f in report["findings"] if f["rule"] == "data-stall"]
+        assert len(stalls) == (2 if fires else 0)  # one per span (file)
+        assert report["after"] is None and report["speedup"] is None
+        assert len(report["traces"]) == 2
+    assert "with num_workers=0" in stalls_message(tmp_path / "resnet50_num_workers_0")
+
+
+def stalls_message(out: Path) -> str:
+    return load_report(out)["findings"][0]["message"]
+
+
+def test_json_output_and_ranks(tmp_path: Path) -> None:
+    result = run_cli(
+        "analyze",
+        "--json",
+        "--out",
+        tmp_path / "r",
+        DATA / "hta" / "sampled_rank-0.json.gz",
+        DATA / "hta" / "sampled_rank-1.json.gz",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["schema_version"] == 1 and report["after"] is None
+    assert {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"} <= set(
+        report["baseline"]
+    )
+    assert report["ranks"]["ranks"] == [0, 1] and report["ranks"]["slowest_rank"] == 1
+    assert report["ranks"]["communication_pct"][0] > 20
+    assert (tmp_path / "r" / "report.html").is_file()
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"traceEvents": [{"ph": "X"')
+    for path, message in (
+        (tmp_path / "missing.json", "no such file or folder"),
+        (empty, "no trace files"),
+        (broken, "cut off or malformed"),
+    ):
+        result = run_cli("analyze", "--out", tmp_path / "r", path, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("trainadvisor: error:") and message in result.stderr
+        assert "Traceback" not in result.stderr
