@@ -20,7 +20,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import _serial
+from trainadvisor._config import ChildConfig
 from trainadvisor.model import DeviceInfo, LoaderInfo, RawRun, StepRecord
 
 ACTIVE: Recorder | None = None
@@ -42,20 +42,6 @@ class WindowComplete(BaseException):
     """Raised out of the step hook to stop the script once the window is measured.
 
     A BaseException, so a training loop's `except Exception` does not swallow it."""
-
-
-@dataclass
-class ChildConfig:
-    label: str
-    result_file: str
-    trace_file: str | None  # absolute; None: do not run torch.profiler
-    warmup: int
-    steps: int  # timed with clocks alone
-    profile_steps: int  # then traced with torch.profiler (its overhead would bias the timing)
-    stop_after_window: bool
-    seed: int | None
-    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call site
-    non_blocking_h2d: bool = False
 
 
 class Recorder:

@@ -10,7 +10,6 @@ import click
 
 from trainadvisor import __version__
 from trainadvisor.errors import ScriptFailedError, TrainAdvisorError
-from trainadvisor.pipeline import ProfileOptions, profile
 from trainadvisor.report import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -117,6 +116,8 @@ def profile_command(
     Example:
       trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
     """
+    from trainadvisor.pipeline import ProfileOptions, profile
+
     options = ProfileOptions(
         script=script,
         args=list(script_args),

@@ -21,32 +21,43 @@ def merge(spans: list[tuple[float, float]]) -> Intervals:
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
     out: Intervals = []
+    append = out.append
     i = j = 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
+    na, nb = len(a), len(b)
+    while i < na and j < nb:
+        a0, a1 = a[i]
+        b0, b1 = b[j]
+        start = a0 if a0 > b0 else b0
+        if a1 < b1:
+            end = a1
             i += 1
         else:
+            end = b1
             j += 1
+        if start < end:
+            append((start, end))
     return out
 
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
     out: Intervals = []
-    j = 0
+    append = out.append
+    j, nb = 0, len(b)
     for start, end in a:
-        while j < len(b) and b[j][1] <= start:
+        while j < nb and b[j][1] <= start:
             j += 1
         k, cursor = j, start
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cursor:
-                out.append((cursor, b[k][0]))
-            cursor = max(cursor, b[k][1])
+        while k < nb:
+            b0, b1 = b[k]
+            if b0 >= end:
+                break
+            if b0 > cursor:
+                append((cursor, b0))
+            if b1 > cursor:
+                cursor = b1
             k += 1
         if cursor < end:
-            out.append((cursor, end))
+            append((cursor, end))
     return out
 
 

@@ -10,6 +10,7 @@ does; a step's span is extended to the end of the device work its runtime calls 
 from __future__ import annotations
 
 import bisect
+import gc
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -95,9 +96,10 @@ class _Collector:
         self.kernel_durations: list[float] = []
         self.kernel_starts: list[tuple[Any, float]] = []
         self.tensor_core_us = 0.0
+        self.tensor_core_names: dict[str, bool] = {}  # kernel names repeat: match each once
         self.h2d: list[tuple[float, float, str, int]] = []  # (ts, dur, kind, bytes)
         self.syncs: list[tuple[float, str]] = []
-        self.host_min, self.host_max = float("inf"), float("-inf")
+        self.categories: dict[str, str] = {}  # category as written -> lower case
         self.loader_iterators: set[str] = set()  # DataLoader iterator classes seen
         self.peak_allocated: float | None = None
         self.peak_reserved: float | None = None
@@ -110,11 +112,13 @@ class _Collector:
                 self._memory(e)
 
     def _span(self, e: Event) -> None:
-        cat, name, start = e.cat.lower(), e.name, e.ts
+        cat = self.categories.get(e.cat)
+        if cat is None:
+            cat = self.categories[e.cat] = e.cat.lower()
+        name, start = e.name, e.ts
         end = start + e.dur
         if cat in _HOST_OPS:
-            self.host_min, self.host_max = min(self.host_min, start), max(self.host_max, end)
-            step = _STEP.match(name)
+            step = _STEP.match(name) if name.startswith("ProfilerStep#") else None
             if step:
                 self.steps.append((int(step.group(1)), start, end))
             elif name.startswith("enumerate(DataLoader)#") and name.endswith(".__next__"):
@@ -138,7 +142,10 @@ class _Collector:
                 self.roles["communication"].append((start, end))
             else:
                 self.roles["kernel"].append((start, end))
-                if _TENSOR_CORE.search(name):
+                tensor_core = self.tensor_core_names.get(name)
+                if tensor_core is None:
+                    tensor_core = self.tensor_core_names[name] = bool(_TENSOR_CORE.search(name))
+                if tensor_core:
                     self.tensor_core_us += e.dur
             self.kernel_durations.append(e.dur)
             self._device(e, start, end, kernel=True)
@@ -179,9 +186,10 @@ def _step_spans(c: _Collector) -> tuple[list[tuple[int, float, float]], bool]:
     """Host step spans extended to the device work launched inside them (the plugin's rule),
     with trailing steps whose device work was not fully captured dropped."""
     if not c.steps:
-        if c.host_max < c.host_min:
+        host = c.roles["other_host"] + c.roles["data_wait"]
+        if not host:
             return [], False
-        return [(0, c.host_min, c.host_max)], False
+        return [(0, min(s for s, _ in host), max(e for _, e in host))], False
     steps = sorted(c.steps, key=lambda s: s[1])
     if not c.device:
         return steps, True
@@ -213,6 +221,19 @@ def _step_spans(c: _Collector) -> tuple[list[tuple[int, float, float]], bool]:
 
 
 def analyze_trace(path: Path) -> TraceAnalysis:
+    """Measure one trace file. The cyclic garbage collector is paused meanwhile: the analysis
+    allocates millions of small acyclic objects, and collecting over them repeatedly would cost
+    about a third of the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze(path)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _analyze(path: Path) -> TraceAnalysis:
     collector = _Collector()
     meta = read_trace(path, collector)
     spans, marked = _step_spans(collector)
@@ -271,7 +292,9 @@ def _summarize(
     device = iv.merge(
         [span for role in ("kernel", "memcpy", "memset", "communication") for span in merged[role]]
     )
-    busy_ms = sum(iv.total(iv.intersect(device, [(s.start_us, s.start_us + s.dur_us)])) for s in steps) / 1e3
+    device_starts = [start for start, _ in device]
+    busy_ms = sum(iv.clip_total(device, device_starts, s.start_us, s.start_us + s.dur_us) for s in steps)
+    busy_ms /= 1e3
     kernel_us = sum(c.kernel_durations)
     delays = [start - c.runtime_start[corr] for corr, start in c.kernel_starts if corr in c.runtime_start]
     props = meta.get("deviceProperties") or []

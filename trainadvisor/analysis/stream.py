@@ -22,12 +22,12 @@ import msgspec
 
 from trainadvisor.errors import UsageError
 
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20
 _CUT = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
-class Args(msgspec.Struct):
+class Args(msgspec.Struct, gc=False):
     correlation: Any = None
     bytes: Any = None
     total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
@@ -36,7 +36,7 @@ class Args(msgspec.Struct):
     device_type: Any = msgspec.field(name="Device Type", default=None)
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
@@ -159,13 +159,27 @@ def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
             except msgspec.DecodeError:
                 continue
         return b"", None
-    cuts = [m.start() for m in _CUT.finditer(buffer, max(0, len(buffer) - BLOCK_BYTES))]
-    for cut in reversed(cuts[-8:]):
+    for cut in _last_cuts(buffer, 8):
         try:
             return buffer[cut + 1 :].lstrip().lstrip(b","), _decode(b"[" + buffer[: cut + 1] + b"]")
         except msgspec.DecodeError:
             continue  # the cut fell inside a string or a nested object: try an earlier one
     return buffer, []  # no clean cut yet: read more
+
+
+def _last_cuts(buffer: bytes, count: int) -> Iterator[int]:
+    """Positions of the last `count` `}, {` boundaries, from the end backwards (the position of
+    the `}`), found without scanning the whole buffer."""
+    end = len(buffer)
+    while count and end > 0:
+        brace = buffer.rfind(b"{", 0, end)
+        if brace < 0:
+            return
+        match = _CUT.search(buffer, max(0, brace - 256), brace + 1)
+        if match is not None and match.end() == brace + 1:
+            yield match.start()
+            count -= 1
+        end = brace
 
 
 def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import trainadvisor
 from trainadvisor import _serial
-from trainadvisor._hooks import ChildConfig
+from trainadvisor._config import ChildConfig
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.model import GpuSample, HostSample, RawRun
 

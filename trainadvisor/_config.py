@@ -1,0 +1,21 @@
+"""What the parent tells the child process to measure (kept free of torch, so the parent
+process never imports it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ChildConfig:
+    label: str
+    result_file: str
+    trace_file: str | None  # absolute; None: do not run torch.profiler
+    warmup: int
+    steps: int  # timed with clocks alone
+    profile_steps: int  # then traced with torch.profiler (its overhead would bias the timing)
+    stop_after_window: bool
+    seed: int | None
+    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call site
+    non_blocking_h2d: bool = False
