@@ -97,3 +97,15 @@ def test_bad_traces_get_a_clear_error(tmp_path: Path, content: bytes, message: s
 def test_missing_trace(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such trace file"):
         analyze_trace(tmp_path / "nope.json")
+
+
+SHARED = DATA.parent.parent.parent / "shared" / "traces" / "hta"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces/hta is not beside this checkout")
+def test_every_hta_trace_loads() -> None:
+    paths = sorted(SHARED.rglob("*.json.gz"))
+    assert len(paths) == 12
+    for path in paths:
+        analysis = analyze_trace(path)
+        assert analysis.steps and analysis.events > 0, path

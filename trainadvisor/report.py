@@ -39,6 +39,8 @@ def headline(report: Report) -> str:
         )
     if report.findings:
         top = report.findings[0]
+        if not report.fix_outcomes:  # diagnosed only: --no-fix, a failed script, or analyze
+            return f"{top.title} ({top.severity})"
         return f"{top.title} ({top.severity}); no fix was kept"
     if report.baseline is None or not report.baseline.steps:
         return "Nothing was measured"
