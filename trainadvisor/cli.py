@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,6 +20,35 @@ Exit codes:
   0  the report was written
   2  a usage problem: no such script, no training step seen, bad --out or rule file
   3  the script failed (its error is shown; what was measured is still reported)
+  1  trainadvisor itself failed (please report it)"""
+
+
+_rules_option = click.option(
+    "--rules",
+    "rule_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rule files (*.toml); may be given several times; a rule with a "
+    "built-in id replaces the built-in rule.",
+)
+
+
+def _out_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--out",
+        "out_dir",
+        default="trainadvisor-report",
+        show_default=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help=help_text + " A folder of yours that is not a report is never written into.",
+    )
+
+
+ANALYZE_EXIT_CODES = """\b
+Exit codes:
+  0  the report was written
+  2  a usage problem: a missing path, a folder without traces, a file that is not a complete
+     trace, an empty trace, a bad --out or rule file
   1  trainadvisor itself failed (please report it)"""
 
 
@@ -52,23 +83,10 @@ def main() -> None:
     default=20,
     show_default=True,
     type=click.IntRange(min=2),
-    help="Training steps to profile; speedups are measured over windows of 5 of them.",
+    help="Training steps to time (then up to 10 more are traced with torch.profiler).",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    default="trainadvisor-report",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Report folder: report.html, report.md, report.json and the raw traces.",
-)
-@click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rule files (*.toml); may be given several times.",
-)
+@_out_option("Report folder: report.html, report.md, report.json and the raw traces.")
+@_rules_option
 @click.option(
     "--run-to-end",
     is_flag=True,
@@ -159,22 +177,9 @@ def profile_command(
 main.add_command(profile_command, name="profile")
 
 
-@main.command(epilog=EXIT_CODES)
-@click.option(
-    "--out",
-    "out_dir",
-    default="trainadvisor-report",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Report folder: report.html, report.md and report.json.",
-)
-@click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rule files (*.toml); may be given several times.",
-)
+@main.command(epilog=ANALYZE_EXIT_CODES)
+@_out_option("Report folder: report.html, report.md and report.json.")
+@_rules_option
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the report JSON to stdout instead of the diagnosis."
 )
