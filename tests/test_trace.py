@@ -109,3 +109,35 @@ def test_every_hta_trace_loads() -> None:
     for path in paths:
         analysis = analyze_trace(path)
         assert analysis.steps and analysis.events > 0, path
+
+
+def _trace_with(events: list[dict], tail: dict) -> bytes:
+    document = {"schemaVersion": 1, "traceEvents": events, **tail}
+    return json.dumps(document, indent=1).encode()
+
+
+def test_many_short_events_and_a_long_log_tail_stream_in_small_blocks(tmp_path: Path, monkeypatch) -> None:
+    from trainadvisor.analysis import stream
+
+    monkeypatch.setattr(stream, "BLOCK_BYTES", 4096)  # many blocks, many cuts
+    steps = [
+        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": i * 100, "dur": 90}
+        for i in range(50)
+    ]
+    short = [{"ph": "i", "name": "tick", "ts": i} for i in range(3000)]
+    logs = {"INFO": [f"INFO:2024 ActivityProfiler.cpp:{n}] line {n}" for n in range(500)]}
+    path = tmp_path / "trace.json"
+    path.write_bytes(_trace_with(steps + short, logs))
+    collected: list = []
+    meta = stream.read_trace(path, collected.extend)
+    assert meta["_events"] == len(collected) == 3050 and len(meta["INFO"]) == 500
+    assert [s.number for s in analyze_trace(path).steps] == list(range(50))
+
+
+def test_a_string_timestamp_is_read(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i * 10, "dur": 5} for i in range(20)]
+    events[-1]["ts"] = "190"
+    path = tmp_path / "trace.json"
+    path.write_bytes(_trace_with(events, {"INFO": ["a.cpp:1] x", "b.cpp:2] y"]}))
+    [window] = analyze_trace(path).steps
+    assert (window.start_us, window.dur_us) == (0.0, 195.0)

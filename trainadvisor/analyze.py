@@ -115,16 +115,21 @@ def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
 
 
 def compare_ranks(analyses: list[TraceAnalysis]) -> RankComparison | None:
-    ranked = [a for a in analyses if a.rank is not None and a.step_time_ms_mean]
-    if len({a.rank for a in ranked}) < 2:
+    """Per distinct rank (the spans of one rank averaged), when there are several ranks."""
+    by_rank: dict[int, list[TraceAnalysis]] = {}
+    for a in analyses:
+        if a.rank is not None and a.step_time_ms_mean:
+            by_rank.setdefault(a.rank, []).append(a)
+    if len(by_rank) < 2:
         return None
-    times = [a.step_time_ms_mean or 0.0 for a in ranked]
-    slowest = max(range(len(ranked)), key=lambda i: times[i])
+    ranks = sorted(by_rank)
+    times = [statistics.mean(a.step_time_ms_mean or 0.0 for a in by_rank[r]) for r in ranks]
+    comm = [statistics.mean(a.breakdown_pct.get("communication", 0.0) for a in by_rank[r]) for r in ranks]
     return RankComparison(
-        ranks=[a.rank for a in ranked],
+        ranks=list(ranks),
         step_time_ms=times,
-        communication_pct=[a.breakdown_pct.get("communication", 0.0) for a in ranked],
-        slowest_rank=ranked[slowest].rank,
+        communication_pct=comm,
+        slowest_rank=ranks[max(range(len(ranks)), key=lambda i: times[i])],
         skew_pct=100.0 * (max(times) - min(times)) / statistics.mean(times),
     )
 

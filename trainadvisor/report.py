@@ -267,7 +267,8 @@ def analysis_summary(report: Report, analyses: list[Any], out_dir: Path) -> str:
         if a.tensor_core_pct is not None:
             facts.append(f"Tensor Core kernel time {a.tensor_core_pct:.1f}%")
         if a.h2d_pageable or a.h2d_pinned or a.h2d_unknown:
-            facts.append(f"H2D copies {a.h2d_pageable} pageable / {a.h2d_pinned} pinned")
+            unknown = f" / {a.h2d_unknown} of unknown kind" if a.h2d_unknown else ""
+            facts.append(f"H2D copies {a.h2d_pageable} pageable / {a.h2d_pinned} pinned{unknown}")
         if a.syncs:
             facts.append("syncs " + ", ".join(f"{k} {v}" for k, v in sorted(a.syncs.items())))
         if a.peak_reserved_bytes:

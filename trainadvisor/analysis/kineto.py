@@ -96,6 +96,7 @@ class _Collector:
         self.kernel_durations: list[float] = []
         self.kernel_starts: list[tuple[Any, float]] = []
         self.tensor_core_us = 0.0
+        self.compute_kernel_us = 0.0  # kernels other than communication
         self.tensor_core_names: dict[str, bool] = {}  # kernel names repeat: match each once
         self.h2d: list[tuple[float, float, str, int]] = []  # (ts, dur, kind, bytes)
         self.syncs: list[tuple[float, str]] = []
@@ -142,6 +143,7 @@ class _Collector:
                 self.roles["communication"].append((start, end))
             else:
                 self.roles["kernel"].append((start, end))
+                self.compute_kernel_us += e.dur
                 tensor_core = self.tensor_core_names.get(name)
                 if tensor_core is None:
                     tensor_core = self.tensor_core_names[name] = bool(_TENSOR_CORE.search(name))
@@ -174,7 +176,7 @@ class _Collector:
 
     def _memory(self, e: Event) -> None:
         args = e.args
-        if args is None or args.device_type not in (1, 8):  # CUDA / HIP allocator events
+        if args is None or args.device_type not in (1, 6):  # CUDA (ROCm reports it too) / HIP
             return
         if isinstance(args.total_allocated, (int, float)):
             self.peak_allocated = max(self.peak_allocated or 0, args.total_allocated)
@@ -261,11 +263,17 @@ def _analyze(path: Path) -> TraceAnalysis:
 
 
 def _per_step_counts(steps: list[StepBreakdown], c: _Collector) -> None:
-    step_starts = [s.start_us for s in steps]
+    """Copies and syncs per step, by the host-side step spans (host events belong to the step
+    the host was in, not to the previous step whose device work was still running)."""
+    host = {number: (start, end) for number, start, end in c.steps}
+    spans = sorted(
+        (host.get(s.number, (s.start_us, s.start_us + s.dur_us)), s) for s in steps
+    )  # fmt: skip
+    step_starts = [start for (start, _), _ in spans]
 
     def step_at(ts: float) -> StepBreakdown | None:
         i = bisect.bisect_right(step_starts, ts) - 1
-        return steps[i] if i >= 0 and ts < steps[i].start_us + steps[i].dur_us else None
+        return spans[i][1] if i >= 0 and ts < spans[i][0][1] else None
 
     for ts, dur, kind, nbytes in c.h2d:
         step = step_at(ts)
@@ -295,7 +303,6 @@ def _summarize(
     device_starts = [start for start, _ in device]
     busy_ms = sum(iv.clip_total(device, device_starts, s.start_us, s.start_us + s.dur_us) for s in steps)
     busy_ms /= 1e3
-    kernel_us = sum(c.kernel_durations)
     delays = [start - c.runtime_start[corr] for corr, start in c.kernel_starts if corr in c.runtime_start]
     props = meta.get("deviceProperties") or []
     gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
@@ -316,7 +323,7 @@ def _summarize(
         breakdown_pct={k: 100.0 * v / wall_ms for k, v in totals.items()} if wall_ms else {},
         step_time_ms_mean=wall_ms / len(steps) if steps else None,
         gpu_busy_pct=100.0 * busy_ms / wall_ms if c.device and wall_ms else None,
-        tensor_core_pct=100.0 * c.tensor_core_us / kernel_us if kernel_us else None,
+        tensor_core_pct=100.0 * c.tensor_core_us / c.compute_kernel_us if c.compute_kernel_us else None,
         kernels=len(c.kernel_durations),
         short_kernels=sum(d < SHORT_KERNEL_US for d in c.kernel_durations),
         kernel_us_median=statistics.median(c.kernel_durations) if c.kernel_durations else None,

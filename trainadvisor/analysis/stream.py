@@ -23,7 +23,7 @@ import msgspec
 from trainadvisor.errors import UsageError
 
 BLOCK_BYTES = 4 << 20
-_CUT = re.compile(rb"\}\s*,\s*\{")
+_CUT = re.compile(rb"\}\s*,\s*\Z")  # `}, ` just before an event's `{`
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
@@ -48,10 +48,10 @@ class Event(msgspec.Struct, gc=False):
 _decode_events = msgspec.json.Decoder(list[Event]).decode
 
 
-def _loose(raw: bytes) -> list[Event]:
-    """Decode a chunk whose fields have unexpected types (a string `ts`, say), event by event."""
+def _loose(items: Any) -> list[Event]:
+    """Events from decoded JSON items whose fields have unexpected types (a string `ts`, say)."""
     events = []
-    for item in json.loads(raw):
+    for item in items:
         if not isinstance(item, dict):
             continue
         try:
@@ -79,10 +79,17 @@ def _loose(raw: bytes) -> list[Event]:
 
 
 def _decode(raw: bytes) -> list[Event]:
+    """Events of a chunk; msgspec.DecodeError when the chunk is not a JSON array of events."""
     try:
         return _decode_events(raw)
     except msgspec.ValidationError:
-        return _loose(raw)
+        try:
+            items = json.loads(raw)
+        except ValueError as exc:  # the chunk itself is malformed (a wrong cut): say so alike
+            raise msgspec.DecodeError(str(exc)) from None
+        if not isinstance(items, list):
+            raise msgspec.DecodeError("not an array") from None
+        return _loose(items)
 
 
 def _blocks(stream: IO[bytes]) -> Iterator[bytes]:
@@ -129,6 +136,11 @@ def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: Pat
         buffer += block
         buffer, decoded = _drain(buffer, final=False)
         events += _feed(decoded or [], on_events)
+    while True:  # leave only the last event for the final cut, which tries `]` by `]`
+        buffer, decoded = _drain(buffer, final=False)
+        if not decoded:
+            break
+        events += _feed(decoded, on_events)
     tail, decoded = _drain(buffer, final=True)
     if decoded is None:
         raise UsageError(f"{path}: the trace's event list is cut off or malformed; is the file complete?")
@@ -148,16 +160,15 @@ def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
     """Decode as many whole events from the front of `buffer` as a clean cut allows.
     Returns (the undecoded rest, the events); with `final`, the rest is what follows the array."""
     if final:
-        # The array ends at one of the last ']' characters; the first that parses is it.
-        end = len(buffer)
-        for _ in range(64):
-            end = buffer.rfind(b"]", 0, end)
-            if end < 0:
-                return b"", None
+        # What is left is the last event(s), `]`, and the document's other keys (Kineto writes
+        # log arrays there, full of `]`). The first `]` from the front at which the events parse
+        # ends the array: a `]` inside an event leaves it unbalanced.
+        end = buffer.find(b"]")
+        while end >= 0:
             try:
                 return buffer[end + 1 :], _decode(b"[" + buffer[:end] + b"]")
             except msgspec.DecodeError:
-                continue
+                end = buffer.find(b"]", end + 1)
         return b"", None
     for cut in _last_cuts(buffer, 8):
         try:
@@ -175,8 +186,8 @@ def _last_cuts(buffer: bytes, count: int) -> Iterator[int]:
         brace = buffer.rfind(b"{", 0, end)
         if brace < 0:
             return
-        match = _CUT.search(buffer, max(0, brace - 256), brace + 1)
-        if match is not None and match.end() == brace + 1:
+        match = _CUT.search(buffer, max(0, brace - 256), brace)
+        if match is not None:
             yield match.start()
             count -= 1
         end = brace
@@ -210,6 +221,5 @@ def _whole_document(raw: bytes, path: Path, on_events: Callable[[list[Event]], N
             f"{path}: a JSON file but not a profiler trace (no 'traceEvents' list); write traces "
             "with torch.profiler's export_chrome_trace or tensorboard_trace_handler"
         )
-    decoded = _decode(json.dumps(events).encode())
-    document["_events"] = _feed(decoded, on_events)
+    document["_events"] = _feed(_loose(events), on_events)
     return document
