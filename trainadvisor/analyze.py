@@ -96,7 +96,6 @@ def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
         "step_time_ms_median": run.step_time_ms.median,
         "step_time_ms_mean": run.step_time_ms.mean,
         "steps_per_s": run.steps_per_s,
-        "data_wait_pct": analysis.breakdown_pct.get("data_wait"),
         "data_wait_ms_per_step": run.breakdown_ms_per_step.get("data_wait"),
         "gpu_busy_pct": analysis.gpu_busy_pct,
         "tensor_core_pct": analysis.tensor_core_pct,

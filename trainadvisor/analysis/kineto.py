@@ -197,21 +197,22 @@ def _step_spans(c: _Collector) -> tuple[list[tuple[int, float, float]], bool]:
         return steps, True
     runtimes = sorted(c.runtimes)
     starts = [r[0] for r in runtimes]
-    device_span, launched = [], []
+    device_end, launched = [], []
     for _, host_start, host_end in steps:
-        lo, hi, count = float("inf"), float("-inf"), 0
-        for start, end, corr in runtimes[bisect.bisect_left(starts, host_start) :]:
-            if start >= host_end:
-                break
+        last_end, count = float("-inf"), 0
+        i = bisect.bisect_left(starts, host_start)
+        while i < len(runtimes) and runtimes[i][0] < host_end:
+            _, end, corr = runtimes[i]
             if end <= host_end and corr in c.device:
-                first, last, n = c.device[corr]
-                lo, hi, count = min(lo, first), max(hi, last), count + int(n)
-        device_span.append((lo, hi))
+                _, last, n = c.device[corr]
+                last_end, count = max(last_end, last), count + int(n)
+            i += 1
+        device_end.append(last_end)
         launched.append(count)
     extended, previous_end = [], steps[0][1]
-    for (number, host_start, host_end), (_, device_end) in zip(steps, device_span):
+    for (number, host_start, host_end), step_device_end in zip(steps, device_end):
         start = max(previous_end, host_start)
-        end = max(host_end, device_end, start)
+        end = max(host_end, step_device_end, start)
         extended.append((number, start, end))
         previous_end = end
     keep = len(extended)
