@@ -19,3 +19,6 @@ class ChildConfig:
     seed: int | None
     loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call site
     non_blocking_h2d: bool = False
+    # Switches a fix sets inside the process: tf32, cudnn_benchmark, amp ("bf16"|"fp16"),
+    # fused_optimizer (see `_hooks._apply_runtime`).
+    runtime_overrides: dict[str, Any] = field(default_factory=dict)

@@ -65,6 +65,9 @@ class Recorder:
         self.batch_fingerprints: list[str | None] = []  # by step index, up to the window's end
         self.profiler: torch.profiler.profile | None = None
         self.result: RawRun | None = None
+        self.optimizer: torch.optim.Optimizer | None = None  # the one whose steps are counted
+        self.data_parallel_modules = 0
+        self.runtime: dict[str, Any] = {}
         self._undo: list[Callable[[], None]] = []
 
     def patch(self, owner: Any, name: str, replacement: Any) -> None:
@@ -88,6 +91,7 @@ class Recorder:
         # With several optimizers (GANs, multi-task) the first one to step defines the step.
         if self.first_optimizer is None:
             self.first_optimizer = id(optimizer)
+            self.optimizer = optimizer
         if id(optimizer) == self.first_optimizer:
             self.boundary()
 
@@ -136,6 +140,9 @@ class Recorder:
             raise WindowComplete()
 
     def start_window(self) -> None:
+        if self.config.runtime_overrides:
+            _apply_flags(self.config.runtime_overrides)  # again, in case the script reset them
+        self.runtime = _flags(self)
         self.in_window = True
         self.window_start_unix_s = time.time()
         self.window_t0 = time.perf_counter()
@@ -145,9 +152,11 @@ class Recorder:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
+            # Python stacks give the user's code where syncs and host-made tensors happen.
             self.profiler = torch.profiler.profile(
                 activities=activities,
                 schedule=lambda _step: torch.profiler.ProfilerAction.RECORD,
+                with_stack=True,
             )
             self.profiler.start()
 
@@ -203,6 +212,9 @@ class Recorder:
         for record in self.records:
             record.loss = losses[record.index]
         trace = self.config.trace_file
+        self.runtime.update(_optimizer_facts(self.optimizer))
+        if self.runtime.get("cuda_used"):
+            self.runtime["cuda_memory"] = _cuda_memory()
         return RawRun(
             label=self.config.label,
             status=status,
@@ -219,7 +231,109 @@ class Recorder:
             batch_fingerprints=self.batch_fingerprints,
             losses=losses,
             trace_file=trace if trace and Path(trace).exists() else None,
+            runtime=self.runtime,
         )
+
+
+# Optimizers with a fused (single-kernel) implementation in torch.
+_FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def _flags(recorder: Recorder) -> dict[str, Any]:
+    """torch's switches as the training loop runs with them (read at the window's start)."""
+    cuda_used = torch.cuda.is_available() and torch.cuda.is_initialized()
+    facts: dict[str, Any] = {
+        "cuda_used": cuda_used,
+        "anomaly_detection": torch.is_anomaly_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "data_parallel_modules": recorder.data_parallel_modules,
+        "amp_override": recorder.config.runtime_overrides.get("amp"),
+    }
+    if cuda_used:
+        facts.update(
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+            tf32_enabled=bool(torch.backends.cuda.matmul.allow_tf32),
+            cuda_device_count=torch.cuda.device_count(),
+            bf16_supported=bool(torch.cuda.is_bf16_supported()),
+        )
+    return facts
+
+
+def _optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    if optimizer is None:
+        return {}
+    name = type(optimizer).__name__
+    defaults = optimizer.defaults
+    return {
+        "optimizer": name,
+        "optimizer_fused": bool(defaults.get("fused")),
+        "optimizer_foreach": defaults.get("foreach"),
+        "optimizer_fusable": name in _FUSABLE and type(optimizer).__module__.startswith("torch.optim"),
+    }
+
+
+def _cuda_memory() -> dict[str, Any]:
+    stats = torch.cuda.memory_stats()
+    return {
+        "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        "total_bytes": int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory),
+        "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def _apply_flags(overrides: dict[str, Any]) -> None:
+    if overrides.get("tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if overrides.get("cudnn_benchmark"):
+        torch.backends.cudnn.benchmark = True
+
+
+def _install_runtime_overrides(recorder: Recorder, overrides: dict[str, Any]) -> None:
+    """The in-process switches of the fixes `tf32`, `cudnn-benchmark`, `amp`, `fused-optimizer`."""
+    _apply_flags(overrides)
+    if overrides.get("amp"):
+        _install_autocast(recorder, torch.bfloat16 if overrides["amp"] == "bf16" else torch.float16)
+    if overrides.get("fused_optimizer"):
+        _install_fused_optimizers(recorder)
+
+
+def _install_autocast(recorder: Recorder, dtype: torch.dtype) -> None:
+    """Run every outermost module call (the model's forward, a loss module) under autocast.
+    Backward runs outside it, as torch.amp recommends: its ops take the forward's dtypes."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    original_call = torch.nn.Module.__call__
+    depth = [0]
+
+    def call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if depth[0]:
+            return original_call(self, *args, **kwargs)
+        depth[0] += 1
+        try:
+            with torch.autocast(device_type, dtype=dtype):
+                return original_call(self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    recorder.patch(torch.nn.Module, "__call__", call)
+
+
+def _install_fused_optimizers(recorder: Recorder) -> None:
+    """Construct torch's Adam/AdamW/SGD/Adagrad with `fused=True` unless the script chose
+    `fused` or `foreach` itself."""
+    for name in _FUSABLE:
+        cls = getattr(torch.optim, name)
+        original = cls.__dict__["__init__"]
+
+        def init(self: Any, params: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+            groups = [{**g, "params": list(g["params"])} if isinstance(g, dict) else g for g in list(params)]
+            if kwargs.get("fused") is None and not kwargs.get("foreach"):
+                kwargs["fused"] = True
+            __original(self, groups, *args, **kwargs)
+
+        recorder.patch(cls, "__init__", init)
 
 
 _SAMPLED = 4096  # elements of a tensor that enter its fingerprint
@@ -423,6 +537,16 @@ def install(config: ChildConfig) -> Recorder:
 
     if config.non_blocking_h2d and torch.cuda.is_available():
         _install_non_blocking_copies(recorder)
+
+    original_dp_init = torch.nn.DataParallel.__init__
+
+    def data_parallel_init(self: torch.nn.DataParallel, *args: Any, **kwargs: Any) -> None:
+        recorder.data_parallel_modules += 1
+        original_dp_init(self, *args, **kwargs)
+
+    recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
+    if config.runtime_overrides:
+        _install_runtime_overrides(recorder, config.runtime_overrides)
     return recorder
 
 

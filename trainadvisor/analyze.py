@@ -12,6 +12,7 @@ from typing import Any
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
 from trainadvisor.analysis.kineto import TraceAnalysis, analyze_trace
+from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.analysis.summary import stats, window_throughputs
 from trainadvisor.errors import UsageError
 from trainadvisor.model import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
@@ -91,18 +92,17 @@ def to_run(analysis: TraceAnalysis) -> Run:
 
 def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
     """The named measurements rules read, as far as a trace tells them."""
-    values: dict[str, Any] = {
+    values: dict[str, Any] = trace_measurements(analysis)
+    values.update({
         "steps": run.steps,
         "step_time_ms_median": run.step_time_ms.median,
         "step_time_ms_mean": run.step_time_ms.mean,
         "steps_per_s": run.steps_per_s,
         "data_wait_ms_per_step": run.breakdown_ms_per_step.get("data_wait"),
-        "gpu_busy_pct": analysis.gpu_busy_pct,
-        "tensor_core_pct": analysis.tensor_core_pct,
-        "cuda_used": analysis.gpu_name is not None,
+        "cuda_used": analysis.gpu_name is not None or bool(analysis.kernels),
         "h2d_pageable": analysis.h2d_pageable,
         "h2d_pinned": analysis.h2d_pinned,
-    }
+    })  # fmt: skip
     for key, pct in analysis.breakdown_pct.items():
         values[f"{key}_pct"] = pct
     iterators = analysis.loader_iterators

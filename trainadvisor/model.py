@@ -109,6 +109,8 @@ class RawRun:
     overrides: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     log_file: str | None = None  # script output, when it was captured rather than shown
+    # torch's state read in the child at the window: flags, optimizer, CUDA memory statistics
+    runtime: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- measurements: a summarised run ----
@@ -137,6 +139,7 @@ class Run:
     breakdown_ms_per_step: dict[str, float]
     window_steps_per_s: list[float]
     raw: RawRun
+    trace: dict[str, Any] = field(default_factory=dict)  # measurements from the run's trace
 
 
 # ---- diagnosis ----

@@ -114,8 +114,10 @@ def _with_loader_overrides(
 
 def _measure_run(spec: RunSpec) -> Run:
     raw = measure(spec)
-    attach_trace(raw, spec.out_dir)
-    return summarize(raw)
+    trace = attach_trace(raw, spec.out_dir)
+    run = summarize(raw)
+    run.trace = trace
+    return run
 
 
 def _check_steps(raw: RawRun, options: ProfileOptions) -> None:

@@ -13,6 +13,7 @@ import bisect
 import gc
 import re
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,24 @@ _TENSOR_CORE = re.compile(
     r"884|1688|16816|hmma|wmma|xmma|gmma|tensorop|_tc_|s161616|mfma|nvjet|bf16gemm|f16gemm", re.I
 )
 SHORT_KERNEL_US = 10.0
+# Kernels of matrix multiplications and convolutions: the work Tensor Cores can take.
+_MATMUL = re.compile(r"gemm|conv|cutlass|wgrad|dgrad|fprop|nvjet|xmma|hmma|mfma|winograd|cudnn|matmul", re.I)
+_CONV = re.compile(r"conv|wgrad|dgrad|fprop|winograd|cudnn", re.I)
+# Host ops that make a tensor from nothing: on the host unless `device=` names another device.
+_FACTORY = {
+    "aten::randn", "aten::rand", "aten::randint", "aten::randperm", "aten::normal",
+    "aten::zeros", "aten::ones", "aten::full", "aten::arange", "aten::linspace", "aten::eye",
+    "aten::scalar_tensor", "aten::lift_fresh", "aten::from_file",
+}  # fmt: skip
+_COPY = {"aten::to", "aten::_to_copy", "aten::copy_"}
+# Ops torch.tensor(...) runs after creating the tensor: they may sit between creation and copy.
+_GLUE = {"aten::detach_", "detach_", "aten::detach", "detach"}
+# Python frames (`file.py(first line): function`) of libraries, not of the user's code.
+_FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")
+_LIBRARIES = (
+    "torch/", "torchvision/", "torchaudio/", "trainadvisor/", "lightning/", "pytorch_lightning/",
+    "transformers/", "accelerate/", "numpy/", "site-packages/", "dist-packages/",
+)  # fmt: skip
 
 
 @dataclass
@@ -54,6 +73,8 @@ class StepBreakdown:
     h2d_unknown: int = 0
     h2d_bytes: int = 0
     syncs: dict[str, int] = field(default_factory=dict)
+    sync_ms: float = 0.0  # host time blocked in stream/device synchronisation calls
+    cpu_tensor_copies: int = 0  # tensors made on the host, then copied to the device
 
 
 @dataclass
@@ -82,6 +103,13 @@ class TraceAnalysis:
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     loader_iterators: list[str] = field(default_factory=list)
+    compute_capability: int | None = None  # major version (NVIDIA), or the GCN/CDNA generation
+    matmul_pct: float | None = None  # share of compute-kernel time in matmul/conv kernels
+    fp32_matmul_pct: float | None = None  # ... in matmul/conv kernels without Tensor Cores
+    conv_pct: float | None = None  # ... in convolution kernels
+    sync_sites: list[str] = field(default_factory=list)  # user code where syncs happened
+    cpu_tensor_ops: dict[str, int] = field(default_factory=dict)  # creating op -> count
+    cpu_tensor_sites: list[str] = field(default_factory=list)  # user code that made them
 
 
 class _Collector:
@@ -98,8 +126,14 @@ class _Collector:
         self.tensor_core_us = 0.0
         self.compute_kernel_us = 0.0  # kernels other than communication
         self.tensor_core_names: dict[str, bool] = {}  # kernel names repeat: match each once
-        self.h2d: list[tuple[float, float, str, int]] = []  # (ts, dur, kind, bytes)
-        self.syncs: list[tuple[float, str]] = []
+        self.h2d: list[tuple[float, float, str, int, Any]] = []  # (ts, dur, kind, bytes, corr)
+        self.syncs: list[tuple[float, str, float, Any]] = []  # (ts, kind, dur, tid)
+        self.matmul_us = 0.0
+        self.matmul_tc_us = 0.0
+        self.conv_us = 0.0
+        self.matmul_names: dict[str, tuple[bool, bool]] = {}  # name -> (matmul, conv)
+        self.named_ops: list[tuple[Any, float, float, str]] = []  # factory/copy/glue host ops
+        self.frames: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> user Python frames
         self.categories: dict[str, str] = {}  # category as written -> lower case
         self.loader_iterators: set[str] = set()  # DataLoader iterator classes seen
         self.peak_allocated: float | None = None
@@ -128,7 +162,11 @@ class _Collector:
             else:
                 self.roles["other_host"].append((start, end))
                 if name in _SYNCS:
-                    self.syncs.append((start, _SYNCS[name]))
+                    self.syncs.append((start, _SYNCS[name], e.dur, e.tid))
+                elif name in _FACTORY or name in _COPY or name in _GLUE:
+                    self.named_ops.append((e.tid, start, end, name))
+        elif cat == "python_function":
+            self._frame(e)
         elif cat in _RUNTIME:
             self.roles["runtime"].append((start, end))
             corr = e.args.correlation if e.args else None
@@ -136,7 +174,7 @@ class _Collector:
                 self.runtimes.append((start, end, corr))
                 self.runtime_start[corr] = start
             if name in _SYNCS:
-                self.syncs.append((start, _SYNCS[name]))
+                self.syncs.append((start, _SYNCS[name], e.dur, e.tid))
         elif cat in _KERNEL:
             lowered = name.lower()
             if "nccl" in lowered or "rccl" in lowered:
@@ -149,6 +187,14 @@ class _Collector:
                     tensor_core = self.tensor_core_names[name] = bool(_TENSOR_CORE.search(name))
                 if tensor_core:
                     self.tensor_core_us += e.dur
+                kinds = self.matmul_names.get(name)
+                if kinds is None:
+                    kinds = self.matmul_names[name] = (bool(_MATMUL.search(name)), bool(_CONV.search(name)))
+                if kinds[0]:
+                    self.matmul_us += e.dur
+                    self.matmul_tc_us += e.dur if tensor_core else 0.0
+                if kinds[1]:
+                    self.conv_us += e.dur
             self.kernel_durations.append(e.dur)
             self._device(e, start, end, kernel=True)
         elif cat in _MEMCPY:
@@ -156,11 +202,24 @@ class _Collector:
             if "HtoD" in name or "HostToDevice" in name:
                 kind = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else "unknown"
                 nbytes = e.args.bytes if e.args and isinstance(e.args.bytes, int) else 0
-                self.h2d.append((start, e.dur, kind, nbytes))
+                self.h2d.append((start, e.dur, kind, nbytes, e.args.correlation if e.args else None))
             self._device(e, start, end)
         elif cat in _MEMSET:
             self.roles["memset"].append((start, end))
             self._device(e, start, end)
+
+    def _frame(self, e: Event) -> None:
+        """Keep the Python frames of the user's own code (traces recorded with_stack=True)."""
+        if e.name.startswith(("<", "nn.Module:")) or e.name.startswith(_LIBRARIES):
+            return
+        match = _FRAME.match(e.name)
+        if match is None or "site-packages" in match["file"] or match["file"].startswith("/usr/lib"):
+            return
+        module = match["file"].split("/")[0].removesuffix(".py")
+        if module in sys.stdlib_module_names:
+            return
+        site = f"{match['file']}:{match['line']} ({match['func']})"
+        self.frames.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, site))
 
     def _device(self, e: Event, start: float, end: float, kernel: bool = False) -> None:
         corr = e.args.correlation if e.args else None
@@ -259,13 +318,79 @@ def _analyze(path: Path) -> TraceAnalysis:
         )
         for number, start, end in spans
     ]
-    _per_step_counts(steps, collector)
-    return _summarize(path, meta, collector, steps, marked, merged)
+    for frames in collector.frames.values():
+        frames.sort()
+    creations = _cpu_tensor_copies(collector)
+    _per_step_counts(steps, collector, creations)
+    return _summarize(path, meta, collector, steps, marked, merged, creations)
 
 
-def _per_step_counts(steps: list[StepBreakdown], c: _Collector) -> None:
-    """Copies and syncs per step, by the host-side step spans (host events belong to the step
-    the host was in, not to the previous step whose device work was still running)."""
+def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
+    """The innermost frame of the user's code that was running at `ts` on thread `tid`."""
+    frames = c.frames.get(tid)
+    if not frames:
+        return None
+    i = bisect.bisect_right(frames, (ts, float("inf"), "")) - 1
+    best: tuple[float, str] | None = None
+    while i >= 0:
+        start, end, site = frames[i]
+        if start <= ts <= end and (best is None or start > best[0]):
+            best = (start, site)
+            break  # frames are sorted by start: the first enclosing one found is the innermost
+        i -= 1
+    return best[1] if best else None
+
+
+def _cpu_tensor_copies(c: _Collector) -> list[tuple[float, str, Any, float]]:
+    """Host-to-device copies of tensors the host had just created: the copy op (`aten::to`,
+    `_to_copy`, `copy_`) that launched the copy follows a factory op (`randn`, `zeros`,
+    `tensor`, ...) on the same thread with no other host op in between (`detach_`, which
+    torch.tensor runs, aside). Returns (copy start, factory op, thread, factory start)."""
+    if not c.h2d or not c.named_ops:
+        return []
+    copies = sorted((start, end, tid) for tid, start, end, name in c.named_ops if name in _COPY)
+    copy_starts = [start for start, _, _ in copies]
+    factories: dict[Any, list[tuple[float, float, str]]] = {}
+    glue: list[float] = []
+    for tid, start, end, name in c.named_ops:
+        if name in _FACTORY:
+            factories.setdefault(tid, []).append((end, start, name))
+        elif name in _GLUE:
+            glue.append(start)
+    for ops in factories.values():
+        ops.sort()
+    glue.sort()
+    host_starts = sorted(s for role in ("other_host", "data_wait") for s, _ in c.roles[role])
+    found: dict[float, tuple[float, str, Any, float]] = {}
+    for _, _, _, _, corr in c.h2d:
+        launched = c.runtime_start.get(corr)
+        if launched is None:
+            continue
+        # The outermost copy op around the runtime call that launched the copy.
+        i = bisect.bisect_right(copy_starts, launched) - 1
+        outer = None
+        for start, end, tid in reversed(copies[max(0, i - 8) : i + 1]):
+            if start <= launched <= end:
+                outer = (start, tid)
+        if outer is None or outer[0] in found:
+            continue
+        copy_start, tid = outer
+        ops = factories.get(tid, [])
+        j = bisect.bisect_right(ops, (copy_start, float("inf"), "")) - 1
+        if j < 0:
+            continue
+        f_end, f_start, f_name = ops[j]
+        between = bisect.bisect_left(host_starts, copy_start) - bisect.bisect_right(host_starts, f_end)
+        between -= bisect.bisect_left(glue, copy_start) - bisect.bisect_right(glue, f_end)
+        if between == 0:
+            found[copy_start] = (copy_start, f_name, tid, f_start)
+    return sorted(found.values())
+
+
+def _per_step_counts(steps: list[StepBreakdown], c: _Collector, creations: list[Any]) -> None:
+    """Copies, syncs and host-made tensors per step, by the host-side step spans (host events
+    belong to the step the host was in, not to the previous step whose device work was still
+    running)."""
     host = {number: (start, end) for number, start, end in c.steps}
     spans = sorted(
         (host.get(s.number, (s.start_us, s.start_us + s.dur_us)), s) for s in steps
@@ -276,16 +401,32 @@ def _per_step_counts(steps: list[StepBreakdown], c: _Collector) -> None:
         i = bisect.bisect_right(step_starts, ts) - 1
         return spans[i][1] if i >= 0 and ts < spans[i][0][1] else None
 
-    for ts, dur, kind, nbytes in c.h2d:
+    for ts, dur, kind, nbytes, _ in c.h2d:
         step = step_at(ts)
         if step is not None:
             step.h2d_ms += dur / 1e3
             step.h2d_bytes += nbytes
             setattr(step, f"h2d_{kind}", getattr(step, f"h2d_{kind}") + 1)
-    for ts, kind in c.syncs:
+    for ts, kind, dur, _ in c.syncs:
         step = step_at(ts)
         if step is not None:
             step.syncs[kind] = step.syncs.get(kind, 0) + 1
+            if kind != "item":  # item's own wait is the stream sync inside it, if any
+                step.sync_ms += dur / 1e3
+    for ts, *_ in creations:
+        step = step_at(ts)
+        if step is not None:
+            step.cpu_tensor_copies += 1
+
+
+def _sites(c: _Collector, where: list[tuple[Any, float]]) -> list[str]:
+    """Distinct user-code sites of events (thread, time), most frequent first."""
+    counts: dict[str, int] = {}
+    for tid, ts in where:
+        site = _user_site(c, tid, ts)
+        if site is not None:
+            counts[site] = counts.get(site, 0) + 1
+    return sorted(counts, key=lambda site: -counts[site])
 
 
 def _summarize(
@@ -295,6 +436,7 @@ def _summarize(
     steps: list[StepBreakdown],
     marked: bool,
     merged: dict[str, iv.Intervals],
+    creations: list[tuple[float, str, Any, float]],
 ) -> TraceAnalysis:
     wall_ms = sum(s.dur_us for s in steps) / 1e3
     totals = {key: sum(s.ms[key] for s in steps) for key in BREAKDOWN}
@@ -308,10 +450,15 @@ def _summarize(
     props = meta.get("deviceProperties") or []
     gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
     dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
-    kinds = [kind for _, _, kind, _ in c.h2d]
+    kinds = [kind for _, _, kind, _, _ in c.h2d]
     syncs: dict[str, int] = {}
-    for _, kind in c.syncs:
+    for _, kind, _, _ in c.syncs:
         syncs[kind] = syncs.get(kind, 0) + 1
+    created: dict[str, int] = {}
+    for _, name, _, _ in creations:
+        created[name] = created.get(name, 0) + 1
+    compute = c.compute_kernel_us
+    major = gpu.get("computeMajor")
     return TraceAnalysis(
         path=str(path),
         events=int(meta.get("_events", 0)),
@@ -332,9 +479,16 @@ def _summarize(
         h2d_pageable=kinds.count("pageable"),
         h2d_pinned=kinds.count("pinned"),
         h2d_unknown=kinds.count("unknown"),
-        h2d_pageable_bytes=sum(b for _, _, kind, b in c.h2d if kind == "pageable"),
+        h2d_pageable_bytes=sum(b for _, _, kind, b, _ in c.h2d if kind == "pageable"),
         syncs=syncs,
         peak_allocated_bytes=int(c.peak_allocated) if c.peak_allocated is not None else None,
         peak_reserved_bytes=int(c.peak_reserved) if c.peak_reserved is not None else None,
         loader_iterators=sorted(c.loader_iterators),
+        compute_capability=major if isinstance(major, int) else None,
+        matmul_pct=100.0 * c.matmul_us / compute if compute else None,
+        fp32_matmul_pct=100.0 * (c.matmul_us - c.matmul_tc_us) / compute if compute else None,
+        conv_pct=100.0 * c.conv_us / compute if compute else None,
+        sync_sites=_sites(c, [(tid, ts) for ts, _, _, tid in c.syncs]),
+        cpu_tensor_ops=created,
+        cpu_tensor_sites=_sites(c, [(tid, f_start) for _, _, tid, f_start in creations]),
     )

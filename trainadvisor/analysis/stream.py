@@ -42,6 +42,7 @@ class Event(msgspec.Struct, gc=False):
     name: str = ""
     ts: float = 0.0
     dur: float = 0.0
+    tid: Any = None
     args: Args | None = None
 
 
@@ -63,6 +64,7 @@ def _loose(items: Any) -> list[Event]:
                     name=str(item.get("name", "")),
                     ts=float(item.get("ts", 0.0)),
                     dur=float(item.get("dur", 0.0) or 0.0),
+                    tid=item.get("tid"),
                     args=Args(
                         args.get("correlation"),
                         args.get("bytes"),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainadvisor.analysis.kineto import analyze_trace
+from trainadvisor.analysis.measures import runtime_measurements, trace_measurements
 from trainadvisor.model import LoaderInfo, RawRun, Run, Stats, StepRecord
 
 T = TypeVar("T")
@@ -40,13 +41,25 @@ def stats(values: list[float]) -> Stats:
     )
 
 
-def attach_trace(raw: RawRun, out_dir: Path) -> None:
-    """Copy the device-side per-step facts of the run's trace onto its step records."""
+def attach_trace(raw: RawRun, out_dir: Path) -> dict[str, Any]:
+    """Copy the device-side per-step facts of the run's trace onto its step records; returns
+    the trace's measurements."""
     if not raw.trace_file:
-        return
-    trace_steps = analyze_trace(out_dir / raw.trace_file).steps
-    for record, traced in zip([s for s in raw.steps if s.profiled], trace_steps):
+        return {}
+    analysis = analyze_trace(out_dir / raw.trace_file)
+    for record, traced in zip([s for s in raw.steps if s.profiled], analysis.steps):
         record.h2d_copy_ms = traced.h2d_ms
+    return trace_measurements(analysis)
+
+
+def input_shapes_fixed(raw: RawRun) -> bool | None:
+    """Whether every step drew batches of the same shapes (from the batch fingerprints)."""
+    shapes = {
+        ",".join(part.split(":")[0] for part in fingerprint.split(","))
+        for fingerprint in raw.batch_fingerprints
+        if fingerprint
+    }
+    return len(shapes) == 1 if shapes else None
 
 
 def window_size(raw: RawRun) -> int:
@@ -118,16 +131,21 @@ def main_loader(raw: RawRun) -> LoaderInfo | None:
 
 
 def named_measurements(run: Run) -> dict[str, Any]:
-    """The flat table rules are evaluated against; a name absent here is 'not measured'."""
+    """The flat table rules are evaluated against; a name absent here is 'not measured'.
+    Measurements from the trace come first; the child's exact CUDA memory statistics replace
+    the trace's memory events, and the clock-timed steps replace the traced ones."""
     raw = run.raw
-    table: dict[str, Any] = {
+    table: dict[str, Any] = dict(run.trace)
+    table.update(runtime_measurements(raw.runtime))
+    table["input_shapes_fixed"] = input_shapes_fixed(raw)
+    table.update({
         "steps": run.steps,
         "step_time_ms_median": run.step_time_ms.median,
         "step_time_ms_mean": run.step_time_ms.mean,
         "step_time_ms_p90": run.step_time_ms.p90,
         "steps_per_s": run.steps_per_s,
         "samples_per_s": run.samples_per_s,
-    }
+    })  # fmt: skip
     for key in BREAKDOWN_KEYS:
         if key in run.breakdown_pct:
             table[f"{key}_pct"] = run.breakdown_pct[key]

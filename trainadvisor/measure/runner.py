@@ -42,6 +42,7 @@ class RunSpec:
     show_output: bool = True
     loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     non_blocking_h2d: bool = False
+    runtime_overrides: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None  # None: no limit
 
 
@@ -116,6 +117,7 @@ def measure(spec: RunSpec) -> RawRun:
         seed=spec.seed,
         loader_overrides=spec.loader_overrides,
         non_blocking_h2d=spec.non_blocking_h2d,
+        runtime_overrides=spec.runtime_overrides,
     )
     config_file = work / f"{spec.label}.config.json"
     config_file.write_text(json.dumps(asdict(config)))

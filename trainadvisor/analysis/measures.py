@@ -1,0 +1,103 @@
+"""Named measurements from a trace analysis and from the facts the child process read off torch
+at the window (flags, memory statistics, optimizers). Rules are written against these names; a
+name that is absent was not measured, and a rule that needs it stays quiet. Pure."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from trainadvisor.analysis.kineto import TraceAnalysis
+
+# GPUs whose name says AMD: ROCm reports a GCN/CDNA generation in computeMajor, not a CUDA
+# compute capability, so the NVIDIA capability thresholds do not apply to them.
+_AMD = ("AMD", "Radeon", "Instinct")
+
+
+def _per_step(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
+    """What one trace tells, per step where it is a count (counts from the host-side steps)."""
+    steps = a.steps
+    n = len(steps)
+    step_ms = statistics.fmean(s.dur_us / 1e3 for s in steps) if steps else None
+    table: dict[str, Any] = {
+        "gpu_busy_pct": a.gpu_busy_pct,
+        "tensor_core_pct": a.tensor_core_pct,
+        "matmul_pct": a.matmul_pct,
+        "fp32_matmul_pct": a.fp32_matmul_pct,
+        "conv_pct": a.conv_pct,
+        "launch_delay_us_median": a.launch_delay_us_median,
+        "kernel_us_median": a.kernel_us_median,
+    }
+    if a.gpu_name is not None:
+        table["gpu_name"] = a.gpu_name
+        amd = any(word in a.gpu_name for word in _AMD)
+        major = a.compute_capability
+        if major is not None:
+            table["compute_capability"] = major
+            # Tensor Cores from Volta (7.0); AMD matrix cores from CDNA (MI100, gfx908, reported as 9).
+            table["has_tensor_cores"] = major >= (9 if amd else 7)
+            table["tf32_supported"] = not amd and major >= 8  # TF32 is Ampere's
+            table["bf16_supported"] = major >= (9 if amd else 8)
+    if a.kernels and n:
+        table["kernels_per_step"] = a.kernels / n
+        table["short_kernel_pct"] = 100.0 * a.short_kernels / a.kernels
+    if n and step_ms:
+        h2d = [s.h2d_pageable + s.h2d_pinned + s.h2d_unknown for s in steps]
+        table["h2d_copies_per_step"] = sum(h2d) / n
+        table["h2d_pageable_per_step"] = sum(s.h2d_pageable for s in steps) / n
+        table["h2d_pinned_per_step"] = sum(s.h2d_pinned for s in steps) / n
+        if sum(h2d):
+            table["h2d_pageable_pct"] = 100.0 * sum(s.h2d_pageable for s in steps) / sum(h2d)
+            table["h2d_ms_per_step"] = sum(s.h2d_ms for s in steps) / n
+            table["h2d_pct"] = 100.0 * table["h2d_ms_per_step"] / step_ms
+        # On CUDA an .item() is a copy plus a stream sync: count the waits, not both.
+        syncs = [
+            max(s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0), s.syncs.get("item", 0))
+            for s in steps
+        ]
+        table["syncs_per_step"] = sum(syncs) / n
+        table["items_per_step"] = sum(s.syncs.get("item", 0) for s in steps) / n
+        table["sync_ms_per_step"] = sum(s.sync_ms for s in steps) / n
+        table["sync_pct"] = 100.0 * table["sync_ms_per_step"] / step_ms
+        table["cpu_tensor_copies_per_step"] = sum(s.cpu_tensor_copies for s in steps) / n
+    if a.sync_sites:
+        table["sync_site"] = a.sync_sites[0]
+        table["sync_sites"] = "; ".join(a.sync_sites[:3])
+    if a.cpu_tensor_ops:
+        table["cpu_tensor_op"] = max(a.cpu_tensor_ops, key=lambda op: a.cpu_tensor_ops[op])
+    if a.cpu_tensor_sites:
+        table["cpu_tensor_site"] = a.cpu_tensor_sites[0]
+        table["cpu_tensor_sites"] = "; ".join(a.cpu_tensor_sites[:3])
+    table.update(memory_measurements(a.peak_allocated_bytes, a.peak_reserved_bytes, a.gpu_memory_bytes))
+    return {k: v for k, v in table.items() if v is not None}
+
+
+def memory_measurements(allocated: int | None, reserved: int | None, total: int | None) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    if total:
+        table["gpu_memory_bytes"] = total
+    if reserved is not None:
+        table["peak_reserved_bytes"] = reserved
+        if total:
+            table["peak_reserved_pct"] = 100.0 * reserved / total
+            table["memory_headroom_pct"] = 100.0 - table["peak_reserved_pct"]
+        if allocated is not None and reserved:
+            table["peak_allocated_bytes"] = allocated
+            table["reserved_unused_pct"] = 100.0 * (reserved - allocated) / reserved
+    return table
+
+
+def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
+    """The torch state the child read at the window (see `_hooks.runtime_facts`)."""
+    table = {k: v for k, v in runtime.items() if not isinstance(v, dict) and v is not None}
+    memory = runtime.get("cuda_memory") or {}
+    if memory:
+        peaks = (memory.get("peak_allocated_bytes"), memory.get("peak_reserved_bytes"))
+        table.update(memory_measurements(*peaks, memory.get("total_bytes")))
+        table["alloc_retries"] = memory.get("alloc_retries", 0)
+        table["ooms"] = memory.get("ooms", 0)
+    return table
