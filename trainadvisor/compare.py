@@ -41,8 +41,10 @@ def _same_batches(baseline: RawRun, after: RawRun, shared: int) -> bool | None:
     return all(b == a for b, a in pairs) if pairs else None
 
 
-def loss_check(baseline: RawRun, after: RawRun) -> LossCheck:
-    """Compare the loss of every step both runs recorded (same index, same seed)."""
+def loss_check(baseline: RawRun, after: RawRun, tolerance_rel: float = LOSS_TOLERANCE_REL) -> LossCheck:
+    """Compare the loss of every step both runs recorded (same index, same seed). A fix that
+    changes arithmetic (tf32, autocast) passes a looser `tolerance_rel`; with different batches
+    the tolerance is at least MEAN_LOSS_TOLERANCE_REL."""
     shared = min(len(baseline.losses), len(after.losses))
     before_losses, after_losses = baseline.losses[:shared], after.losses[:shared]
     pairs = [(b, a) for b, a in zip(before_losses, after_losses) if b is not None and a is not None]
@@ -51,7 +53,7 @@ def loss_check(baseline: RawRun, after: RawRun) -> LossCheck:
         steps_compared=len(pairs),
         max_abs_diff=None,
         max_rel_diff=None,
-        tolerance_rel=MEAN_LOSS_TOLERANCE_REL if same_batches is False else LOSS_TOLERANCE_REL,
+        tolerance_rel=max(MEAN_LOSS_TOLERANCE_REL, tolerance_rel) if same_batches is False else tolerance_rel,
         equivalent=None,
         same_batches=same_batches,
         baseline=before_losses,
@@ -97,12 +99,26 @@ def _pct(values: list[float], pct: float) -> float:
     return percentile(values, pct) or 0.0
 
 
-def compare(baseline: Run, after: Run) -> Comparison:
-    """Speedup of throughput (after / baseline steps per second); its range sets the slow
-    (10th percentile) windows of one run against the fast (90th percentile) windows of the other."""
+def compare(
+    baseline: Run, after: Run, tolerance_rel: float = LOSS_TOLERANCE_REL, per_sample: bool = False
+) -> Comparison:
+    """Speedup of throughput (after / baseline steps per second, or samples per second when the
+    batch size changed); its range sets the slow (10th percentile) windows of one run against
+    the fast (90th percentile) windows of the other."""
     before_w, after_w = baseline.window_steps_per_s, after.window_steps_per_s
     speedup = low = high = None
-    if baseline.steps_per_s and after.steps_per_s:
+    if (
+        per_sample
+        and baseline.samples_per_s
+        and after.samples_per_s
+        and baseline.steps_per_s
+        and after.steps_per_s
+    ):
+        # Windows in samples per second: each run's steps/s windows times its samples per step.
+        before_w = [w * baseline.samples_per_s / baseline.steps_per_s for w in before_w]
+        after_w = [w * after.samples_per_s / after.steps_per_s for w in after_w]
+        speedup = after.samples_per_s / baseline.samples_per_s
+    elif baseline.steps_per_s and after.steps_per_s:
         speedup = after.steps_per_s / baseline.steps_per_s
     if before_w and after_w:
         low = _pct(after_w, 10) / _pct(before_w, 90)
@@ -112,7 +128,7 @@ def compare(baseline: Run, after: Run) -> Comparison:
         speedup_low=low,
         speedup_high=high,
         windows=min(len(before_w), len(after_w)),
-        loss_check=loss_check(baseline.raw, after.raw),
+        loss_check=loss_check(baseline.raw, after.raw, tolerance_rel),
     )
 
 
@@ -144,7 +160,9 @@ def repeated_batches(raw: RawRun) -> tuple[int, int]:
     return repeats, counted
 
 
-def judge_trial(baseline: RawRun, trial: RawRun) -> tuple[str, str | None]:
+def judge_trial(
+    baseline: RawRun, trial: RawRun, tolerance_rel: float = LOSS_TOLERANCE_REL
+) -> tuple[str, str | None]:
     """Whether a candidate's run counts: (measured | refused | failed | changed_training, why)."""
     refused = [loader.override_refused for loader in trial.loaders if loader.override_refused]
     if refused:
@@ -160,7 +178,7 @@ def judge_trial(baseline: RawRun, trial: RawRun) -> tuple[str, str | None]:
                 "IterableDataset that does not split its data by worker "
                 "(torch.utils.data.get_worker_info()) hands every worker the same samples"
             )
-    check = loss_check(baseline, trial)
+    check = loss_check(baseline, trial, tolerance_rel)
     if check.equivalent is False:
         return "changed_training", loss_change(check)
     return "measured", None

@@ -30,6 +30,7 @@ class Level:
     severity: str
     condition: str
     tree: ast.Expression
+    names: set[str]  # measurements the condition reads; without them the level does not hold
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Rule:
     id: str
     title: str
     path: Path
-    requires: list[str]
+    requires: list[str]  # measurements the message needs: without them the rule stays quiet
     levels: list[Level]  # checked in order; the first that holds gives the severity
     message: str
     evidence: list[EvidenceSpec]
@@ -156,7 +157,7 @@ def load_rule(path: Path) -> Rule:
         except SyntaxError as exc:
             raise RuleError(f"{where}: condition '{condition}' is not an expression ({exc.msg})") from None
         _check(tree, f"{where}: condition '{condition}'")
-        levels.append(Level(severity, condition, tree))
+        levels.append(Level(severity, condition, tree, _names(tree)))
     if not levels:
         raise RuleError(f"{where}: a rule needs at least one [[when]] with severity and condition")
     recommendation = data.get("recommendation") or {}
@@ -169,7 +170,7 @@ def load_rule(path: Path) -> Rule:
     for name in in_message:
         if not name.isidentifier():
             raise RuleError(f"{where}: message field '{{{name}}}' may only name measurements")
-    requires = sorted(set().union(in_message, *(_names(level.tree) for level in levels)))
+    requires = sorted(in_message)
     return Rule(
         id=rule_id,
         title=_text(data, "title", where),
@@ -205,7 +206,9 @@ def load_rules(folders: list[Path]) -> list[Rule]:
 def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
     if any(name not in values for name in rule.requires):
         return None
-    level = next((lv for lv in rule.levels if _eval(lv.tree, values)), None)
+    level = next(
+        (lv for lv in rule.levels if lv.names <= values.keys() and _eval(lv.tree, values)), None
+    )  # fmt: skip
     if level is None:
         return None
     return Finding(

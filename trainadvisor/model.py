@@ -190,6 +190,7 @@ class Trial:
     steps_per_s: float | None
     reason: str | None
     raw: RawRun | None = None
+    samples_per_s: float | None = None
 
 
 @dataclass

@@ -108,6 +108,7 @@ def _with_loader_overrides(
         steps=max(options.steps, 3 * buffered),
         loader_overrides=overrides["loaders"],
         non_blocking_h2d=overrides["non_blocking_h2d"],
+        runtime_overrides=overrides.get("runtime", {}),
         **changes,
     )
 
@@ -154,9 +155,14 @@ def tune(
                 timeout_s=timeout_s,
             )
         )
-        status, reason = judge_trial(baseline.raw, run.raw)
-        trials.append(Trial(candidate.label, candidate.overrides, status, run.steps_per_s, reason, run.raw))
-        shown = f"{run.steps_per_s:.1f} steps/s" if status == "measured" and run.steps_per_s else status
+        status, reason = judge_trial(baseline.raw, run.raw, fix.loss_tolerance_rel)
+        trial = Trial(
+            candidate.label, candidate.overrides, status, run.steps_per_s, reason, run.raw, run.samples_per_s
+        )
+        trials.append(trial)
+        value = getattr(trial, fix.metric)
+        unit = fix.metric.removesuffix("_per_s")
+        shown = f"{value:.1f} {unit}/s" if status == "measured" and value else status
         echo(f"  tried {candidate.label}: {shown}" + (f" ({reason})" if reason else ""))
     return trials
 
@@ -191,7 +197,13 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
             echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
             merged = fixes.merge_overrides([o.settings for o in kept])
             after = _measure_run(_with_loader_overrides(options, "after", merged, show_output=False))
-            comparison = compare(baseline, after)
+            kept_fixes = [fixes.REGISTRY[o.fix] for o in kept]
+            comparison = compare(
+                baseline,
+                after,
+                max(fix.loss_tolerance_rel for fix in kept_fixes),
+                per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
+            )
             status, reason = verdict(comparison)
             if after.raw.status != "window_complete":
                 status, reason = "failed", after.raw.error or "the confirmation run did not complete"
@@ -226,7 +238,7 @@ def _tune_all(
         fix = fixes.REGISTRY[planned.fix]
         echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
         trials = tune(fix, values, options, baseline, echo)
-        chosen = fix.choose(trials, baseline.steps_per_s or 0.0)
+        chosen = fix.choose(trials, getattr(baseline, fix.metric) or 0.0)
         if chosen is not None:
             outcomes.append(
                 FixOutcome(

@@ -9,6 +9,7 @@ does; a step's span is extended to the end of the device work its runtime calls 
 
 from __future__ import annotations
 
+import ast
 import bisect
 import gc
 import re
@@ -51,10 +52,16 @@ _FACTORY = {
     "aten::scalar_tensor", "aten::lift_fresh", "aten::from_file",
 }  # fmt: skip
 _COPY = {"aten::to", "aten::_to_copy", "aten::copy_"}
+_FACTORY_CALLS = {name.removeprefix("aten::") for name in _FACTORY}
 # Ops torch.tensor(...) runs after creating the tensor: they may sit between creation and copy.
 _GLUE = {"aten::detach_", "detach_", "aten::detach", "detach"}
 # Python frames (`file.py(first line): function`) of libraries, not of the user's code.
 _FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")
+_BUILTIN = re.compile(r"^<built-in (?:method|function) (?P<name>\w+)")
+_CALLEES = {
+    "item", "cpu", "tolist", "numpy", "synchronize", "to", "cuda", "randn", "rand", "randint",
+    "randperm", "normal", "zeros", "ones", "full", "arange", "linspace", "eye", "tensor", "print",
+}  # fmt: skip
 _LIBRARIES = (
     "torch/", "torchvision/", "torchaudio/", "trainadvisor/", "lightning/", "pytorch_lightning/",
     "transformers/", "accelerate/", "numpy/", "site-packages/", "dist-packages/",
@@ -133,7 +140,8 @@ class _Collector:
         self.conv_us = 0.0
         self.matmul_names: dict[str, tuple[bool, bool]] = {}  # name -> (matmul, conv)
         self.named_ops: list[tuple[Any, float, float, str]] = []  # factory/copy/glue host ops
-        self.frames: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> user Python frames
+        self.frames: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> user frames "file|func"
+        self.builtins: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> torch built-in calls
         self.categories: dict[str, str] = {}  # category as written -> lower case
         self.loader_iterators: set[str] = set()  # DataLoader iterator classes seen
         self.peak_allocated: float | None = None
@@ -209,7 +217,13 @@ class _Collector:
             self._device(e, start, end)
 
     def _frame(self, e: Event) -> None:
-        """Keep the Python frames of the user's own code (traces recorded with_stack=True)."""
+        """Keep the Python frames of the user's own code (traces recorded with_stack=True), and
+        the calls of torch built-ins that sync or create tensors, to name the call."""
+        if e.name.startswith("<built-in"):
+            callee = _BUILTIN.match(e.name)
+            if callee and callee["name"] in _CALLEES:
+                self.builtins.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, callee["name"]))
+            return
         if e.name.startswith(("<", "nn.Module:")) or e.name.startswith(_LIBRARIES):
             return
         match = _FRAME.match(e.name)
@@ -218,8 +232,7 @@ class _Collector:
         module = match["file"].split("/")[0].removesuffix(".py")
         if module in sys.stdlib_module_names:
             return
-        site = f"{match['file']}:{match['line']} ({match['func']})"
-        self.frames.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, site))
+        self.frames.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, f"{match['file']}|{match['func']}"))
 
     def _device(self, e: Event, start: float, end: float, kernel: bool = False) -> None:
         corr = e.args.correlation if e.args else None
@@ -318,27 +331,65 @@ def _analyze(path: Path) -> TraceAnalysis:
         )
         for number, start, end in spans
     ]
-    for frames in collector.frames.values():
-        frames.sort()
+    for python_spans in (*collector.frames.values(), *collector.builtins.values()):
+        python_spans.sort()
     creations = _cpu_tensor_copies(collector)
     _per_step_counts(steps, collector, creations)
     return _summarize(path, meta, collector, steps, marked, merged, creations)
 
 
-def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
-    """The innermost frame of the user's code that was running at `ts` on thread `tid`."""
-    frames = c.frames.get(tid)
-    if not frames:
+def _innermost(spans: list[tuple[float, float, str]] | None, ts: float) -> str | None:
+    """The label of the latest-starting span (sorted by start) that contains `ts`."""
+    if not spans:
         return None
-    i = bisect.bisect_right(frames, (ts, float("inf"), "")) - 1
-    best: tuple[float, str] | None = None
+    i = bisect.bisect_right(spans, (ts, float("inf"), "")) - 1
     while i >= 0:
-        start, end, site = frames[i]
-        if start <= ts <= end and (best is None or start > best[0]):
-            best = (start, site)
-            break  # frames are sorted by start: the first enclosing one found is the innermost
+        start, end, label = spans[i]
+        if start <= ts <= end:
+            return label
         i -= 1
-    return best[1] if best else None
+    return None
+
+
+def _call_lines(file: str, func: str, callee: str) -> list[int]:
+    """Lines in `func` of `file` (when the file is readable from here) that call `callee`."""
+    try:
+        tree = ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    scopes: list[ast.AST] = [tree] if func == "<module>" else [
+        node for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func
+    ]  # fmt: skip
+    lines = set()
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call):
+                target = node.func
+                name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+                if name == callee:
+                    lines.add(node.lineno)
+    return sorted(lines)
+
+
+def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
+    """Where in the user's code an event at `ts` on thread `tid` came from: the innermost user
+    frame, and the line of the torch call inside it when the source can be read (Kineto names a
+    frame by the line it was at when tracing began, not by the current line)."""
+    frame = _innermost(c.frames.get(tid), ts)
+    if frame is None:
+        return None
+    file, func = frame.split("|", 1)
+    callee = _innermost(c.builtins.get(tid), ts)
+    if callee is None:
+        return f"{file} (in {func})"
+    lines = _call_lines(file, func, callee)
+    where = f"{file}:{','.join(map(str, lines))}" if lines else file
+    return (
+        f"{where} (.{callee}() in {func})"
+        if callee not in _FACTORY_CALLS
+        else f"{where} ({callee}() in {func})"
+    )
 
 
 def _cpu_tensor_copies(c: _Collector) -> list[tuple[float, str, Any, float]]:
@@ -488,7 +539,10 @@ def _summarize(
         matmul_pct=100.0 * c.matmul_us / compute if compute else None,
         fp32_matmul_pct=100.0 * (c.matmul_us - c.matmul_tc_us) / compute if compute else None,
         conv_pct=100.0 * c.conv_us / compute if compute else None,
-        sync_sites=_sites(c, [(tid, ts) for ts, _, _, tid in c.syncs]),
+        # With a device, .item() of a host tensor (Adam's step count) is no sync: count waits only.
+        sync_sites=_sites(
+            c, [(tid, ts) for ts, kind, _, tid in c.syncs if kind != "item" or not c.kernel_durations]
+        ),
         cpu_tensor_ops=created,
         cpu_tensor_sites=_sites(c, [(tid, f_start) for _, _, tid, f_start in creations]),
     )

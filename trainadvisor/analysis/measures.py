@@ -54,9 +54,12 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
             table["h2d_pageable_pct"] = 100.0 * sum(s.h2d_pageable for s in steps) / sum(h2d)
             table["h2d_ms_per_step"] = sum(s.h2d_ms for s in steps) / n
             table["h2d_pct"] = 100.0 * table["h2d_ms_per_step"] / step_ms
-        # On CUDA an .item() is a copy plus a stream sync: count the waits, not both.
+        # With a device, count the host's waits (an .item() of a GPU tensor is a copy plus a
+        # stream sync; an .item() of a host tensor, like Adam's step count, waits for nothing).
         syncs = [
-            max(s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0), s.syncs.get("item", 0))
+            s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0)
+            if a.kernels
+            else s.syncs.get("item", 0)
             for s in steps
         ]
         table["syncs_per_step"] = sum(syncs) / n

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.fixes.switches import Amp, CudnnBenchmark, FusedOptimizer, PinMemory, Tf32
 from trainadvisor.model import Finding, PlannedFix, Trial
 
 
 class Fix(Protocol):
     id: str
+    metric: str  # the Run attribute a candidate must raise: steps_per_s or samples_per_s
+    loss_tolerance_rel: float  # how far the loss may move for training to count as the same
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         """Why the fix cannot be tried on this run, or None."""
@@ -20,14 +24,19 @@ class Fix(Protocol):
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Any:
         """The next setting to measure given the trials so far, or None when done."""
 
-    def choose(self, trials: list[Trial], baseline_steps_per_s: float) -> Trial | None:
-        """The trial worth keeping, or None when none is."""
+    def choose(self, trials: list[Trial], baseline: float) -> Trial | None:
+        """The trial worth keeping (baseline: the baseline's `metric`), or None when none is."""
 
     def describe(self, trial: Trial) -> str:
         """The chosen settings in words, e.g. 'num_workers=8, persistent_workers=True'."""
 
 
-REGISTRY: dict[str, Fix] = {fix.id: fix for fix in (DataLoaderWorkers(),)}
+REGISTRY: dict[str, Fix] = {
+    fix.id: fix
+    for fix in (
+        DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
+    )
+}  # fmt: skip
 
 
 def plan(findings: list[Finding], values: dict[str, Any]) -> list[PlannedFix]:
@@ -50,9 +59,10 @@ def plan(findings: list[Finding], values: dict[str, Any]) -> list[PlannedFix]:
 
 def merge_overrides(settings: list[dict[str, Any]]) -> dict[str, Any]:
     """The overrides of several kept fixes as one rerun configuration."""
-    merged: dict[str, Any] = {"loaders": {}, "non_blocking_h2d": False}
+    merged: dict[str, Any] = {"loaders": {}, "non_blocking_h2d": False, "runtime": {}}
     for overrides in settings:
         for index, loader in overrides.get("loaders", {}).items():
             merged["loaders"].setdefault(index, {}).update(loader)
         merged["non_blocking_h2d"] |= bool(overrides.get("non_blocking_h2d"))
+        merged["runtime"].update(overrides.get("runtime", {}))
     return merged

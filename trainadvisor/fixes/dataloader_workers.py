@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainadvisor.compare import KEEP_MIN_SPEEDUP
+from trainadvisor.compare import KEEP_MIN_SPEEDUP, LOSS_TOLERANCE_REL
 from trainadvisor.model import Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
@@ -32,6 +32,8 @@ def max_workers(cpu_count: int) -> int:
 
 class DataLoaderWorkers:
     id = "dataloader-workers"
+    metric = "steps_per_s"
+    loss_tolerance_rel = LOSS_TOLERANCE_REL
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if "dataloader_call_site" not in values:
@@ -53,7 +55,11 @@ class DataLoaderWorkers:
         if cuda:
             loader["pin_memory"] = True
         # Keyed by the DataLoader(...) call site: a loader rebuilt every epoch gets it every time.
-        overrides = {"loaders": {values["dataloader_call_site"]: loader}, "non_blocking_h2d": cuda}
+        overrides = {
+            "loaders": {values["dataloader_call_site"]: loader},
+            "non_blocking_h2d": cuda,
+            "runtime": {},
+        }
         return Setting(label, overrides)
 
     @staticmethod

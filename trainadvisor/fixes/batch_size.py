@@ -1,0 +1,97 @@
+"""Fix `batch-size`: the DataLoader batch size that gives the most samples per second.
+
+The search doubles the batch size of the DataLoader that fed the steps while each doubling gains
+at least `STEP_GAIN` in samples per second, up to `MAX_FACTOR` times the original, and stops at
+the first size that fails (out of memory: every candidate runs in a process of its own, so an
+OOM ends that trial only and leaves nothing behind) or that reserves more than
+`MEMORY_CEILING_PCT` of the device. A larger batch changes the optimisation, so the chosen size is
+reported with the learning-rate scaling it implies, and the loss is compared as a mean over the
+window (the batches differ)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trainadvisor.compare import KEEP_MIN_SPEEDUP, MEAN_LOSS_TOLERANCE_REL
+from trainadvisor.fixes.switches import NO_GPU
+from trainadvisor.model import Trial
+
+STEP_GAIN = 1.10
+MAX_FACTOR = 16
+MEMORY_CEILING_PCT = 90.0
+
+
+@dataclass
+class Setting:
+    label: str
+    overrides: dict[str, Any]
+
+
+def _peak_reserved_pct(trial: Trial) -> float | None:
+    memory = (trial.raw.runtime.get("cuda_memory") if trial.raw else None) or {}
+    if memory.get("peak_reserved_bytes") is None or not memory.get("total_bytes"):
+        return None
+    return 100.0 * memory["peak_reserved_bytes"] / memory["total_bytes"]
+
+
+class BatchSize:
+    id = "batch-size"
+    metric = "samples_per_s"
+    loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        if not values.get("cuda_used"):
+            return NO_GPU
+        if "dataloader_call_site" not in values:
+            return "no torch DataLoader fed the steps, so trainadvisor cannot change the batch size"
+        if not isinstance(values.get("batch_size"), int) or values["batch_size"] < 1:
+            return "the DataLoader batches through a batch_sampler; change its batch size in your code"
+        return None
+
+    @staticmethod
+    def _size(trial: Trial) -> int:
+        return int(next(iter(trial.overrides["loaders"].values()))["batch_size"])
+
+    def _setting(self, values: dict[str, Any], size: int) -> Setting:
+        loaders = {values["dataloader_call_site"]: {"batch_size": size}}
+        return Setting(f"batch_size={size}", {"loaders": loaders, "non_blocking_h2d": False, "runtime": {}})
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        base = int(values["batch_size"])
+        if not trials:
+            return self._setting(values, 2 * base)
+        last = trials[-1]
+        if last.status != "measured" or not last.samples_per_s:
+            return None  # out of memory or changed training: larger will not do better
+        earlier = [t.samples_per_s or 0.0 for t in trials[:-1]] + [values.get("samples_per_s") or 0.0]
+        pct = _peak_reserved_pct(last)
+        size = self._size(last)
+        if last.samples_per_s < STEP_GAIN * max(earlier) or 2 * size > MAX_FACTOR * base:
+            return None
+        if pct is not None and pct > MEMORY_CEILING_PCT:
+            return None
+        return self._setting(values, 2 * size)
+
+    def choose(self, trials: list[Trial], baseline: float) -> Trial | None:
+        measured = [t for t in trials if t.status == "measured" and t.samples_per_s]
+        if not measured:
+            return None
+        best = max(measured, key=lambda t: t.samples_per_s or 0.0)
+        return best if (best.samples_per_s or 0.0) >= KEEP_MIN_SPEEDUP * baseline else None
+
+    def describe(self, trial: Trial) -> str:
+        size = self._size(trial)
+        changed = [
+            lo for lo in (trial.raw.loaders if trial.raw else []) if "batch_size" in lo.overrides_applied
+        ]
+        base = changed[0].batch_size if changed else None
+        text = f"batch_size={size}"
+        if base and size != base:
+            factor = size / base
+            text += (
+                f" (from {base}): scale the learning rate by {factor:g} (linear rule, SGD) or "
+                f"{math.sqrt(factor):.2g} (square-root rule, Adam) and warm it up"
+            )
+        return text
