@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainadvisor import engine
+from trainadvisor import engine, fixes
 from trainadvisor.errors import RuleError
 from trainadvisor.resources import rules_dir
 
@@ -31,12 +31,25 @@ def write_rule(folder: Path, rule_id: str = "x", condition: str = "a > 1", messa
     return path
 
 
+SHIPPED = [
+    "anomaly-detection-on", "cpu-tensor-creation", "cudnn-benchmark", "data-parallel", "data-stall",
+    "gpu-underutilized", "host-sync", "launch-bound", "memory-pressure", "no-mixed-precision",
+    "pageable-h2d-copy",
+]  # fmt: skip
+
+
+def shipped(rule_id: str) -> engine.Rule:
+    return next(r for r in engine.load_rules([rules_dir()]) if r.id == rule_id)
+
+
 def test_every_shipped_rule_loads_with_its_code_examples() -> None:
     rules = engine.load_rules([rules_dir()])
-    assert [r.id for r in rules] == ["data-stall"]
+    assert [r.id for r in rules] == SHIPPED
     for rule in rules:
         assert rule.anti_pattern.strip() and rule.best_practice.strip()
-        assert rule.threshold_source.strip() and rule.fixes
+        assert rule.threshold_source.strip() and rule.recommendation.strip()
+        for fix in rule.fixes:  # every fix a rule proposes is one trainadvisor can apply
+            assert fix in fixes.REGISTRY, (rule.id, fix)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +57,7 @@ def test_every_shipped_rule_loads_with_its_code_examples() -> None:
     [(4.99, None), (5.0, "medium"), (19.99, "medium"), (20.0, "high"), (84.0, "high")],
 )
 def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> None:
-    [rule] = engine.load_rules([rules_dir()])
+    rule = shipped("data-stall")
     values = {
         "data_wait_pct": data_wait_pct,
         "data_wait_ms_per_step": 10.0,
@@ -60,9 +73,13 @@ def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> No
         )
 
 
-def test_a_rule_is_not_evaluated_without_its_measurements() -> None:
-    [rule] = engine.load_rules([rules_dir()])
+def test_a_rule_is_not_evaluated_without_its_measurements(tmp_path: Path) -> None:
+    rule = shipped("data-stall")
     assert engine.evaluate_rule(rule, {"data_wait_pct": 90.0}) is None  # message needs more
+    # A level whose measurements are missing does not hold; the next level is tried.
+    two = engine.load_rule(write_rule(tmp_path, condition="b > 1", message="a={a}"))
+    two.levels.insert(0, engine.Level("high", "c > 1", two.levels[0].tree, {"c"}))
+    assert engine.evaluate_rule(two, {"a": 1, "b": 2}).severity == "medium"  # type: ignore[union-attr]
 
 
 def test_conditions_are_expressions_over_measurements_only(tmp_path: Path) -> None:
@@ -101,7 +118,8 @@ def test_malformed_rule_files_name_the_problem(tmp_path: Path) -> None:
 def test_a_user_rule_replaces_a_shipped_rule_of_the_same_id(tmp_path: Path) -> None:
     write_rule(tmp_path, rule_id="data-stall", condition="data_wait_pct > 50", message="mine")
     rules = engine.load_rules([rules_dir(), tmp_path])
-    [rule] = rules
+    assert [r.id for r in rules] == SHIPPED
+    rule = next(r for r in rules if r.id == "data-stall")
     assert rule.path.parent == tmp_path
     assert engine.evaluate(rules, {"data_wait_pct": 30.0}) == []
 

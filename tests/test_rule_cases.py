@@ -1,0 +1,64 @@
+"""Every shipped rule against its case file (tests/rule_cases/<rule>.toml): real traces from
+tests/data (and ../shared/traces when present) on which it must fire at a given severity or
+stay quiet, plus measurement tables for facts no trace here holds (runtime flags, allocator
+statistics). A case file needs at least one firing and one quiet case that run without
+../shared."""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainadvisor import engine
+from trainadvisor.analysis.kineto import analyze_trace
+from trainadvisor.analyze import measurements, to_run
+from trainadvisor.resources import rules_dir
+
+from conftest import DATA, ROOT
+
+CASES = ROOT / "tests" / "rule_cases"
+SHARED = ROOT.parent / "shared" / "traces"
+RULES = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
+
+
+def _cases() -> list[Any]:
+    params = []
+    for path in sorted(CASES.glob("*.toml")):
+        for i, case in enumerate(tomllib.loads(path.read_text())["case"]):
+            params.append(pytest.param(path.stem, case, id=f"{path.stem}-{i + 1}-{case['expect']}"))
+    return params
+
+
+@cache
+def _trace_values(path: Path) -> dict[str, Any]:
+    analysis = analyze_trace(path)
+    return measurements(analysis, to_run(analysis))
+
+
+def test_every_rule_has_firing_and_quiet_cases_that_run_here() -> None:
+    assert sorted(p.stem for p in CASES.glob("*.toml")) == sorted(RULES)
+    for path in CASES.glob("*.toml"):
+        local = [c for c in tomllib.loads(path.read_text())["case"] if "shared" not in c]
+        assert any(c["expect"] != "quiet" for c in local), path.name
+        assert any(c["expect"] == "quiet" for c in local), path.name
+
+
+@pytest.mark.parametrize(("rule_id", "case"), _cases())
+def test_rule_case(rule_id: str, case: dict[str, Any]) -> None:
+    values: dict[str, Any] = {}
+    if "trace" in case:
+        values.update(_trace_values(DATA / case["trace"]))
+    if "shared" in case:
+        if not (SHARED / case["shared"]).exists():
+            pytest.skip(f"{SHARED / case['shared']} is not on this machine")
+        values.update(_trace_values(SHARED / case["shared"]))
+    values.update(case.get("measurements", {}))
+    values.update(case.get("facts", {}))
+    finding = engine.evaluate_rule(RULES[rule_id], values)
+    assert (finding.severity if finding else "quiet") == case["expect"], case["why"]
+    if "message" in case:
+        assert finding is not None and finding.message == case["message"]
