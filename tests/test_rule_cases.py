@@ -6,19 +6,18 @@ statistics). A case file needs at least one firing and one quiet case that run w
 
 from __future__ import annotations
 
-import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
+from conftest import DATA, ROOT
 
 from trainadvisor import engine
 from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analyze import measurements, to_run
 from trainadvisor.resources import rules_dir
-
-from conftest import DATA, ROOT
 
 CASES = ROOT / "tests" / "rule_cases"
 SHARED = ROOT.parent / "shared" / "traces"

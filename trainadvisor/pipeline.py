@@ -115,7 +115,7 @@ def _with_loader_overrides(
 
 def _measure_run(spec: RunSpec) -> Run:
     raw = measure(spec)
-    trace = attach_trace(raw, spec.out_dir)
+    trace = attach_trace(raw, spec.out_dir, spec.script)
     run = summarize(raw)
     run.trace = trace
     return run

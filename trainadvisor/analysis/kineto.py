@@ -52,7 +52,7 @@ _FACTORY = {
     "aten::scalar_tensor", "aten::lift_fresh", "aten::from_file",
 }  # fmt: skip
 _COPY = {"aten::to", "aten::_to_copy", "aten::copy_"}
-_FACTORY_CALLS = {name.removeprefix("aten::") for name in _FACTORY}
+_FACTORY_CALLS = {name.removeprefix("aten::") for name in _FACTORY} | {"tensor"}
 # Ops torch.tensor(...) runs after creating the tensor: they may sit between creation and copy.
 _GLUE = {"aten::detach_", "detach_", "aten::detach", "detach"}
 # Python frames (`file.py(first line): function`) of libraries, not of the user's code.
@@ -122,7 +122,8 @@ class TraceAnalysis:
 class _Collector:
     """Reduces the stream of events to what the analysis needs, chunk by chunk."""
 
-    def __init__(self) -> None:
+    def __init__(self, source_dirs: tuple[Path, ...] = ()) -> None:
+        self.source_dirs = source_dirs  # where the traced code's files may be read
         self.steps: list[tuple[int, float, float]] = []
         self.roles: dict[str, list[tuple[float, float]]] = {role: [] for role in ROLES}
         self.runtimes: list[tuple[float, float, Any]] = []
@@ -295,21 +296,21 @@ def _step_spans(c: _Collector) -> tuple[list[tuple[int, float, float]], bool]:
     return (extended[:keep] or extended), True
 
 
-def analyze_trace(path: Path) -> TraceAnalysis:
+def analyze_trace(path: Path, source_dirs: tuple[Path, ...] = ()) -> TraceAnalysis:
     """Measure one trace file. The cyclic garbage collector is paused meanwhile: the analysis
     allocates millions of small acyclic objects, and collecting over them repeatedly would cost
     about a third of the time."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(path)
+        return _analyze(path, source_dirs)
     finally:
         if enabled:
             gc.enable()
 
 
-def _analyze(path: Path) -> TraceAnalysis:
-    collector = _Collector()
+def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
+    collector = _Collector(source_dirs)
     meta = read_trace(path, collector)
     spans, marked = _step_spans(collector)
     if not spans:
@@ -351,10 +352,14 @@ def _innermost(spans: list[tuple[float, float, str]] | None, ts: float) -> str |
     return None
 
 
-def _call_lines(file: str, func: str, callee: str) -> list[int]:
-    """Lines in `func` of `file` (when the file is readable from here) that call `callee`."""
+def _call_lines(file: str, func: str, callee: str, source_dirs: tuple[Path, ...]) -> list[int]:
+    """Lines in `func` of `file` that call `callee`, when the file can be found (Kineto names
+    files relative to an entry of the traced process's sys.path: the script's folder, say)."""
+    found = next((d / file for d in (*source_dirs, Path.cwd()) if (d / file).is_file()), None)
+    if found is None:
+        return []
     try:
-        tree = ast.parse(Path(file).read_text())
+        tree = ast.parse(found.read_text())
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return []
     scopes: list[ast.AST] = [tree] if func == "<module>" else [
@@ -383,7 +388,7 @@ def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
     callee = _innermost(c.builtins.get(tid), ts)
     if callee is None:
         return f"{file} (in {func})"
-    lines = _call_lines(file, func, callee)
+    lines = _call_lines(file, func, callee, c.source_dirs)
     where = f"{file}:{','.join(map(str, lines))}" if lines else file
     return (
         f"{where} (.{callee}() in {func})"

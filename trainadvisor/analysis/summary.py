@@ -41,12 +41,12 @@ def stats(values: list[float]) -> Stats:
     )
 
 
-def attach_trace(raw: RawRun, out_dir: Path) -> dict[str, Any]:
+def attach_trace(raw: RawRun, out_dir: Path, script: Path | None = None) -> dict[str, Any]:
     """Copy the device-side per-step facts of the run's trace onto its step records; returns
-    the trace's measurements."""
+    the trace's measurements (call sites resolved against the script's folder)."""
     if not raw.trace_file:
         return {}
-    analysis = analyze_trace(out_dir / raw.trace_file)
+    analysis = analyze_trace(out_dir / raw.trace_file, (script.resolve().parent,) if script else ())
     for record, traced in zip([s for s in raw.steps if s.profiled], analysis.steps):
         record.h2d_copy_ms = traced.h2d_ms
     return trace_measurements(analysis)

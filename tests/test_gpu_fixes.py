@@ -1,0 +1,187 @@
+"""The fixes the GPU rules propose: when each may be tried, how each searches and chooses, and
+that each in-process switch really changes the run (on CPU where torch can: bf16 autocast and
+fused optimizers run on the CPU; TF32 and cuDNN flags are no-ops there)."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, load_report, run_cli
+
+from trainadvisor import fixes
+from trainadvisor.analysis.kineto import analyze_trace
+from trainadvisor.analysis.measures import trace_measurements
+from trainadvisor.compare import loss_check
+from trainadvisor.fixes.batch_size import BatchSize
+from trainadvisor.measure.runner import RunSpec, measure
+from trainadvisor.model import LoaderInfo, RawRun, Trial
+
+GPU = {
+    "cuda_used": True, "dataloader_call_site": "train.py:12", "batch_size": 32, "pin_memory": False,
+    "tf32_supported": True, "tf32_enabled": False, "bf16_supported": True, "optimizer": "Adam",
+    "optimizer_fused": False, "optimizer_fusable": True, "cudnn_benchmark": False, "samples_per_s": 1000.0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fix_id", ["pin-memory", "batch-size", "amp", "tf32", "fused-optimizer", "cudnn-benchmark"]
+)
+def test_gpu_fixes_are_not_proposed_without_a_gpu(fix_id: str) -> None:
+    fix = fixes.REGISTRY[fix_id]
+    assert (
+        fix.not_applicable({**GPU, "cuda_used": False})
+        == "the run used no GPU, and this fix only changes GPU work"
+    )
+    assert fix.not_applicable(GPU) is None
+
+
+@pytest.mark.parametrize(
+    ("fix_id", "change", "reason"),
+    [
+        (
+            "tf32",
+            {"tf32_supported": False},
+            "TF32 needs an NVIDIA GPU of compute capability 8.0 (Ampere) or newer",
+        ),
+        ("tf32", {"tf32_enabled": True}, "TF32 is already on for matmuls"),
+        ("amp", {"bf16_supported": False}, "this GPU has no bf16, and fp16 needs a GradScaler"),
+        ("fused-optimizer", {"optimizer_fused": True}, "Adam is already fused"),
+        (
+            "fused-optimizer",
+            {"optimizer": "LBFGS", "optimizer_fusable": False},
+            "LBFGS has no fused implementation",
+        ),
+        ("cudnn-benchmark", {"cudnn_benchmark": True}, "torch.backends.cudnn.benchmark is already on"),
+        ("pin-memory", {"pin_memory": True}, "the DataLoader already pins memory"),
+        ("batch-size", {"batch_size": None}, "the DataLoader batches through a batch_sampler"),
+    ],
+)
+def test_why_a_fix_cannot_be_tried(fix_id: str, change: dict[str, Any], reason: str) -> None:
+    assert (fixes.REGISTRY[fix_id].not_applicable({**GPU, **change}) or "").startswith(reason)
+
+
+def _trial(size: int, samples_per_s: float | None, status: str = "measured", peak_pct: float = 50.0) -> Trial:
+    overrides = {"loaders": {"train.py:12": {"batch_size": size}}, "non_blocking_h2d": False, "runtime": {}}
+    raw = RawRun("t", "window_complete", 0, None, 5, 20, 0, 25, [], [], None)
+    raw.runtime = {"cuda_memory": {"peak_reserved_bytes": int(peak_pct * 1e7), "total_bytes": int(1e9)}}
+    raw.loaders = [
+        LoaderInfo(
+            0, "train.py:12", "D", False, 32, 0, False, False, None, "fork", None, 10, {"batch_size": size}
+        )
+    ]
+    return Trial(f"batch_size={size}", overrides, status, 10.0, None, raw, samples_per_s)
+
+
+def test_batch_size_search_doubles_while_it_pays_and_stops_at_oom_or_memory() -> None:
+    fix = BatchSize()
+    assert fix.next_candidate(GPU, []).label == "batch_size=64"  # type: ignore[union-attr]
+    gained = [_trial(64, 1500.0)]
+    assert fix.next_candidate(GPU, gained).label == "batch_size=128"  # type: ignore[union-attr]
+    flat = [_trial(64, 1500.0), _trial(128, 1600.0)]  # +7% < 10%: stop
+    assert fix.next_candidate(GPU, flat) is None
+    oom = [_trial(64, 1500.0), _trial(128, None, status="failed")]
+    assert fix.next_candidate(GPU, oom) is None
+    full = [_trial(64, 1500.0, peak_pct=95.0)]  # the next doubling would not fit
+    assert fix.next_candidate(GPU, full) is None
+    capped = [_trial(s, 1000.0 * 1.5**i) for i, s in enumerate((64, 128, 256, 512), start=1)]
+    assert fix.next_candidate(GPU, capped) is None  # 16x the original batch is the limit
+    assert fix.choose(flat, 1000.0) is flat[1]
+    assert fix.choose([_trial(64, 1040.0)], 1000.0) is None  # < 5% more samples/s
+    assert fix.describe(flat[1]) == (
+        "batch_size=128 (from 32): scale the learning rate by 4 (linear rule, SGD) or 2 "
+        "(square-root rule, Adam) and warm it up"
+    )
+
+
+def test_switch_fixes_try_once_and_keep_only_a_gain() -> None:
+    amp = fixes.REGISTRY["amp"]
+    setting = amp.next_candidate(GPU, [])
+    assert setting is not None and setting.overrides["runtime"] == {"amp": "bf16"}
+    trial = Trial(setting.label, setting.overrides, "measured", 12.0, None)
+    assert amp.next_candidate(GPU, [trial]) is None
+    assert amp.choose([trial], 10.0) is trial
+    assert amp.choose([trial], 11.5) is None  # 4% is not a reliable gain
+    assert fixes.merge_overrides(
+        [setting.overrides, fixes.REGISTRY["tf32"].next_candidate(GPU, []).overrides]
+    )["runtime"] == {"amp": "bf16", "tf32": True}  # type: ignore[union-attr]
+
+
+def _run(out: Path, label: str, runtime: dict[str, Any]) -> RawRun:
+    spec = RunSpec(
+        label=label, script=EXAMPLES / "small_batch.py", args=["--epochs", "1"], out_dir=out,
+        warmup=2, steps=10, show_output=False, runtime_overrides=runtime,
+    )  # fmt: skip
+    return measure(spec)
+
+
+def test_runtime_switches_change_the_run_they_are_applied_to(tmp_path: Path) -> None:
+    plain = _run(tmp_path, "plain", {})
+    amp = _run(tmp_path, "amp", {"amp": "bf16"})
+    fused = _run(tmp_path, "fused", {"fused_optimizer": True})
+    assert plain.status == amp.status == fused.status == "window_complete"
+    # Fused Adam on the CPU computes the same update: the losses agree to the strict tolerance.
+    assert (plain.runtime["optimizer_fused"], fused.runtime["optimizer_fused"]) == (False, True)
+    assert loss_check(plain, fused).equivalent is True
+    traced = {
+        label: gzip.open(tmp_path / str(run.trace_file)).read()
+        for label, run in (("plain", plain), ("fused", fused))
+    }
+    assert b'"aten::_fused_adam_"' in traced["fused"] and b'"aten::_fused_adam_"' not in traced["plain"]
+    # bf16 autocast changes the arithmetic: not bit-identical, within amp's 5% tolerance.
+    check = loss_check(plain, amp, fixes.REGISTRY["amp"].loss_tolerance_rel)
+    assert amp.runtime["amp_override"] == "bf16"
+    assert check.max_rel_diff is not None and 1e-6 < check.max_rel_diff < 0.05
+    assert check.equivalent is True and loss_check(plain, amp).equivalent is False
+    assert all(not math.isnan(loss) for loss in amp.losses if loss is not None)
+
+
+def test_profile_on_cpu_reports_anomaly_detection_and_no_gpu_findings(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--warmup", "3", "--steps", "10", "--out", out,
+        EXAMPLES / "small_batch.py", "--detect-anomaly", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    assert [f["rule"] for f in report["findings"]] == ["anomaly-detection-on"]
+    assert report["baseline"]["raw"]["runtime"]["anomaly_detection"] is True
+    assert report["baseline"]["raw"]["runtime"]["optimizer"] == "Adam"
+    assert "[high] anomaly-detection-on" in result.stdout
+
+
+def test_sync_sites_name_the_line_of_the_users_call(tmp_path: Path) -> None:
+    """On the CPU an .item() waits for nothing, but the trace still names where it is called:
+    the same machinery names a GPU run's sync and host-made tensor sites."""
+    spec = RunSpec(
+        label="sites", script=EXAMPLES / "host_tensors.py", args=["--epochs", "1"], out_dir=tmp_path,
+        warmup=2, steps=3, show_output=False,
+    )  # fmt: skip
+    raw = measure(spec)
+    values = trace_measurements(analyze_trace(tmp_path / str(raw.trace_file), (EXAMPLES,)))
+    # Also listed: .item() calls inside the DataLoader's code, attributed to the loop in main.
+    assert "host_tensors.py:61 (.item() in main)" in values["sync_sites"].split("; ")
+    assert values["cpu_tensor_copies_per_step"] == 0.0  # nothing is copied to a device on a CPU
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("host_tensors.py", ["--epochs", "1", "--samples", "1024"]),
+        ("host_tensors.py", ["--epochs", "1", "--samples", "1024", "--on-device"]),
+        ("small_batch.py", ["--epochs", "1", "--samples", "512"]),
+        ("fp32_matmul.py", ["--epochs", "1", "--samples", "2048"]),
+        ("memory_limit.py", ["--steps", "2", "--width", "256", "--size-gb", "0.05"]),
+    ],
+)
+def test_examples_run_on_cpu(script: str, args: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "loss" in result.stdout
