@@ -194,6 +194,7 @@ def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
     assert first.overrides == {
         "loaders": {"train.py:12": {"num_workers": 2, "persistent_workers": True}},
         "non_blocking_h2d": False,
+        "runtime": {},
     }
     assert fix.next_candidate(values, [trial(2, 20.0)]).label == "num_workers=4"
     # 8 workers gained less than 10% over 4: the search stops doubling and tries prefetch at 4.
@@ -225,6 +226,7 @@ def test_cuda_runs_also_pin_memory_and_copy_without_blocking() -> None:
     assert setting.overrides == {
         "loaders": {"t.py:3": {"num_workers": 2, "persistent_workers": True, "pin_memory": True}},
         "non_blocking_h2d": True,
+        "runtime": {},
     }
 
 
@@ -243,9 +245,11 @@ def test_merge_overrides() -> None:
         [
             {"loaders": {"0": {"num_workers": 4}}, "non_blocking_h2d": False},
             {"loaders": {"0": {"pin_memory": True}, "1": {"num_workers": 2}}, "non_blocking_h2d": True},
+            {"loaders": {}, "non_blocking_h2d": False, "runtime": {"tf32": True}},
         ]
     )
     assert merged == {
         "loaders": {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}},
         "non_blocking_h2d": True,
+        "runtime": {"tf32": True},
     }
