@@ -50,7 +50,11 @@ def test_gpu_fixes_are_not_proposed_without_a_gpu(fix_id: str) -> None:
             "TF32 needs an NVIDIA GPU of compute capability 8.0 (Ampere) or newer",
         ),
         ("tf32", {"tf32_enabled": True}, "TF32 is already on for matmuls"),
-        ("amp", {"bf16_supported": False}, "this GPU has no bf16, and fp16 needs a GradScaler"),
+        (
+            "amp",
+            {"bf16_supported": False, "optimizers": 2},
+            "this GPU has no bf16, and fp16 needs one GradScaler",
+        ),
         ("fused-optimizer", {"optimizer_fused": True}, "Adam is already fused"),
         (
             "fused-optimizer",
@@ -103,6 +107,8 @@ def test_switch_fixes_try_once_and_keep_only_a_gain() -> None:
     amp = fixes.REGISTRY["amp"]
     setting = amp.next_candidate(GPU, [])
     assert setting is not None and setting.overrides["runtime"] == {"amp": "bf16"}
+    fp16 = amp.next_candidate({**GPU, "bf16_supported": False, "optimizers": 1}, [])
+    assert fp16 is not None and fp16.overrides["runtime"] == {"amp": "fp16"}  # with a GradScaler
     trial = Trial(setting.label, setting.overrides, "measured", 12.0, None)
     assert amp.next_candidate(GPU, [trial]) is None
     assert amp.choose([trial], 10.0) is trial
@@ -185,3 +191,73 @@ def test_examples_run_on_cpu(script: str, args: list[str]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "loss" in result.stdout
+
+
+def _accumulation_trial(k: int, peak_bytes: int, steps_per_s: float) -> Trial:
+    setting = fixes.REGISTRY["grad-accumulation"].next_candidate(MEMORY, [])
+    assert setting is not None
+    overrides = {**setting.overrides, "runtime": {"grad_accumulation": k}}
+    raw = RawRun("t", "window_complete", 0, None, 5, 20, 0, 25, [], [], None)
+    raw.runtime = {"cuda_memory": {"peak_reserved_bytes": peak_bytes, "total_bytes": 40 * 10**9}}
+    return Trial(f"k={k}", overrides, "measured", steps_per_s, None, raw)
+
+
+MEMORY = {
+    **GPU,
+    "batch_size": 64,
+    "optimizers": 1,
+    "lr_scheduler": False,
+    "peak_reserved_bytes": 38 * 10**9,
+    "steps_per_s": 10.0,
+}
+
+
+def test_grad_accumulation_applies_only_where_the_loop_allows_it() -> None:
+    fix = fixes.REGISTRY["grad-accumulation"]
+    assert fix.not_applicable(MEMORY) is None
+    assert fix.not_applicable({**MEMORY, "lr_scheduler": True}).startswith("an LR scheduler")  # type: ignore[union-attr]
+    assert fix.not_applicable({**MEMORY, "optimizers": 2}).startswith("the script steps several")  # type: ignore[union-attr]
+    assert fix.not_applicable({**MEMORY, "batch_size": 63}).startswith("batch_size=63 is odd")  # type: ignore[union-attr]
+    first = fix.next_candidate(MEMORY, [])
+    assert first is not None and first.overrides["loaders"] == {"train.py:12": {"batch_size": 32}}
+    assert first.overrides["runtime"] == {"grad_accumulation": 2}
+
+
+def test_grad_accumulation_keeps_the_fewest_micro_batches_that_relieve_memory() -> None:
+    fix = fixes.REGISTRY["grad-accumulation"]
+    too_little = _accumulation_trial(2, 36 * 10**9, 9.5)  # -5%: not enough
+    assert fix.next_candidate(MEMORY, [too_little]).overrides["runtime"] == {"grad_accumulation": 4}  # type: ignore[union-attr]
+    relieved = _accumulation_trial(4, 25 * 10**9, 8.5)
+    assert fix.next_candidate(MEMORY, [too_little, relieved]) is None
+    assert fix.choose([too_little, relieved], 38e9) is relieved
+    assert fix.choose([_accumulation_trial(2, 20 * 10**9, 7.0)], 38e9) is None  # 70% of the speed
+    assert fix.describe(relieved) == "k=4: peak reserved 38.00 -> 25.00 GB at 0.85x the throughput"
+    assert fixes.goal("grad-accumulation") == "memory" and fixes.goal("amp") == "throughput"
+
+
+def test_gradient_accumulation_and_fp16_loss_scaling_run_for_real(tmp_path: Path) -> None:
+    """On the CPU, where torch has fp16 autocast and a GradScaler: the switches that replace the
+    loop's optimizer step keep one trainadvisor step per update and leave training alike."""
+    args = ["--epochs", "1", "--batch-size", "32"]
+    plain = measure(RunSpec("plain", EXAMPLES / "small_batch.py", args, tmp_path, 2, 10, show_output=False))
+    accumulated = measure(
+        RunSpec(
+            "accum", EXAMPLES / "small_batch.py", args, tmp_path, 2, 10, show_output=False,
+            loader_overrides={plain.loaders[0].created_at: {"batch_size": 16}},
+            runtime_overrides={"grad_accumulation": 2},
+        )
+    )  # fmt: skip
+    fp16 = measure(
+        RunSpec("fp16", EXAMPLES / "small_batch.py", args, tmp_path, 2, 10, show_output=False,
+                runtime_overrides={"amp": "fp16"})
+    )  # fmt: skip
+    assert plain.status == accumulated.status == fp16.status == "window_complete"
+    assert accumulated.loaders[0].overrides_applied == {"batch_size": 16}
+    # 10 timed steps are 10 updates, each over two micro-batches of 16: 320 samples, as plain.
+    timed = [s for s in accumulated.steps if not s.profiled]
+    assert len(timed) == 10 and sum(s.samples or 0 for s in timed) == 320
+    assert accumulated.runtime["optimizers"] == 1 and accumulated.runtime["lr_scheduler"] is False
+    accumulated_check = loss_check(plain, accumulated, fixes.REGISTRY["grad-accumulation"].loss_tolerance_rel)
+    assert accumulated_check.same_batches is False and accumulated_check.equivalent is True
+    fp16_check = loss_check(plain, fp16, fixes.REGISTRY["amp"].loss_tolerance_rel)
+    assert fp16_check.equivalent is True and fp16_check.max_rel_diff and fp16_check.max_rel_diff > 0

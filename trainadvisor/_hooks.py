@@ -68,6 +68,9 @@ class Recorder:
         self.optimizer: torch.optim.Optimizer | None = None  # the one whose steps are counted
         self.data_parallel_modules = 0
         self.runtime: dict[str, Any] = {}
+        self.optimizer_ids: set[int] = set()
+        # What a fix does to the loss before backward (fp16 loss scaling, 1/k for accumulation).
+        self.loss_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._undo: list[Callable[[], None]] = []
 
     def patch(self, owner: Any, name: str, replacement: Any) -> None:
@@ -86,6 +89,7 @@ class Recorder:
     # ---- step boundaries ----
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self.optimizer_ids.add(id(optimizer))
         if self.manual:
             return
         # With several optimizers (GANs, multi-task) the first one to step defines the step.
@@ -213,6 +217,7 @@ class Recorder:
             record.loss = losses[record.index]
         trace = self.config.trace_file
         self.runtime.update(_optimizer_facts(self.optimizer))
+        self.runtime["optimizers"] = len(self.optimizer_ids)
         if self.runtime.get("cuda_used"):
             self.runtime["cuda_memory"] = _cuda_memory()
         return RawRun(
@@ -266,6 +271,8 @@ def _optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     defaults = optimizer.defaults
     return {
         "optimizer": name,
+        # torch's LR schedulers wrap the optimizer's step and mark the wrapper.
+        "lr_scheduler": bool(getattr(optimizer.step, "_wrapped_by_lr_sched", False)),
         "optimizer_fused": bool(defaults.get("fused")),
         "optimizer_foreach": defaults.get("foreach"),
         "optimizer_fusable": name in _FUSABLE and type(optimizer).__module__.startswith("torch.optim"),
@@ -298,6 +305,66 @@ def _install_runtime_overrides(recorder: Recorder, overrides: dict[str, Any]) ->
         _install_autocast(recorder, torch.bfloat16 if overrides["amp"] == "bf16" else torch.float16)
     if overrides.get("fused_optimizer"):
         _install_fused_optimizers(recorder)
+    scaler = None
+    if overrides.get("amp") == "fp16":
+        scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+    accumulate = int(overrides.get("grad_accumulation") or 1)
+    if scaler is not None or accumulate > 1:
+        _install_step_control(recorder, scaler, accumulate)
+
+
+def _install_step_control(recorder: Recorder, scaler: Any, accumulate: int) -> None:
+    """fp16 loss scaling and gradient accumulation, for a script with one optimizer.
+
+    The loss is multiplied by the scaler's scale and divided by `accumulate` before backward.
+    Every optimizer built gets an instance-level `step` that applies the update only on every
+    `accumulate`-th call, and with a scaler first unscales the gradients and skips the update
+    (and lowers the scale) when they overflowed, as `GradScaler.step` does; `zero_grad` (of the
+    optimizer or a module) clears gradients only when an update has just been applied, so the
+    micro-batches in between add up."""
+    calls = [0]
+
+    def transform(loss: torch.Tensor) -> torch.Tensor:
+        scaled = scaler.scale(loss) if scaler is not None else loss
+        return scaled / accumulate if accumulate > 1 else scaled
+
+    recorder.loss_transform = transform
+    original_init = torch.optim.Optimizer.__dict__["__init__"]
+
+    def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        step, zero_grad = self.step, self.zero_grad
+
+        def controlled_step(*step_args: Any, **step_kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] % accumulate:
+                return None  # a micro-batch: let the gradients add up
+            if scaler is None:
+                return step(*step_args, **step_kwargs)
+            scaler.unscale_(self)
+            overflowed = any(v.item() for v in scaler._found_inf_per_device(self).values())
+            result = None if overflowed else step(*step_args, **step_kwargs)
+            scaler.update()
+            if overflowed:
+                recorder.optimizer_step(self)  # a skipped update still ends the training step
+            return result
+
+        def controlled_zero_grad(*zero_args: Any, **zero_kwargs: Any) -> None:
+            if calls[0] % accumulate == 0:
+                zero_grad(*zero_args, **zero_kwargs)
+
+        self.step = controlled_step  # type: ignore[method-assign]
+        self.zero_grad = controlled_zero_grad  # type: ignore[method-assign]
+
+    recorder.patch(torch.optim.Optimizer, "__init__", init)
+    if accumulate > 1:
+        original_module_zero_grad = torch.nn.Module.__dict__["zero_grad"]
+
+        def module_zero_grad(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            if calls[0] % accumulate == 0:
+                original_module_zero_grad(self, *args, **kwargs)
+
+        recorder.patch(torch.nn.Module, "zero_grad", module_zero_grad)
 
 
 def _install_autocast(recorder: Recorder, dtype: torch.dtype) -> None:
@@ -531,6 +598,8 @@ def install(config: ChildConfig) -> Recorder:
 
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         recorder.loss_candidate(self)
+        if recorder.loss_transform is not None and self.numel() == 1 and self.requires_grad:
+            return original_backward(recorder.loss_transform(self), *args, **kwargs)
         return original_backward(self, *args, **kwargs)
 
     recorder.patch(torch.Tensor, "backward", backward)

@@ -160,9 +160,15 @@ def tune(
             candidate.label, candidate.overrides, status, run.steps_per_s, reason, run.raw, run.samples_per_s
         )
         trials.append(trial)
-        value = getattr(trial, fix.metric)
-        unit = fix.metric.removesuffix("_per_s")
-        shown = f"{value:.1f} {unit}/s" if status == "measured" and value else status
+        value = fixes.trial_value(trial, fix.metric)
+        if fix.metric == "peak_reserved_bytes":
+            shown = f"peak reserved {value / 1e9:.2f} GB" if status == "measured" and value else status
+        else:
+            shown = (
+                f"{value:.1f} {fix.metric.removesuffix('_per_s')}/s"
+                if status == "measured" and value
+                else status
+            )
         echo(f"  tried {candidate.label}: {shown}" + (f" ({reason})" if reason else ""))
     return trials
 
@@ -192,6 +198,9 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
         notes.append("The script failed, so no fix was tried.")
     elif options.apply_fixes:
         outcomes = _tune_all(plan, values, options, baseline, echo)
+        for outcome in outcomes:  # memory fixes trade speed for memory: not part of the speed run
+            if outcome.status == "kept" and fixes.goal(outcome.fix) == "memory":
+                outcome.status, outcome.reason = "recommended", "measured in its own run; " + outcome.chosen
         kept = [o for o in outcomes if o.status == "kept"]
         if kept:
             echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
@@ -238,7 +247,7 @@ def _tune_all(
         fix = fixes.REGISTRY[planned.fix]
         echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
         trials = tune(fix, values, options, baseline, echo)
-        chosen = fix.choose(trials, getattr(baseline, fix.metric) or 0.0)
+        chosen = fix.choose(trials, float(values.get(fix.metric) or 0.0))
         if chosen is not None:
             outcomes.append(
                 FixOutcome(

@@ -9,13 +9,14 @@ from typing import Any, Protocol
 
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.fixes.grad_accumulation import GradAccumulation, peak_reserved
 from trainadvisor.fixes.switches import Amp, CudnnBenchmark, FusedOptimizer, PinMemory, Tf32
 from trainadvisor.model import Finding, PlannedFix, Trial
 
 
 class Fix(Protocol):
     id: str
-    metric: str  # the Run attribute a candidate must raise: steps_per_s or samples_per_s
+    metric: str  # what a candidate must improve: steps_per_s, samples_per_s, peak_reserved_bytes
     loss_tolerance_rel: float  # how far the loss may move for training to count as the same
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
@@ -35,8 +36,22 @@ REGISTRY: dict[str, Fix] = {
     fix.id: fix
     for fix in (
         DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
+        GradAccumulation(),
     )
 }  # fmt: skip
+
+
+def goal(fix_id: str) -> str:
+    """throughput (kept when confirmed faster) or memory (recommended from its own trials)."""
+    return getattr(REGISTRY.get(fix_id), "goal", "throughput")
+
+
+def trial_value(trial: Trial, metric: str) -> float | None:
+    if metric == "peak_reserved_bytes":
+        peak = peak_reserved(trial)
+        return float(peak) if peak is not None else None
+    value = getattr(trial, metric, None)
+    return float(value) if value is not None else None
 
 
 def plan(findings: list[Finding], values: dict[str, Any]) -> list[PlannedFix]:

@@ -99,16 +99,19 @@ class Amp(_Switch):
             return NO_GPU
         if values.get("amp_override"):
             return "autocast is already applied to this run"
-        if not values.get("bf16_supported"):
+        if not values.get("bf16_supported") and values.get("optimizers", 1) != 1:
             return (
-                "this GPU has no bf16, and fp16 needs a GradScaler around backward() and "
-                "optimizer.step(), which trainadvisor does not inject into your loop: apply the "
-                "fp16 best practice shown by hand"
+                "this GPU has no bf16, and fp16 needs one GradScaler per training step, which "
+                "trainadvisor injects only for a script with one optimizer"
             )
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
-        return Setting("torch.autocast(dtype=torch.bfloat16) around the forward pass", _runtime(amp="bf16"))
+        if values.get("bf16_supported"):
+            return Setting(
+                "torch.autocast(dtype=torch.bfloat16) around the forward pass", _runtime(amp="bf16")
+            )
+        return Setting("torch.autocast(dtype=torch.float16) with a GradScaler", _runtime(amp="fp16"))
 
 
 class FusedOptimizer(_Switch):

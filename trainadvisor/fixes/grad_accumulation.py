@@ -1,0 +1,110 @@
+"""Fix `grad-accumulation`: the same effective batch in `k` micro-batches, to lower peak memory.
+
+The DataLoader's batch size is divided by `k` and the script's loop is left as it is: the loss
+is divided by `k` before backward, the optimizer applies its update on every `k`-th `step()`
+only, and `zero_grad()` clears gradients only after an update (see
+`_hooks._install_step_control`). So one trainadvisor step is still one update over the same
+number of samples. The step structure allows it only with one optimizer, no LR scheduler (it
+would step `k` times per update), and a batch size divisible by `k`; a loss that is a mean over
+the batch is assumed, and the loss check (mean over the window, the micro-batches differ from
+the batches) verifies it. The goal is memory: a candidate is worth keeping when peak reserved
+memory drops by at least `MIN_RELIEF` while throughput stays above `MIN_SPEED` of the baseline.
+It is not merged into the speed fixes' confirmation run, since it trades some speed for memory;
+the report lists it as recommended, with both figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainadvisor.compare import MEAN_LOSS_TOLERANCE_REL
+from trainadvisor.fixes.switches import NO_GPU
+from trainadvisor.model import Trial
+
+MIN_RELIEF = 0.10  # peak reserved memory must drop by a tenth
+MIN_SPEED = 0.80  # and steps/s stay above 80% of the baseline's
+STEPS = (2, 4)
+
+
+@dataclass
+class Setting:
+    label: str
+    overrides: dict[str, Any]
+
+
+def peak_reserved(trial: Trial) -> int | None:
+    memory = (trial.raw.runtime.get("cuda_memory") if trial.raw else None) or {}
+    value = memory.get("peak_reserved_bytes")
+    return int(value) if value is not None else None
+
+
+class GradAccumulation:
+    id = "grad-accumulation"
+    metric = "peak_reserved_bytes"
+    goal = "memory"
+    loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        if not values.get("cuda_used"):
+            return NO_GPU
+        if "dataloader_call_site" not in values or not isinstance(values.get("batch_size"), int):
+            return "the batches do not come from a DataLoader with a batch_size trainadvisor can divide"
+        if values["batch_size"] % 2:
+            return f"batch_size={values['batch_size']} is odd: it cannot be split into equal micro-batches"
+        if values.get("optimizers", 1) != 1:
+            return "the script steps several optimizers; accumulate gradients in your loop"
+        if values.get("lr_scheduler"):
+            return "an LR scheduler steps with every optimizer.step(); accumulate gradients in your loop"
+        if "peak_reserved_bytes" not in values:
+            return "the baseline's peak GPU memory was not measured"
+        return None
+
+    def _setting(self, values: dict[str, Any], k: int) -> Setting:
+        size = int(values["batch_size"]) // k
+        return Setting(
+            f"{k} micro-batches of {size} (batch_size={size}, one update per {k})",
+            {
+                "loaders": {values["dataloader_call_site"]: {"batch_size": size}},
+                "non_blocking_h2d": False,
+                "runtime": {"grad_accumulation": k},
+                "baseline": {
+                    "peak_reserved_bytes": values["peak_reserved_bytes"],
+                    "steps_per_s": values.get("steps_per_s"),
+                },
+            },
+        )
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        """k = 2, then 4 if 2 did not relieve enough and the batch divides."""
+        if not trials:
+            return self._setting(values, STEPS[0])
+        last = trials[-1]
+        if len(trials) >= len(STEPS) or last.status != "measured":
+            return None
+        if self._relieved(last) or int(values["batch_size"]) % STEPS[len(trials)]:
+            return None
+        return self._setting(values, STEPS[len(trials)])
+
+    @staticmethod
+    def _relieved(trial: Trial) -> bool:
+        baseline = trial.overrides["baseline"]
+        peak = peak_reserved(trial)
+        speed_ok = (
+            not baseline.get("steps_per_s")
+            or (trial.steps_per_s or 0.0) >= MIN_SPEED * baseline["steps_per_s"]
+        )
+        return peak is not None and peak <= (1 - MIN_RELIEF) * baseline["peak_reserved_bytes"] and speed_ok
+
+    def choose(self, trials: list[Trial], baseline: float) -> Trial | None:
+        fitting = [t for t in trials if t.status == "measured" and self._relieved(t)]
+        return fitting[0] if fitting else None  # the fewest micro-batches that relieve memory
+
+    def describe(self, trial: Trial) -> str:
+        baseline = trial.overrides["baseline"]
+        peak = peak_reserved(trial) or 0
+        text = (
+            f"{trial.label}: peak reserved {baseline['peak_reserved_bytes'] / 1e9:.2f} -> {peak / 1e9:.2f} GB"
+        )
+        if baseline.get("steps_per_s") and trial.steps_per_s:
+            text += f" at {trial.steps_per_s / baseline['steps_per_s']:.2f}x the throughput"
+        return text
