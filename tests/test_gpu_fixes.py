@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, load_report, run_cli
+from conftest import EXAMPLES, ROOT, load_report, run_cli
 
 from trainadvisor import fixes
-from trainadvisor.analysis.kineto import analyze_trace
-from trainadvisor.analysis.measures import trace_measurements
+from trainadvisor.analysis.summary import attach_trace
 from trainadvisor.compare import loss_check
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.measure.runner import RunSpec, measure
@@ -147,6 +146,29 @@ def test_runtime_switches_change_the_run_they_are_applied_to(tmp_path: Path) -> 
     assert all(not math.isnan(loss) for loss in amp.losses if loss is not None)
 
 
+def test_a_site_finding_gets_its_lines_from_a_separate_run_traced_with_stacks(tmp_path: Path) -> None:
+    """host-sync needs a GPU; a user rule of the same id without that condition makes it fire
+    on this CPU (where .item() still shows in the trace), so the sites run is exercised."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shipped_rule = (ROOT / "rules" / "host-sync.toml").read_text()
+    (rules / "host-sync.toml").write_text(shipped_rule.replace("cuda_used and ", ""))
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--no-fix", "--rules", rules, "--warmup", "3", "--steps", "6", "--out", out,
+        EXAMPLES / "host_tensors.py", "--epochs", "1", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "tracing 3 steps with Python stacks" in result.stderr
+    report = load_report(out)
+    [finding] = [f for f in report["findings"] if f["rule"] == "host-sync"]
+    sites = next(e["value"] for e in finding["evidence"] if e["measurement"] == "sync_sites")
+    assert "host_tensors.py:61 (.item() in main)" in sites.split("; ")
+    assert (out / "traces" / "sites" / "trainadvisor.pt.trace.json.gz").is_file()
+    # The measured baseline was traced without stacks.
+    assert b"python_function" not in gzip.open(out / report["baseline"]["raw"]["trace_file"]).read()
+
+
 def test_profile_on_cpu_reports_anomaly_detection_and_no_gpu_findings(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = run_cli(
@@ -166,10 +188,11 @@ def test_sync_sites_name_the_line_of_the_users_call(tmp_path: Path) -> None:
     the same machinery names a GPU run's sync and host-made tensor sites."""
     spec = RunSpec(
         label="sites", script=EXAMPLES / "host_tensors.py", args=["--epochs", "1"], out_dir=tmp_path,
-        warmup=2, steps=3, show_output=False,
+        warmup=2, steps=3, show_output=False, with_stack=True,
     )  # fmt: skip
     raw = measure(spec)
-    values = trace_measurements(analyze_trace(tmp_path / str(raw.trace_file), (EXAMPLES,)))
+    assert b"python_function" in gzip.open(tmp_path / str(raw.trace_file)).read()
+    values = attach_trace(raw, tmp_path, EXAMPLES / "host_tensors.py")
     # Also listed: .item() calls inside the DataLoader's code, attributed to the loop in main.
     assert "host_tensors.py:61 (.item() in main)" in values["sync_sites"].split("; ")
     assert values["cpu_tensor_copies_per_step"] == 0.0  # nothing is copied to a device on a CPU

@@ -43,10 +43,11 @@ def test_breakdown_matches_the_tensorboard_plugin_on_resnet50(name: str) -> None
 def test_copies_and_syncs_match_hta_counts() -> None:
     queue = analyze_trace(DATA / "hta" / "rank0.json.gz")
     assert (queue.h2d_pageable, queue.h2d_pinned) == (45, 35)
-    assert queue.syncs["item"] == 945 and queue.syncs["stream_sync"] == 75
+    # HTA counts 75 cudaStreamSynchronize: 45 are inside blocking pageable copies' own copy ops.
+    assert queue.syncs["item"] == 945 and (queue.syncs["stream_sync"], queue.syncs["copy_sync"]) == (30, 45)
     assert (queue.rank, queue.world_size, len(queue.steps)) == (0, 16, 5)
     alexnet = analyze_trace(DATA / "hta" / "alexnet_trace.json.gz")
-    assert (alexnet.h2d_pageable, alexnet.syncs["stream_sync"]) == (16, 16)
+    assert (alexnet.h2d_pageable, alexnet.syncs["copy_sync"]) == (16, 16)
     assert not alexnet.steps_marked and len(alexnet.steps) == 1  # no ProfilerStep: one window
 
 
@@ -141,3 +142,52 @@ def test_a_string_timestamp_is_read(tmp_path: Path) -> None:
     path.write_bytes(_trace_with(events, {"INFO": ["a.cpp:1] x", "b.cpp:2] y"]}))
     [window] = analyze_trace(path).steps
     assert (window.start_us, window.dur_us) == (0.0, 195.0)
+
+
+def test_gpu_measurements_of_real_traces() -> None:
+    resnet = analyze_trace(
+        DATA / "tb_plugin" / "resnet50_num_workers_4" / "worker0.1623212756351.pt.trace.json.gz"
+    )
+    # V100 in fp32: no Tensor Core kernels; cuDNN batch norm is not counted as convolution.
+    assert (resnet.compute_capability, resnet.tensor_core_pct) == (7, 0.0)
+    assert (round(resnet.fp32_matmul_pct, 1), round(resnet.conv_pct, 1)) == (66.7, 59.2)  # type: ignore[arg-type]
+    queue = analyze_trace(DATA / "hta" / "rank0.json.gz")
+    # A100 training in reduced precision: CUTLASS Tensor Core GEMMs; fbgemm embedding kernels
+    # are not matmuls.
+    assert round(queue.fp32_matmul_pct, 2) == 0.29 and round(queue.matmul_pct, 1) == 56.7  # type: ignore[arg-type]
+    assert [s.syncs.get("stream_sync", 0) for s in queue.steps] == [6, 6, 6, 6, 6]
+    rocm = analyze_trace(DATA / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    assert rocm.cpu_tensor_ops == {"aten::randn": 2} and rocm.steps[0].cpu_tensor_copies == 2
+
+
+def _event(name: str, cat: str, ts: float, dur: float, **args: object) -> dict[str, object]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
+
+
+def test_host_made_tensors_and_copy_syncs_are_told_apart(tmp_path: Path) -> None:
+    """A hand-written trace of the three patterns: labels made by collate inside DataLoader
+    __next__ then copied (the batch's, not counted), torch.randn(...).to("cuda") in the step
+    (counted), and the stream sync a blocking copy makes inside its own copy op (the copy's)."""
+    events = [
+        _event("ProfilerStep#1", "user_annotation", 0, 1000),
+        _event("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", 10, 100),
+        _event("aten::lift_fresh", "cpu_op", 20, 5),
+        _event("aten::to", "cpu_op", 120, 30),
+        _event("cudaMemcpyAsync", "cuda_runtime", 125, 10, correlation=1),
+        _event("cudaStreamSynchronize", "cuda_runtime", 136, 10),
+        _event("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 130, 8, correlation=1, bytes=64),
+        _event("aten::randn", "cpu_op", 200, 20),
+        _event("aten::to", "cpu_op", 225, 30),
+        _event("cudaMemcpyAsync", "cuda_runtime", 230, 10, correlation=2),
+        _event("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 235, 8, correlation=2, bytes=64),
+        _event("aten::mm", "cpu_op", 300, 20),
+        _event("cudaLaunchKernel", "cuda_runtime", 305, 5, correlation=3),
+        _event("volta_sgemm_128x64_nn", "kernel", 310, 400, correlation=3),
+        _event("aten::item", "cpu_op", 900, 50),
+        _event("cudaStreamSynchronize", "cuda_runtime", 910, 30),
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    [step] = analyze_trace(path).steps
+    assert step.cpu_tensor_copies == 1
+    assert step.syncs == {"copy_sync": 1, "stream_sync": 1} and step.sync_ms == 0.03

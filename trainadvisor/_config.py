@@ -22,3 +22,4 @@ class ChildConfig:
     # Switches a fix sets inside the process: tf32, cudnn_benchmark, amp ("bf16"|"fp16"),
     # fused_optimizer (see `_hooks._apply_runtime`).
     runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    with_stack: bool = False  # record Python stacks in the trace (the call-sites run)

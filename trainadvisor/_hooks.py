@@ -18,6 +18,7 @@ import pickle
 import platform
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -152,15 +153,17 @@ class Recorder:
         self.window_t0 = time.perf_counter()
 
     def start_profiler(self) -> None:
+        """One profiler session per process (a second session in the same process crashes
+        torch 2.13 now and then, at exit or when it starts). Python stacks only when asked
+        (`with_stack`, the separate sites run): the Python tracer adds about 15% host time."""
         if self.config.trace_file is not None and self.config.profile_steps > 0:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            # Python stacks give the user's code where syncs and host-made tensors happen.
             self.profiler = torch.profiler.profile(
                 activities=activities,
                 schedule=lambda _step: torch.profiler.ProfilerAction.RECORD,
-                with_stack=True,
+                with_stack=self.config.with_stack,
             )
             self.profiler.start()
 
@@ -259,9 +262,18 @@ def _flags(recorder: Recorder) -> dict[str, Any]:
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
             tf32_enabled=bool(torch.backends.cuda.matmul.allow_tf32),
             cuda_device_count=torch.cuda.device_count(),
-            bf16_supported=bool(torch.cuda.is_bf16_supported()),
+            bf16_supported=_native_bf16(),
         )
     return facts
+
+
+def _native_bf16() -> bool:
+    """bf16 in hardware (Ampere and newer): torch's default check also counts emulation, which
+    is true on Volta and Turing and slower than fp32 there."""
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch before 2.3 had no emulation and no argument
+        return bool(torch.cuda.is_bf16_supported())
 
 
 def _optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -298,8 +310,21 @@ def _apply_flags(overrides: dict[str, Any]) -> None:
         torch.backends.cudnn.benchmark = True
 
 
+def _restore_flags() -> Callable[[], None]:
+    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32
+    cudnn_tf32, benchmark = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+
+    def restore() -> None:
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = cudnn_tf32, benchmark
+
+    return restore
+
+
 def _install_runtime_overrides(recorder: Recorder, overrides: dict[str, Any]) -> None:
-    """The in-process switches of the fixes `tf32`, `cudnn-benchmark`, `amp`, `fused-optimizer`."""
+    """The in-process switches of the fixes `tf32`, `cudnn-benchmark`, `amp`, `fused-optimizer`,
+    `grad-accumulation`; `Recorder.uninstall` undoes them all."""
+    recorder._undo.append(_restore_flags())
     _apply_flags(overrides)
     if overrides.get("amp"):
         _install_autocast(recorder, torch.bfloat16 if overrides["amp"] == "bf16" else torch.float16)
@@ -372,17 +397,17 @@ def _install_autocast(recorder: Recorder, dtype: torch.dtype) -> None:
     Backward runs outside it, as torch.amp recommends: its ops take the forward's dtypes."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     original_call = torch.nn.Module.__call__
-    depth = [0]
+    state = threading.local()  # per thread: DataParallel runs its replicas in threads of their own
 
     def call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if depth[0]:
+        if getattr(state, "depth", 0):
             return original_call(self, *args, **kwargs)
-        depth[0] += 1
+        state.depth = 1
         try:
             with torch.autocast(device_type, dtype=dtype):
                 return original_call(self, *args, **kwargs)
         finally:
-            depth[0] -= 1
+            state.depth = 0
 
     recorder.patch(torch.nn.Module, "__call__", call)
 
@@ -395,10 +420,10 @@ def _install_fused_optimizers(recorder: Recorder) -> None:
         original = cls.__dict__["__init__"]
 
         def init(self: Any, params: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
-            groups = [{**g, "params": list(g["params"])} if isinstance(g, dict) else g for g in list(params)]
-            if kwargs.get("fused") is None and not kwargs.get("foreach"):
+            explicit = any(key in kwargs for key in ("fused", "foreach")) or kwargs.get("differentiable")
+            if not explicit:
                 kwargs["fused"] = True
-            __original(self, groups, *args, **kwargs)
+            __original(self, params, *args, **kwargs)
 
         recorder.patch(cls, "__init__", init)
 
@@ -610,8 +635,9 @@ def install(config: ChildConfig) -> Recorder:
     original_dp_init = torch.nn.DataParallel.__init__
 
     def data_parallel_init(self: torch.nn.DataParallel, *args: Any, **kwargs: Any) -> None:
-        recorder.data_parallel_modules += 1
         original_dp_init(self, *args, **kwargs)
+        if len(getattr(self, "device_ids", None) or []) >= 2:  # one device: DataParallel does nothing
+            recorder.data_parallel_modules += 1
 
     recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
     if config.runtime_overrides:

@@ -20,6 +20,11 @@ from trainadvisor.resources import rules_dir
 
 MAX_TRIALS_PER_FIX = 8
 
+# Findings whose evidence names lines of the user's code, found in a run traced with stacks.
+SITE_RULES = ("host-sync", "cpu-tensor-creation")
+SITE_KEYS = ("sync_site", "sync_sites", "cpu_tensor_site", "cpu_tensor_sites")
+SITE_STEPS = 3
+
 STEP_MARKING_HELP = (
     "trainadvisor finds steps through torch.optim optimizers' step() (global optimizer hooks). "
     "If your loop does not call optimizer.step(), add `import trainadvisor` and call "
@@ -87,7 +92,7 @@ def _spec(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
         steps=options.steps,
         seed=options.seed,
     )
-    return replace(spec, **changes)
+    return replace(spec, **changes)  # type: ignore[arg-type]
 
 
 def _with_loader_overrides(
@@ -133,6 +138,21 @@ def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
             f"{options.script} ran only {raw.steps_seen} step(s), all inside the warmup of "
             f"{options.warmup}: lower --warmup, or pass arguments that make the script train longer"
         )
+
+
+def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str, Any]:
+    """Where in the script the syncs and host-made tensors are: a short run traced with Python
+    stacks (its own process: the stacks' overhead must not touch the measured steps)."""
+    echo(f"trainadvisor: tracing {SITE_STEPS} steps with Python stacks to find the lines behind them")
+    spec = _spec(
+        options, "sites", steps=SITE_STEPS, with_stack=True, show_output=False,
+        timeout_s=max(60.0, 5 * baseline.raw.wall_s),
+    )  # fmt: skip
+    raw = measure(spec)
+    if not raw.trace_file:
+        return {}
+    table = attach_trace(raw, options.out_dir, options.script)
+    return {key: table[key] for key in SITE_KEYS if key in table}
 
 
 def tune(
@@ -190,6 +210,17 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
         notes.append(f"The script ended after {baseline.steps} of the {options.steps} timed steps.")
     values = named_measurements(baseline)
     findings = engine.evaluate(rules, values)
+    if any(f.rule in SITE_RULES for f in findings) and baseline.raw.status != "script_failed":
+        sites = _call_sites(options, baseline, echo)
+        if sites:
+            baseline.trace.update(sites)
+            values = named_measurements(baseline)
+            findings = engine.evaluate(rules, values)
+            notes.append(
+                "The lines named for syncs and host-made tensors come from a separate run of "
+                f"{SITE_STEPS} steps traced with Python stacks (traces/sites/), kept apart because "
+                "the Python tracer slows the host."
+            )
     plan = fixes.plan(findings, values)
     outcomes: list[FixOutcome] = []
     after: Run | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import gc
 import re
 import statistics
@@ -42,9 +43,15 @@ _TENSOR_CORE = re.compile(
     r"884|1688|16816|hmma|wmma|xmma|gmma|tensorop|_tc_|s161616|mfma|nvjet|bf16gemm|f16gemm", re.I
 )
 SHORT_KERNEL_US = 10.0
-# Kernels of matrix multiplications and convolutions: the work Tensor Cores can take.
-_MATMUL = re.compile(r"gemm|conv|cutlass|wgrad|dgrad|fprop|nvjet|xmma|hmma|mfma|winograd|cudnn|matmul", re.I)
-_CONV = re.compile(r"conv|wgrad|dgrad|fprop|winograd|cudnn", re.I)
+# Kernels of matrix multiplications and convolutions (the work Tensor Cores can take), matched
+# on a kernel's base name (before template arguments): cuBLAS/cuDNN/CUTLASS GEMMs, cuDNN's
+# convolution engines (scudnn, implicit_convolve, wgrad, dgrad, fprop, winograd), Hopper's nvjet.
+_MATMUL = re.compile(
+    r"gemm|conv(?!ert)|scudnn|hcudnn|cutlass|wgrad|dgrad|fprop|nvjet|xmma|hmma|mfma|winograd|matmul", re.I
+)
+_CONV = re.compile(r"conv(?!ert)|scudnn|hcudnn|wgrad|dgrad|fprop|winograd", re.I)
+# ... but not embedding tables (fbgemm), batch norm, softmax, layout changes or fused pointwise ops.
+_NOT_MATMUL = re.compile(r"fbgemm|bn_|batch_?norm|softmax|nchwToNhwc|nhwcToNchw|triton_|elementwise", re.I)
 # Host ops that make a tensor from nothing: on the host unless `device=` names another device.
 _FACTORY = {
     "aten::randn", "aten::rand", "aten::randint", "aten::randperm", "aten::normal",
@@ -66,6 +73,16 @@ _LIBRARIES = (
     "torch/", "torchvision/", "torchaudio/", "trainadvisor/", "lightning/", "pytorch_lightning/",
     "transformers/", "accelerate/", "numpy/", "site-packages/", "dist-packages/",
 )  # fmt: skip
+
+
+def _matmul_kind(kernel: str) -> tuple[bool, bool]:
+    """(matmul or convolution, convolution) from a kernel's base name."""
+    base = kernel.removeprefix("void ")
+    cut = [i for i in (base.find("<"), base.find("(")) if i >= 0]
+    base = base[: min(cut)] if cut else base
+    if _NOT_MATMUL.search(base):
+        return False, False
+    return bool(_MATMUL.search(base)), bool(_CONV.search(base))
 
 
 @dataclass
@@ -141,7 +158,8 @@ class _Collector:
         self.conv_us = 0.0
         self.matmul_names: dict[str, tuple[bool, bool]] = {}  # name -> (matmul, conv)
         self.named_ops: list[tuple[Any, float, float, str]] = []  # factory/copy/glue host ops
-        self.frames: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> user frames "file|func"
+        self.host_starts: dict[Any, list[float]] = {}  # tid -> start of every host op
+        self.frames: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> "file|line|func"
         self.builtins: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> torch built-in calls
         self.categories: dict[str, str] = {}  # category as written -> lower case
         self.loader_iterators: set[str] = set()  # DataLoader iterator classes seen
@@ -170,6 +188,7 @@ class _Collector:
                 self.loader_iterators.add(name[len("enumerate(DataLoader)#") : -len(".__next__")])
             else:
                 self.roles["other_host"].append((start, end))
+                self.host_starts.setdefault(e.tid, []).append(start)
                 if name in _SYNCS:
                     self.syncs.append((start, _SYNCS[name], e.dur, e.tid))
                 elif name in _FACTORY or name in _COPY or name in _GLUE:
@@ -198,7 +217,7 @@ class _Collector:
                     self.tensor_core_us += e.dur
                 kinds = self.matmul_names.get(name)
                 if kinds is None:
-                    kinds = self.matmul_names[name] = (bool(_MATMUL.search(name)), bool(_CONV.search(name)))
+                    kinds = self.matmul_names[name] = _matmul_kind(name)
                 if kinds[0]:
                     self.matmul_us += e.dur
                     self.matmul_tc_us += e.dur if tensor_core else 0.0
@@ -233,7 +252,8 @@ class _Collector:
         module = match["file"].split("/")[0].removesuffix(".py")
         if module in sys.stdlib_module_names:
             return
-        self.frames.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, f"{match['file']}|{match['func']}"))
+        label = f"{match['file']}|{match['line']}|{match['func']}"
+        self.frames.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, label))
 
     def _device(self, e: Event, start: float, end: float, kernel: bool = False) -> None:
         corr = e.args.correlation if e.args else None
@@ -334,7 +354,9 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
     ]
     for python_spans in (*collector.frames.values(), *collector.builtins.values()):
         python_spans.sort()
-    creations = _cpu_tensor_copies(collector)
+    h2d_ops = _h2d_copy_ops(collector)
+    creations = _cpu_tensor_copies(collector, h2d_ops)
+    _copy_syncs(collector, h2d_ops)
     _per_step_counts(steps, collector, creations)
     return _summarize(path, meta, collector, steps, marked, merged, creations)
 
@@ -352,22 +374,29 @@ def _innermost(spans: list[tuple[float, float, str]] | None, ts: float) -> str |
     return None
 
 
-def _call_lines(file: str, func: str, callee: str, source_dirs: tuple[Path, ...]) -> list[int]:
-    """Lines in `func` of `file` that call `callee`, when the file can be found (Kineto names
-    files relative to an entry of the traced process's sys.path: the script's folder, say)."""
-    found = next((d / file for d in (*source_dirs, Path.cwd()) if (d / file).is_file()), None)
-    if found is None:
-        return []
+@functools.lru_cache(maxsize=64)
+def _parse(path: Path) -> ast.Module | None:
     try:
-        tree = ast.parse(found.read_text())
+        return ast.parse(path.read_text())
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _call_lines(file: str, line: int, func: str, callee: str, source_dirs: tuple[Path, ...]) -> list[int]:
+    """Lines in `func` of `file` that call `callee`, when the file can be found (Kineto names
+    files relative to an entry of the traced process's sys.path: the script's folder, say).
+    Of several functions with that name, those whose lines hold the frame's line are taken."""
+    found = next((d / file for d in (*source_dirs, Path.cwd()) if (d / file).is_file()), None)
+    tree = _parse(found) if found is not None else None
+    if tree is None:
         return []
     scopes: list[ast.AST] = [tree] if func == "<module>" else [
         node for node in ast.walk(tree)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func
     ]  # fmt: skip
+    holding = [n for n in scopes if getattr(n, "lineno", 0) <= line <= (getattr(n, "end_lineno", 0) or 0)]
     lines = set()
-    for scope in scopes:
+    for scope in holding or scopes:
         for node in ast.walk(scope):
             if isinstance(node, ast.Call):
                 target = node.func
@@ -384,63 +413,85 @@ def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
     frame = _innermost(c.frames.get(tid), ts)
     if frame is None:
         return None
-    file, func = frame.split("|", 1)
+    file, line, func = frame.split("|", 2)
     callee = _innermost(c.builtins.get(tid), ts)
     if callee is None:
         return f"{file} (in {func})"
-    lines = _call_lines(file, func, callee, c.source_dirs)
+    lines = _call_lines(file, int(line), func, callee, c.source_dirs)
     where = f"{file}:{','.join(map(str, lines))}" if lines else file
-    return (
-        f"{where} (.{callee}() in {func})"
-        if callee not in _FACTORY_CALLS
-        else f"{where} ({callee}() in {func})"
-    )
+    call = f"{callee}()" if callee in _FACTORY_CALLS or callee == "print" else f".{callee}()"
+    return f"{where} ({call} in {func})"
 
 
-def _cpu_tensor_copies(c: _Collector) -> list[tuple[float, str, Any, float]]:
-    """Host-to-device copies of tensors the host had just created: the copy op (`aten::to`,
-    `_to_copy`, `copy_`) that launched the copy follows a factory op (`randn`, `zeros`,
-    `tensor`, ...) on the same thread with no other host op in between (`detach_`, which
-    torch.tensor runs, aside). Returns (copy start, factory op, thread, factory start)."""
-    if not c.h2d or not c.named_ops:
-        return []
+def _h2d_copy_ops(c: _Collector) -> list[tuple[float, float, Any]]:
+    """The outermost copy ops (`aten::to`, `_to_copy`, `copy_`) that launched a host-to-device
+    copy: (start, end, thread), sorted."""
     copies = sorted((start, end, tid) for tid, start, end, name in c.named_ops if name in _COPY)
     copy_starts = [start for start, _, _ in copies]
-    factories: dict[Any, list[tuple[float, float, str]]] = {}
-    glue: list[float] = []
-    for tid, start, end, name in c.named_ops:
-        if name in _FACTORY:
-            factories.setdefault(tid, []).append((end, start, name))
-        elif name in _GLUE:
-            glue.append(start)
-    for ops in factories.values():
-        ops.sort()
-    glue.sort()
-    host_starts = sorted(s for role in ("other_host", "data_wait") for s, _ in c.roles[role])
-    found: dict[float, tuple[float, str, Any, float]] = {}
+    found: dict[float, tuple[float, float, Any]] = {}
     for _, _, _, _, corr in c.h2d:
         launched = c.runtime_start.get(corr)
         if launched is None:
             continue
-        # The outermost copy op around the runtime call that launched the copy.
         i = bisect.bisect_right(copy_starts, launched) - 1
         outer = None
         for start, end, tid in reversed(copies[max(0, i - 8) : i + 1]):
             if start <= launched <= end:
-                outer = (start, tid)
-        if outer is None or outer[0] in found:
-            continue
-        copy_start, tid = outer
+                outer = (start, end, tid)
+        if outer is not None:
+            found[outer[0]] = outer
+    return sorted(found.values())
+
+
+def _cpu_tensor_copies(
+    c: _Collector, h2d_ops: list[tuple[float, float, Any]]
+) -> list[tuple[float, str, Any, float]]:
+    """Host-to-device copies of tensors the host had just created: the copy op that launched
+    the copy follows a factory op (`randn`, `zeros`, `tensor`, ...) on the same thread with no
+    other host op of that thread in between (`detach_`, which torch.tensor runs, aside). A
+    factory op inside DataLoader `__next__` (collate's torch.tensor of labels) is the batch's,
+    not the step's. Returns (copy start, factory op, thread, factory start)."""
+    factories: dict[Any, list[tuple[float, float, str]]] = {}
+    glue: dict[Any, list[float]] = {}
+    for tid, start, end, name in c.named_ops:
+        if name in _FACTORY:
+            factories.setdefault(tid, []).append((end, start, name))
+        elif name in _GLUE:
+            glue.setdefault(tid, []).append(start)
+    for ops in factories.values():
+        ops.sort()
+    for starts in (*glue.values(), *c.host_starts.values()):
+        starts.sort()
+    loading = iv.merge(c.roles["data_wait"])
+    loading_starts = [start for start, _ in loading]
+    found = []
+    for copy_start, _, tid in h2d_ops:
         ops = factories.get(tid, [])
         j = bisect.bisect_right(ops, (copy_start, float("inf"), "")) - 1
         if j < 0:
             continue
         f_end, f_start, f_name = ops[j]
-        between = bisect.bisect_left(host_starts, copy_start) - bisect.bisect_right(host_starts, f_end)
-        between -= bisect.bisect_left(glue, copy_start) - bisect.bisect_right(glue, f_end)
+        k = bisect.bisect_right(loading_starts, f_start) - 1
+        if k >= 0 and f_start <= loading[k][1]:
+            continue
+        host, tid_glue = c.host_starts.get(tid, []), glue.get(tid, [])
+        between = bisect.bisect_left(host, copy_start) - bisect.bisect_right(host, f_end)
+        between -= bisect.bisect_left(tid_glue, copy_start) - bisect.bisect_right(tid_glue, f_end)
         if between == 0:
-            found[copy_start] = (copy_start, f_name, tid, f_start)
-    return sorted(found.values())
+            found.append((copy_start, f_name, tid, f_start))
+    return found
+
+
+def _copy_syncs(c: _Collector, h2d_ops: list[tuple[float, float, Any]]) -> None:
+    """Mark the stream syncs a blocking host-to-device copy makes inside its own copy op as
+    `copy_sync`: that wait is the copy's (pageable-h2d-copy), not a sync the code asked for."""
+    starts = [start for start, _, _ in h2d_ops]
+    for index, (ts, kind, dur, tid) in enumerate(c.syncs):
+        if kind != "stream_sync":
+            continue
+        i = bisect.bisect_right(starts, ts) - 1
+        if i >= 0 and ts <= h2d_ops[i][1] and h2d_ops[i][2] == tid:
+            c.syncs[index] = (ts, "copy_sync", dur, tid)
 
 
 def _per_step_counts(steps: list[StepBreakdown], c: _Collector, creations: list[Any]) -> None:
@@ -467,7 +518,7 @@ def _per_step_counts(steps: list[StepBreakdown], c: _Collector, creations: list[
         step = step_at(ts)
         if step is not None:
             step.syncs[kind] = step.syncs.get(kind, 0) + 1
-            if kind != "item":  # item's own wait is the stream sync inside it, if any
+            if kind in ("stream_sync", "device_sync"):  # an item's wait is the stream sync in it
                 step.sync_ms += dur / 1e3
     for ts, *_ in creations:
         step = step_at(ts)
@@ -546,7 +597,12 @@ def _summarize(
         conv_pct=100.0 * c.conv_us / compute if compute else None,
         # With a device, .item() of a host tensor (Adam's step count) is no sync: count waits only.
         sync_sites=_sites(
-            c, [(tid, ts) for ts, kind, _, tid in c.syncs if kind != "item" or not c.kernel_durations]
+            c,
+            [
+                (tid, ts)
+                for ts, kind, _, tid in c.syncs
+                if kind in ("stream_sync", "device_sync") or (kind == "item" and not c.kernel_durations)
+            ],
         ),
         cpu_tensor_ops=created,
         cpu_tensor_sites=_sites(c, [(tid, f_start) for _, _, tid, f_start in creations]),

@@ -36,16 +36,20 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
         table["gpu_name"] = a.gpu_name
         amd = any(word in a.gpu_name for word in _AMD)
         major = a.compute_capability
-        if major is not None:
+        # ROCm's computeMajor 9 covers both Vega (no matrix cores) and CDNA (matrix cores), so
+        # on AMD what the GPU has is left unmeasured and the rules that need it stay quiet.
+        if major is not None and not amd:
             table["compute_capability"] = major
-            # Tensor Cores from Volta (7.0); AMD matrix cores from CDNA (MI100, gfx908, reported as 9).
-            table["has_tensor_cores"] = major >= (9 if amd else 7)
-            table["tf32_supported"] = not amd and major >= 8  # TF32 is Ampere's
-            table["bf16_supported"] = major >= (9 if amd else 8)
+            table["has_tensor_cores"] = major >= 7  # Volta and newer
+            table["tf32_supported"] = major >= 8  # Ampere and newer
+            table["bf16_supported"] = major >= 8
     if a.kernels and n:
-        table["kernels_per_step"] = a.kernels / n
         table["short_kernel_pct"] = 100.0 * a.short_kernels / a.kernels
-    if n and step_ms:
+    # Counts per step only where the trace marks steps: a trace without ProfilerStep#N is one
+    # window of unknown length, and its totals are not per-step figures.
+    if a.kernels and n and a.steps_marked:
+        table["kernels_per_step"] = a.kernels / n
+    if n and step_ms and a.steps_marked:
         h2d = [s.h2d_pageable + s.h2d_pinned + s.h2d_unknown for s in steps]
         table["h2d_copies_per_step"] = sum(h2d) / n
         table["h2d_pageable_per_step"] = sum(s.h2d_pageable for s in steps) / n

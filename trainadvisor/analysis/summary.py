@@ -46,7 +46,8 @@ def attach_trace(raw: RawRun, out_dir: Path, script: Path | None = None) -> dict
     the trace's measurements (call sites resolved against the script's folder)."""
     if not raw.trace_file:
         return {}
-    analysis = analyze_trace(out_dir / raw.trace_file, (script.resolve().parent,) if script else ())
+    sources = (script.resolve().parent,) if script else ()
+    analysis = analyze_trace(out_dir / raw.trace_file, sources)
     for record, traced in zip([s for s in raw.steps if s.profiled], analysis.steps):
         record.h2d_copy_ms = traced.h2d_ms
     return trace_measurements(analysis)

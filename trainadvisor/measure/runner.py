@@ -43,6 +43,7 @@ class RunSpec:
     loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     non_blocking_h2d: bool = False
     runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    with_stack: bool = False  # trace Python stacks (for call sites; slows the host)
     timeout_s: float | None = None  # None: no limit
 
 
@@ -118,6 +119,7 @@ def measure(spec: RunSpec) -> RawRun:
         loader_overrides=spec.loader_overrides,
         non_blocking_h2d=spec.non_blocking_h2d,
         runtime_overrides=spec.runtime_overrides,
+        with_stack=spec.with_stack,
     )
     config_file = work / f"{spec.label}.config.json"
     config_file.write_text(json.dumps(asdict(config)))
@@ -151,7 +153,11 @@ def measure(spec: RunSpec) -> RawRun:
     raw = _result(result_file, spec, proc.returncode, killed)
     raw.wall_s = time.monotonic() - started
     raw.log_file = log_rel
-    raw.overrides = {"loaders": spec.loader_overrides, "non_blocking_h2d": spec.non_blocking_h2d}
+    raw.overrides = {
+        "loaders": spec.loader_overrides,
+        "non_blocking_h2d": spec.non_blocking_h2d,
+        "runtime": spec.runtime_overrides,
+    }
     _attach_samples(raw, sampler)
     if raw.trace_file:
         raw.trace_file = trace_rel
