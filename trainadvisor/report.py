@@ -270,7 +270,13 @@ def analysis_summary(report: Report, analyses: list[Any], out_dir: Path) -> str:
             unknown = f" / {a.h2d_unknown} of unknown kind" if a.h2d_unknown else ""
             facts.append(f"H2D copies {a.h2d_pageable} pageable / {a.h2d_pinned} pinned{unknown}")
         if a.syncs:
-            facts.append("syncs " + ", ".join(f"{k} {v}" for k, v in sorted(a.syncs.items())))
+            names = {
+                "stream_sync": "stream",
+                "device_sync": "device",
+                "item": ".item()",
+                "copy_sync": "in copies",
+            }
+            facts.append("syncs " + ", ".join(f"{v} {names.get(k, k)}" for k, v in sorted(a.syncs.items())))
         if a.peak_reserved_bytes:
             facts.append(f"peak reserved {a.peak_reserved_bytes / 2**30:.2f} GiB")
         if facts:
