@@ -11,11 +11,10 @@ window (the batches differ)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from trainadvisor.compare import KEEP_MIN_SPEEDUP, MEAN_LOSS_TOLERANCE_REL
-from trainadvisor.fixes.switches import NO_GPU
+from trainadvisor.fixes.common import NO_GPU, Setting, cuda_memory, overrides
 from trainadvisor.model import Trial
 
 STEP_GAIN = 1.10
@@ -23,14 +22,8 @@ MAX_FACTOR = 16
 MEMORY_CEILING_PCT = 90.0
 
 
-@dataclass
-class Setting:
-    label: str
-    overrides: dict[str, Any]
-
-
 def _peak_reserved_pct(trial: Trial) -> float | None:
-    memory = (trial.raw.runtime.get("cuda_memory") if trial.raw else None) or {}
+    memory = cuda_memory(trial)
     if memory.get("peak_reserved_bytes") is None or not memory.get("total_bytes"):
         return None
     return 100.0 * memory["peak_reserved_bytes"] / memory["total_bytes"]
@@ -55,8 +48,9 @@ class BatchSize:
         return int(next(iter(trial.overrides["loaders"].values()))["batch_size"])
 
     def _setting(self, values: dict[str, Any], size: int) -> Setting:
-        loaders = {values["dataloader_call_site"]: {"batch_size": size}}
-        return Setting(f"batch_size={size}", {"loaders": loaders, "non_blocking_h2d": False, "runtime": {}})
+        return Setting(
+            f"batch_size={size}", overrides({values["dataloader_call_site"]: {"batch_size": size}})
+        )
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         base = int(values["batch_size"])

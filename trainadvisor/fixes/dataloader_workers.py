@@ -9,21 +9,15 @@ memory and makes the host-to-device copies of pinned batches non-blocking."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from trainadvisor.compare import KEEP_MIN_SPEEDUP, LOSS_TOLERANCE_REL
+from trainadvisor.fixes.common import Setting, overrides
 from trainadvisor.model import Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
 PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
 PREFETCH = 4
-
-
-@dataclass
-class Setting:
-    label: str
-    overrides: dict[str, Any]
 
 
 def max_workers(cpu_count: int) -> int:
@@ -55,12 +49,7 @@ class DataLoaderWorkers:
         if cuda:
             loader["pin_memory"] = True
         # Keyed by the DataLoader(...) call site: a loader rebuilt every epoch gets it every time.
-        overrides = {
-            "loaders": {values["dataloader_call_site"]: loader},
-            "non_blocking_h2d": cuda,
-            "runtime": {},
-        }
-        return Setting(label, overrides)
+        return Setting(label, overrides({values["dataloader_call_site"]: loader}, non_blocking_h2d=cuda))
 
     @staticmethod
     def _workers(trial: Trial) -> int:

@@ -14,11 +14,10 @@ the report lists it as recommended, with both figures."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from trainadvisor.compare import MEAN_LOSS_TOLERANCE_REL
-from trainadvisor.fixes.switches import NO_GPU
+from trainadvisor.fixes.common import NO_GPU, Setting, cuda_memory, overrides
 from trainadvisor.model import Trial
 
 MIN_RELIEF = 0.10  # peak reserved memory must drop by a tenth
@@ -26,15 +25,8 @@ MIN_SPEED = 0.80  # and steps/s stay above 80% of the baseline's
 STEPS = (2, 4)
 
 
-@dataclass
-class Setting:
-    label: str
-    overrides: dict[str, Any]
-
-
 def peak_reserved(trial: Trial) -> int | None:
-    memory = (trial.raw.runtime.get("cuda_memory") if trial.raw else None) or {}
-    value = memory.get("peak_reserved_bytes")
+    value = cuda_memory(trial).get("peak_reserved_bytes")
     return int(value) if value is not None else None
 
 
@@ -64,9 +56,7 @@ class GradAccumulation:
         return Setting(
             f"{k} micro-batches of {size} (batch_size={size}, one update per {k})",
             {
-                "loaders": {values["dataloader_call_site"]: {"batch_size": size}},
-                "non_blocking_h2d": False,
-                "runtime": {"grad_accumulation": k},
+                **overrides({values["dataloader_call_site"]: {"batch_size": size}}, grad_accumulation=k),
                 "baseline": {
                     "peak_reserved_bytes": values["peak_reserved_bytes"],
                     "steps_per_s": values.get("steps_per_s"),

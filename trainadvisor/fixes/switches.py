@@ -5,23 +5,11 @@ move: bit-for-bit for changes of transfer only, looser for changes of arithmetic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from trainadvisor.compare import KEEP_MIN_SPEEDUP, LOSS_TOLERANCE_REL
+from trainadvisor.fixes.common import NO_GPU, Setting, overrides
 from trainadvisor.model import Trial
-
-NO_GPU = "the run used no GPU, and this fix only changes GPU work"
-
-
-@dataclass
-class Setting:
-    label: str
-    overrides: dict[str, Any]
-
-
-def _runtime(**switches: Any) -> dict[str, Any]:
-    return {"loaders": {}, "non_blocking_h2d": False, "runtime": switches}
 
 
 class _Switch:
@@ -63,12 +51,8 @@ class PinMemory(_Switch):
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
-        overrides = {
-            "loaders": {values["dataloader_call_site"]: {"pin_memory": True}},
-            "non_blocking_h2d": True,
-            "runtime": {},
-        }
-        return Setting("pin_memory=True, non_blocking=True host-to-device copies", overrides)
+        pinned = overrides({values["dataloader_call_site"]: {"pin_memory": True}}, non_blocking_h2d=True)
+        return Setting("pin_memory=True, non_blocking=True host-to-device copies", pinned)
 
 
 class Tf32(_Switch):
@@ -86,7 +70,7 @@ class Tf32(_Switch):
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
-        return Setting("torch.backends.cuda.matmul.allow_tf32 = True (and cudnn)", _runtime(tf32=True))
+        return Setting("torch.backends.cuda.matmul.allow_tf32 = True (and cudnn)", overrides(tf32=True))
 
 
 class Amp(_Switch):
@@ -109,9 +93,9 @@ class Amp(_Switch):
     def setting(self, values: dict[str, Any]) -> Setting:
         if values.get("bf16_supported"):
             return Setting(
-                "torch.autocast(dtype=torch.bfloat16) around the forward pass", _runtime(amp="bf16")
+                "torch.autocast(dtype=torch.bfloat16) around the forward pass", overrides(amp="bf16")
             )
-        return Setting("torch.autocast(dtype=torch.float16) with a GradScaler", _runtime(amp="fp16"))
+        return Setting("torch.autocast(dtype=torch.float16) with a GradScaler", overrides(amp="fp16"))
 
 
 class FusedOptimizer(_Switch):
@@ -131,7 +115,7 @@ class FusedOptimizer(_Switch):
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
-        return Setting(f"{values['optimizer']}(..., fused=True)", _runtime(fused_optimizer=True))
+        return Setting(f"{values['optimizer']}(..., fused=True)", overrides(fused_optimizer=True))
 
 
 class CudnnBenchmark(_Switch):
@@ -147,4 +131,4 @@ class CudnnBenchmark(_Switch):
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
-        return Setting("torch.backends.cudnn.benchmark = True", _runtime(cudnn_benchmark=True))
+        return Setting("torch.backends.cudnn.benchmark = True", overrides(cudnn_benchmark=True))
