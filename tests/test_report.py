@@ -105,3 +105,18 @@ def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
         str([rule.id for rule in engine.load_rules([rules_dir()])]),
     ]
     assert (site / "trainadvisor" / "templates" / "report.html.j2").is_file()
+
+
+def test_the_loss_sentence_states_the_tolerance_it_was_held_to() -> None:
+    from trainadvisor.model import LossCheck
+    from trainadvisor.report import loss_sentence
+
+    amp = LossCheck(25, 0.031, 0.0129, 0.05, True, same_batches=True)
+    assert loss_sentence(amp) == (
+        "training unchanged: the loss of 25 seeded steps differs by at most 0.031 (1.3%, tolerance 5%)"
+    )
+    bigger_batch = LossCheck(25, 0.4, 0.2, 0.1, False, same_batches=False, mean_rel_diff=0.12)
+    assert loss_sentence(bigger_batch) == (
+        "training CHANGED: the mean loss of 25 seeded steps differs by 12% (tolerance 10%; the "
+        "batches differ between runs)"
+    )

@@ -231,9 +231,15 @@ def loss_sentence(check: LossCheck) -> str:
     if check.max_abs_diff == 0:
         return f"training unchanged: the loss of {check.steps_compared} seeded steps is identical"
     verdict = "unchanged" if check.equivalent else "CHANGED"
+    tolerance = f"tolerance {100 * check.tolerance_rel:.2g}%"
+    if check.same_batches is False and check.mean_rel_diff is not None:
+        return (
+            f"training {verdict}: the mean loss of {check.steps_compared} seeded steps differs by "
+            f"{100 * check.mean_rel_diff:.2g}% ({tolerance}; the batches differ between runs)"
+        )
     return (
         f"training {verdict}: the loss of {check.steps_compared} seeded steps differs by at most "
-        f"{check.max_abs_diff:.3g} ({100 * (check.max_rel_diff or 0):.2g}%)"
+        f"{check.max_abs_diff:.3g} ({100 * (check.max_rel_diff or 0):.2g}%, {tolerance})"
     )
 
 
