@@ -68,8 +68,8 @@ def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> No
     assert (finding.severity if finding else None) == severity
     if finding:
         assert finding.message == (
-            f"The loop waited on the DataLoader for {data_wait_pct:.0f}% of each step "
-            "(10.0 ms of 50.0 ms on average) with num_workers=0."
+            f"The loop waited for its next batch for {data_wait_pct:.0f}% of each step "
+            "(10.0 ms of 50.0 ms on average)."
         )
 
 

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["step", "__version__"]
+__all__ = ["advise", "step", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    # `advise` imports torch: loaded on first use, so `import trainadvisor` stays light (the
+    # command-line parent process never imports torch).
+    if name == "advise":
+        from trainadvisor.advisor import advise
+
+        return advise
+    raise AttributeError(f"module 'trainadvisor' has no attribute {name!r}")
 
 
 def step() -> None:

@@ -178,7 +178,7 @@ class Recorder:
         self.data_wait_s += seconds
         if self.window_done:
             return
-        tensors = list(_tensors(batch))
+        tensors = list(batch_tensors(batch))
         if self.config.non_blocking_h2d:
             for tensor in tensors:
                 if tensor.is_pinned():
@@ -212,17 +212,17 @@ class Recorder:
     def _collect(self, status: str, exit_code: int | None, error: str | None) -> RawRun:
         if self.profiler is not None:
             self.profiler.stop()
-            _export_trace(self.profiler, Path(str(self.config.trace_file)))
+            export_trace(self.profiler, Path(str(self.config.trace_file)))
             self.profiler = None
         # One host sync for all steps, after the window: the loop itself never waits for it.
         losses = [float(loss.float().item()) if loss is not None else None for loss in self.losses]
         for record in self.records:
             record.loss = losses[record.index]
         trace = self.config.trace_file
-        self.runtime.update(_optimizer_facts(self.optimizer))
+        self.runtime.update(optimizer_facts(self.optimizer))
         self.runtime["optimizers"] = len(self.optimizer_ids)
         if self.runtime.get("cuda_used"):
-            self.runtime["cuda_memory"] = _cuda_memory()
+            self.runtime["cuda_memory"] = cuda_memory()
         return RawRun(
             label=self.config.label,
             status=status,
@@ -234,7 +234,7 @@ class Recorder:
             steps_seen=self.steps_seen,
             steps=self.records,
             loaders=self.loaders,
-            device=_device_info(),
+            device=device_info(),
             window_start_unix_s=self.window_start_unix_s,
             batch_fingerprints=self.batch_fingerprints,
             losses=losses,
@@ -248,14 +248,18 @@ _FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
 
 
 def _flags(recorder: Recorder) -> dict[str, Any]:
+    return torch_facts(recorder.data_parallel_modules, recorder.config.runtime_overrides.get("amp"))
+
+
+def torch_facts(data_parallel_modules: int | None, amp_override: str | None) -> dict[str, Any]:
     """torch's switches as the training loop runs with them (read at the window's start)."""
     cuda_used = torch.cuda.is_available() and torch.cuda.is_initialized()
     facts: dict[str, Any] = {
         "cuda_used": cuda_used,
         "anomaly_detection": torch.is_anomaly_enabled(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "data_parallel_modules": recorder.data_parallel_modules,
-        "amp_override": recorder.config.runtime_overrides.get("amp"),
+        "data_parallel_modules": data_parallel_modules,
+        "amp_override": amp_override,
     }
     if cuda_used:
         facts.update(
@@ -276,7 +280,7 @@ def _native_bf16() -> bool:
         return bool(torch.cuda.is_bf16_supported())
 
 
-def _optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     if optimizer is None:
         return {}
     name = type(optimizer).__name__
@@ -291,7 +295,7 @@ def _optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     }
 
 
-def _cuda_memory() -> dict[str, Any]:
+def cuda_memory() -> dict[str, Any]:
     stats = torch.cuda.memory_stats()
     return {
         "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
@@ -445,7 +449,7 @@ def _fingerprint(tensor: torch.Tensor) -> str:
     return f"{tuple(tensor.shape)}:{str(tensor.dtype)[6:]}:{digest & 0xFFFFFFFFFFFF:012x}"
 
 
-def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
+def export_trace(profiler: torch.profiler.profile, path: Path) -> None:
     """Chrome trace, gzipped (a tenth of the size; TensorBoard and Perfetto open .json.gz)."""
     plain = path.with_suffix("")  # x.pt.trace.json.gz -> x.pt.trace.json
     profiler.export_chrome_trace(str(plain))
@@ -454,18 +458,18 @@ def _export_trace(profiler: torch.profiler.profile, path: Path) -> None:
     plain.unlink()
 
 
-def _tensors(batch: Any) -> Any:
+def batch_tensors(batch: Any) -> Any:
     if isinstance(batch, torch.Tensor):
         yield batch
     elif isinstance(batch, dict):
         for value in batch.values():
-            yield from _tensors(value)
+            yield from batch_tensors(value)
     elif isinstance(batch, (list, tuple)):
         for value in batch:
-            yield from _tensors(value)
+            yield from batch_tensors(value)
 
 
-def _device_info() -> DeviceInfo:
+def device_info() -> DeviceInfo:
     cuda_used = torch.cuda.is_available() and torch.cuda.is_initialized()
     return DeviceInfo(
         torch_version=torch.__version__,

@@ -32,3 +32,10 @@ class ScriptFailedError(TrainAdvisorError):
     """The user's script raised or exited non-zero. What was measured is still reported."""
 
     exit_code = 3
+
+
+class MissingDependencyError(TrainAdvisorError, ImportError):
+    """An integration was used without the library it plugs into; the message says what to
+    install."""
+
+    exit_code = 2

@@ -28,7 +28,9 @@ def main() -> None:
     target.mkdir(parents=True, exist_ok=True)
     for name, args in RUNS.items():
         with tempfile.TemporaryDirectory() as work:
-            raw = measure(RunSpec(name, ROOT / "examples" / f"{name}.py", args, Path(work), 2, 3, show_output=False))
+            raw = measure(
+                RunSpec(name, ROOT / "examples" / f"{name}.py", args, Path(work), 2, 3, show_output=False)
+            )
             if raw.trace_file is None:
                 raise SystemExit(f"{name}: no trace ({raw.status}: {raw.error})")
             device = "cuda" if raw.device and raw.device.cuda_used else "cpu"

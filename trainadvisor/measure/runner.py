@@ -158,7 +158,7 @@ def measure(spec: RunSpec) -> RawRun:
         "non_blocking_h2d": spec.non_blocking_h2d,
         "runtime": spec.runtime_overrides,
     }
-    _attach_samples(raw, sampler)
+    attach_samples(raw, sampler)
     if raw.trace_file:
         raw.trace_file = trace_rel
     return raw
@@ -191,7 +191,7 @@ def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | Non
     )
 
 
-def _attach_samples(raw: RawRun, sampler: Sampler) -> None:
+def attach_samples(raw: RawRun, sampler: Sampler) -> None:
     t0 = raw.window_start_unix_s
     if t0 is None:
         t0 = sampler.host[0].unix_s if sampler.host else 0.0

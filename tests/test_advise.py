@@ -1,0 +1,318 @@
+"""`@advise` and the framework callbacks, in this test process: real training steps, real
+profiler windows, real report folders."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+import typing
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.optimizer import _global_optimizer_post_hooks
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from trainadvisor import advise
+from trainadvisor.advisor import Advisor
+from trainadvisor.errors import MissingDependencyError
+
+ORIGINAL_NEXT = _BaseDataLoaderIter.__next__
+
+
+def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator))
+        for _ in range(n)
+    ]
+
+
+def _train(step: typing.Callable[..., torch.Tensor], model: nn.Module, n: int = 30) -> list[float]:
+    return [step(x, y).item() for x, y in _batches(n)]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _state() -> tuple[list[str], object, bool, int]:
+    """What must be as it was after the window: threads, DataLoader timing, profiler, hooks."""
+    names = sorted(t.name for t in threading.enumerate())
+    return (
+        names,
+        _BaseDataLoaderIter.__next__,
+        torch.autograd.profiler._is_profiler_enabled,
+        len(_global_optimizer_post_hooks),
+    )
+
+
+def test_a_decorated_step_trains_exactly_as_undecorated_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    model, optimizer = _model()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    plain = _train(step, model)
+    plain_weights = [p.detach().clone() for p in model.parameters()]
+    model, optimizer = _model()
+    before = _state()
+    advised = advise(warmup=3, steps=10, out=tmp_path / "report")(step)
+    assert _train(advised, model) == plain  # the same losses, step by step
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), plain_weights))
+    assert _state() == before
+    advisor: Advisor = advised.advisor  # type: ignore[attr-defined]
+    assert advisor.report is not None and not advisor.active
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["baseline"]["steps"] == 10  # the timed steps; 10 more were traced
+    assert [r["loss"] for r in report["baseline"]["raw"]["steps"]] == pytest.approx(plain[3:23])
+    assert report["baseline"]["raw"]["runtime"]["optimizer"] == "SGD"
+    assert {"report.html", "report.md", "report.json"} <= {p.name for p in (tmp_path / "report").iterdir()}
+    assert (tmp_path / "report" / "traces" / "advise" / "trainadvisor.pt.trace.json.gz").is_file()
+
+
+def test_decorating_keeps_signature_hints_return_values_and_exceptions(tmp_path: Path) -> None:
+    def scaled(x: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
+        """Double it."""
+        if factor < 0:
+            raise ValueError("negative")
+        return x * factor
+
+    advised = advise(warmup=1, steps=2, out=tmp_path / "r")(scaled)
+    assert inspect.signature(advised) == inspect.signature(scaled)
+    assert typing.get_type_hints(advised) == typing.get_type_hints(scaled)
+    assert (advised.__name__, advised.__doc__, advised.__wrapped__) == ("scaled", "Double it.", scaled)  # type: ignore[attr-defined]
+    x = torch.ones(3)
+    assert torch.equal(advised(x, factor=3.0), x * 3.0)
+    with pytest.raises(ValueError, match="negative"):
+        advised(x, factor=-1.0)
+    for _ in range(12):
+        advised(x)  # the window completes after the failed call was dropped
+    assert advised.advisor.report is not None  # type: ignore[attr-defined]
+
+
+def test_bare_decorator_on_a_method(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.model, self.optimizer = _model()
+
+        @advise
+        def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            return loss
+
+    trainer = Trainer()
+    for x, y in _batches(40):  # 5 warmup + 20 timed + 10 traced by default
+        trainer.step(x, y)
+    assert (tmp_path / "trainadvisor-report" / "report.json").is_file()
+
+
+def test_the_wait_between_calls_is_the_input_pipeline(tmp_path: Path) -> None:
+    """A loop that spends 20 ms fetching each batch and 1 ms in the step: data-stall, high."""
+    model, optimizer = _model()
+
+    @advise(warmup=2, steps=10, out=tmp_path / "r")
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for x, y in _batches(25):
+        time.sleep(0.02)  # the slow input pipeline
+        step(x, y)
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["baseline"]["breakdown_pct"]["data_wait"] > 80
+    [finding] = [f for f in report["findings"] if f["rule"] == "data-stall"]
+    assert finding["severity"] == "high"
+    [outcome] = report["fix_outcomes"]
+    assert outcome["fix"] == "dataloader-workers" and outcome["status"] == "not_applicable"  # no DataLoader
+
+
+class _Slow(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self) -> None:
+        self.data = TensorDataset(*_batches(1)[0])
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.002)
+        return self.data[index]  # type: ignore[no-any-return]
+
+
+def test_a_with_block_times_steps_and_dataloader_waits(tmp_path: Path) -> None:
+    model, optimizer = _model()
+    loader = DataLoader(_Slow(), batch_size=4)
+    with advise(warmup=2, steps=6, out=tmp_path / "r") as advisor:
+        for _ in range(8):
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                advisor.step(loss)
+    assert _BaseDataLoaderIter.__next__ is ORIGINAL_NEXT
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    waits = [s["data_wait_ms"] for s in report["baseline"]["raw"]["steps"]]
+    assert len(waits) == 12 and min(waits) >= 8.0  # 4 samples x 2 ms in every step
+    assert report["findings"][0]["rule"] == "data-stall"
+
+
+def test_a_with_block_that_ends_early_writes_nothing_and_cleans_up(tmp_path: Path) -> None:
+    messages: list[str] = []
+    before = _state()
+    with Advisor(warmup=2, steps=10, out=tmp_path / "r", echo=messages.append) as advisor:
+        for _ in range(5):
+            advisor.step()
+    assert _state() == before and not (tmp_path / "r").exists()
+    assert (
+        messages[-1]
+        == "trainadvisor: the block ended after 5 steps, before the 22 the window needs: no report"
+    )
+
+
+def test_an_error_inside_the_advisor_is_a_warning_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, optimizer = _model()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    plain = _train(step, model)
+    model, optimizer = _model()
+    before = _state()
+    advised = advise(warmup=2, steps=4, out=tmp_path / "r")(step)
+
+    def broken(self: Advisor) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Advisor, "_start_profiler", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _train(advised, model) == plain
+    assert [str(w.message) for w in caught] == [
+        "trainadvisor: the advisor stopped (OSError: disk full); training goes on unchanged. Set "
+        "TRAINADVISOR_DEBUG=1 to see where."
+    ]
+    assert _state() == before and not advised.advisor.active  # type: ignore[attr-defined]
+
+
+def test_the_report_folder_is_announced_once(tmp_path: Path) -> None:
+    messages: list[str] = []
+    Advisor(out=tmp_path / "once", echo=messages.append)
+    Advisor(out=tmp_path / "once", echo=messages.append)
+    assert messages == [
+        f"trainadvisor: advising after 5 warmup steps; the report goes to {tmp_path / 'once'} "
+        "(advise(out=...) to choose)"
+    ]
+
+
+def test_a_folder_of_the_users_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    advised = advise(warmup=1, steps=2, out=tmp_path / "mine")(lambda x: x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            advised(1)
+    assert "the folder has files and is not a trainadvisor report" in str(caught[0].message)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+    from trainadvisor.integrations import LightningAdvisor
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 4)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=8)
+    callback = LightningAdvisor(warmup=2, steps=5, out=tmp_path / "r")
+    trainer = lightning.Trainer(
+        max_epochs=1, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(Module(), data)
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["baseline"]["steps"] == 5
+    assert all(s["loss"] is not None for s in report["baseline"]["raw"]["steps"])
+    assert report["baseline"]["raw"]["runtime"]["optimizer"] == "SGD"
+
+
+def test_hugging_face_callback(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from trainadvisor.integrations import HuggingFaceAdvisor
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": nn.functional.cross_entropy(self.net(x), labels)}
+
+    class Data(Dataset[dict[str, torch.Tensor]]):
+        def __len__(self) -> int:
+            return 256
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"x": torch.full((16,), float(i % 7)), "labels": torch.tensor(i % 4)}
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=8, num_train_epochs=1,
+        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    callback = HuggingFaceAdvisor(warmup=2, steps=5, out=tmp_path / "r")
+    transformers.Trainer(model=Model(), args=args, train_dataset=Data(), callbacks=[callback]).train()
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["baseline"]["steps"] == 5 and report["baseline"]["raw"]["runtime"]["optimizer"] == "AdamW"
+
+
+def test_integrations_import_without_their_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from trainadvisor import integrations
+
+    for name in ("lightning", "lightning.pytorch", "pytorch_lightning", "transformers"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    with pytest.raises(MissingDependencyError, match="pip install lightning"):
+        integrations.LightningAdvisor()
+    with pytest.raises(MissingDependencyError, match="pip install transformers"):
+        integrations.HuggingFaceAdvisor()

@@ -1,0 +1,408 @@
+"""`@advise`: the profiler inside the user's own process, for steps that cannot be handed to
+`trainadvisor profile` (notebooks, framework trainers, a step buried in a larger program).
+
+    @advise                       # or @advise(warmup=5, steps=20, out="report")
+    def train_step(batch): ...
+
+    with advise() as advisor:     # around a loop
+        for batch in loader:
+            ...
+            advisor.step()
+
+The window is the one `profile` measures: `warmup` steps, then `steps` steps timed with clocks
+alone, then up to 10 traced with torch.profiler. A decorated function's step runs from the end
+of the previous call to the end of this one; the time between calls is the input pipeline's (the
+loop fetching the next batch), the call itself is compute, copies and syncs. In a `with` block a
+step runs from one `advisor.step()` to the next and the wait inside DataLoader `__next__` is
+timed. When the window ends the advisor writes the same report folder as `profile`, prints the
+diagnosis and removes everything it installed; training goes on untouched. Fixes are not applied
+in-process: each is listed with the `trainadvisor profile` command that measures it.
+
+Nothing the advisor does may break training: any error inside it is reported once as a warning
+and the advisor switches itself off, leaving the step to run as if undecorated."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from trainadvisor import _hooks, engine, fixes
+from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
+from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
+from trainadvisor.measure.sampling import Sampler
+from trainadvisor.model import SCHEMA_VERSION, FixOutcome, RawRun, Report, StepRecord
+from trainadvisor.pipeline import check_out_dir
+from trainadvisor.report import terminal_summary, write_report
+from trainadvisor.resources import rules_dir, templates_dir
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_OUT = Path("trainadvisor-report")
+_announced: set[Path] = set()  # report folders already announced in this process
+
+
+class Advisor:
+    """One profiling window inside this process. Use it through `advise`."""
+
+    def __init__(
+        self,
+        warmup: int = 5,
+        steps: int = 20,
+        out: str | Path | None = None,
+        rules: list[str | Path] | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        if warmup < 0 or steps < 1:
+            raise ValueError("advise: warmup must be >= 0 and steps >= 1")
+        self.warmup, self.steps = warmup, steps
+        self.profile_steps = min(PROFILE_STEPS, steps)
+        self.out = Path(out) if out is not None else DEFAULT_OUT
+        self.rule_dirs = [Path(r) for r in rules or []]
+        self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.active = True  # False once the window is reported or the advisor failed
+        self.report: Report | None = None
+        self.calls = 0  # steps ended so far
+        self.records: list[StepRecord] = []
+        self.losses: list[float | None] = []
+        self.pending_losses: list[torch.Tensor | None] = []
+        self.last_end: float | None = None
+        self.call_start: float | None = None
+        self.window_t0 = 0.0
+        self.window_start_unix_s: float | None = None
+        self.data_wait_s = 0.0
+        self.samples: int | None = None
+        self.runtime: dict[str, Any] = {}
+        self.profiler: torch.profiler.profile | None = None
+        self.sampler: Sampler | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer_ids: set[int] = set()
+        self._undo: list[Callable[[], None]] = []
+        self._started = time.monotonic()
+        if self.out not in _announced:
+            _announced.add(self.out)
+            self.echo(
+                f"trainadvisor: advising after {warmup} warmup steps; the report goes to "
+                f"{self.out.resolve()} (advise(out=...) to choose)"
+            )
+
+    # ---- the step boundaries (each guarded: an advisor error never reaches training) ----
+
+    def call_started(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> None:
+        if not self.active:
+            return
+        try:
+            self.call_start = time.perf_counter()
+            if self._in_window():
+                tensors = list(_hooks.batch_tensors([args, kwargs or {}]))
+                if tensors and tensors[0].dim() > 0:
+                    self.samples = int(tensors[0].shape[0])
+        except Exception as exc:
+            self._fail(exc)
+
+    def call_ended(self, result: Any = None) -> None:
+        """The end of a step: a decorated call returned, or `advisor.step()` was called."""
+        if not self.active:
+            return
+        try:
+            self._boundary(result)
+        except Exception as exc:
+            self._fail(exc)
+
+    def call_failed(self) -> None:
+        """The step raised: its timing is dropped, the next step starts now."""
+        if self.active:
+            self.last_end, self.call_start = time.perf_counter(), None
+
+    def step(self, loss: Any = None) -> None:
+        """Mark the end of one training step in a `with advise()` block (optionally with its
+        loss, for the report)."""
+        self.call_ended(loss)
+
+    # ---- the window ----
+
+    def _in_window(self) -> bool:
+        return self.warmup <= self.calls < self.warmup + self.steps + self.profile_steps
+
+    def _boundary(self, result: Any) -> None:
+        now = time.perf_counter()
+        if self._in_window():
+            previous = self.last_end if self.last_end is not None else (self.call_start or now)
+            # Between calls: the loop fetching the next batch. In a `with` block, DataLoader time.
+            gap = (self.call_start - previous) if self.call_start is not None else self.data_wait_s
+            self.records.append(
+                StepRecord(
+                    index=self.calls,
+                    start_ms=(previous - self.window_t0) * 1e3,
+                    step_ms=(now - previous) * 1e3,
+                    data_wait_ms=max(gap, 0.0) * 1e3,
+                    samples=self.samples,
+                    profiled=self.profiler is not None,
+                )
+            )
+            self.pending_losses.append(_loss_of(result))
+            if self.profiler is not None:
+                self.profiler.step()
+        self.calls += 1
+        self.data_wait_s, self.samples, self.call_start = 0.0, None, None
+        if self.calls == self.warmup:
+            self._start_window()
+        elif self.calls == self.warmup + self.steps:
+            self._start_profiler()
+        elif self.calls == self.warmup + self.steps + self.profile_steps:
+            self._finish()
+        self.last_end = time.perf_counter()
+
+    def _start_window(self) -> None:
+        self.runtime = _hooks.torch_facts(None, None)
+        self.window_t0, self.window_start_unix_s = time.perf_counter(), time.time()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+        self.sampler = Sampler(os.getpid())
+        self.sampler.start()
+        self._time_loaders()
+        self._undo.append(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
+
+    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        self.optimizer_ids.add(id(optimizer))
+
+    def _time_loaders(self) -> None:
+        """Time DataLoader `__next__` while the window runs (used by `with` blocks, where there
+        is no call to time around)."""
+        original = _BaseDataLoaderIter.__next__
+        advisor = self
+
+        def timed_next(iterator: _BaseDataLoaderIter) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(iterator)
+            finally:
+                advisor.data_wait_s += time.perf_counter() - t0
+
+        _BaseDataLoaderIter.__next__ = timed_next  # type: ignore[assignment,method-assign]
+        self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
+
+    def _start_profiler(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(
+            activities=activities, schedule=lambda _step: torch.profiler.ProfilerAction.RECORD
+        )
+        self.profiler.start()
+
+    def _cleanup(self) -> None:
+        """Stop the profiler and the sampler thread and undo the patches: torch as it was."""
+        self.active = False
+        if self.profiler is not None:
+            try:
+                self.profiler.stop()
+            finally:
+                self.profiler = None
+        if self.sampler is not None:
+            self.sampler.stop()
+        while self._undo:
+            self._undo.pop()()
+
+    def _fail(self, exc: BaseException) -> None:
+        try:
+            self._cleanup()
+        finally:
+            warnings.warn(
+                f"trainadvisor: the advisor stopped ({type(exc).__name__}: {exc}); training goes on "
+                "unchanged. Set TRAINADVISOR_DEBUG=1 to see where.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            if os.environ.get("TRAINADVISOR_DEBUG"):
+                raise exc
+
+    def _finish(self) -> None:
+        """The window is measured: write the report, print the diagnosis, remove everything."""
+        check_out_dir(self.out)
+        trace_rel = "traces/advise/trainadvisor.pt.trace.json.gz"
+        profiler, sampler = self.profiler, self.sampler
+        self.profiler = None
+        if profiler is not None:
+            profiler.stop()
+            (self.out / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+            _hooks.export_trace(profiler, self.out / trace_rel)
+        if sampler is not None:
+            sampler.stop()
+            self.sampler = None
+        self._cleanup()
+        self.runtime.update(_hooks.optimizer_facts(self.optimizer))
+        if self.optimizer_ids:
+            self.runtime["optimizers"] = len(self.optimizer_ids)
+        if self.runtime.get("cuda_used"):
+            self.runtime["cuda_memory"] = _hooks.cuda_memory()
+        losses = [float(loss.float().item()) if loss is not None else None for loss in self.pending_losses]
+        for record, loss in zip(self.records, losses):
+            record.loss = loss
+        raw = RawRun(
+            label="advise",
+            status="window_complete",
+            exit_code=None,
+            error=None,
+            warmup_steps=self.warmup,
+            window_steps=self.steps,
+            profile_steps=self.profile_steps,
+            steps_seen=self.calls,
+            steps=self.records,
+            loaders=[],
+            device=_hooks.device_info(),
+            window_start_unix_s=self.window_start_unix_s,
+            losses=[*([None] * self.warmup), *losses],
+            trace_file=trace_rel if profiler is not None else None,
+            runtime=self.runtime,
+        )
+        if sampler is not None:
+            attach_samples(raw, sampler)
+        self.report = self._report(raw)
+        write_report(self.report, self.out, templates_dir())
+        self.echo(terminal_summary(self.report, self.out))
+
+    def _report(self, raw: RawRun) -> Report:
+        script = Path(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else None
+        trace = attach_trace(raw, self.out, script)
+        run = summarize(raw)
+        run.trace = trace
+        values = named_measurements(run)
+        findings = engine.evaluate(engine.load_rules([rules_dir(), *self.rule_dirs]), values)
+        plan = fixes.plan(findings, values)
+        command = self._profile_command(script)
+        restart = f"measure it with: {' '.join(command)}" if command else _NO_SCRIPT
+        outcomes = [
+            FixOutcome(
+                p.fix, p.rule, "needs_restart" if p.applicable else "not_applicable",
+                restart if p.applicable else p.reason, {}, [],
+            )
+            for p in plan
+        ]  # fmt: skip
+        notes = [
+            "Measured in-process by @advise: fixes are not applied here. `trainadvisor profile` "
+            "reruns the script with each fix and measures it before and after."
+        ]
+        return Report(
+            schema_version=SCHEMA_VERSION,
+            command=command or ["@advise"],
+            script=str(script) if script else "<in-process>",
+            environment=raw.device,
+            baseline=run,
+            after=None,
+            findings=findings,
+            plan=plan,
+            fix_outcomes=outcomes,
+            applied_fixes=[],
+            speedup=None,
+            comparison=None,
+            notes=notes,
+            elapsed_s=time.monotonic() - self._started,
+        )
+
+    def _profile_command(self, script: Path | None) -> list[str] | None:
+        if script is None or not script.is_file():
+            return None
+        command = ["trainadvisor", "profile", "--warmup", str(self.warmup), "--steps", str(self.steps)]
+        for folder in self.rule_dirs:
+            command += ["--rules", str(folder)]
+        return [*command, str(script), *sys.argv[1:]]
+
+    # ---- `with advise() as advisor:` ----
+
+    def __enter__(self) -> Advisor:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.active:  # the block ended before the window did: leave nothing behind
+            self._cleanup()
+            if kind is None:
+                self.echo(
+                    f"trainadvisor: the block ended after {self.calls} steps, before the "
+                    f"{self.warmup + self.steps + self.profile_steps} the window needs: no report"
+                )
+
+    # ---- `@advise(...)` ----
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        return _wrap(fn, self)
+
+
+_NO_SCRIPT = "restart the training from a script to measure it with `trainadvisor profile`"
+
+
+def _loss_of(result: Any) -> torch.Tensor | None:
+    """The step's loss: a returned scalar tensor (or a float), or `loss` in a returned dict."""
+    if isinstance(result, dict):
+        result = result.get("loss")
+    elif isinstance(result, (tuple, list)) and result:
+        result = result[0]
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        return result.detach()
+    if isinstance(result, float):
+        return torch.tensor(result)
+    return None
+
+
+def _wrap(fn: Callable[P, R], advisor: Advisor) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def advised(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not advisor.active:
+            return fn(*args, **kwargs)
+        advisor.call_started(args, kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            advisor.call_failed()
+            raise
+        advisor.call_ended(result)
+        return result
+
+    advised.advisor = advisor  # type: ignore[attr-defined]
+    return advised
+
+
+@overload
+def advise(fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+
+@overload
+def advise(
+    fn: None = None,
+    /,
+    *,
+    warmup: int = 5,
+    steps: int = 20,
+    out: str | Path | None = None,
+    rules: list[str | Path] | None = None,
+) -> Advisor: ...
+
+
+def advise(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    warmup: int = 5,
+    steps: int = 20,
+    out: str | Path | None = None,
+    rules: list[str | Path] | None = None,
+) -> Callable[P, R] | Advisor:
+    """Profile a training step where it runs: `@advise`, `@advise(warmup=5, steps=20)`, or
+    `with advise() as advisor: ... advisor.step()`. See the module's documentation."""
+    advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
+    return advisor(fn) if fn is not None else advisor
