@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_post_hooks
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -316,3 +317,26 @@ def test_integrations_import_without_their_libraries(monkeypatch: pytest.MonkeyP
         integrations.LightningAdvisor()
     with pytest.raises(MissingDependencyError, match="pip install transformers"):
         integrations.HuggingFaceAdvisor()
+
+
+def test_advise_stands_down_under_trainadvisor_profile(tmp_path: Path) -> None:
+    """A script with @advise profiled by `trainadvisor profile`: one profiler, one report."""
+    script = tmp_path / "advised.py"
+    script.write_text(
+        "import torch\n"
+        "from trainadvisor import advise\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "@advise(warmup=1, steps=2, out='inner')\n"
+        "def step():\n"
+        "    loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+        "    optimizer.zero_grad(); loss.backward(); optimizer.step()\n"
+        "    return loss\n"
+        "for _ in range(40):\n"
+        "    step()\n"
+    )
+    result = run_cli(
+        "profile", "--no-fix", "--warmup", "2", "--steps", "5", "--out", tmp_path / "r", script, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "r" / "report.json").is_file() and not (tmp_path / "inner").exists()

@@ -90,6 +90,11 @@ class Advisor:
         self.optimizer_ids: set[int] = set()
         self._undo: list[Callable[[], None]] = []
         self._started = time.monotonic()
+        if _hooks.ACTIVE is not None:
+            # Under `trainadvisor profile`, which measures this script already (and a second
+            # profiler session in one process can crash torch).
+            self.active = False
+            return
         if self.out not in _announced:
             _announced.add(self.out)
             self.echo(
