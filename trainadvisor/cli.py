@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from trainadvisor import __version__
-from trainadvisor.errors import ScriptFailedError, TrainAdvisorError
+from trainadvisor.errors import ScriptFailedError, TrainAdvisorError, UsageError
 from trainadvisor.report import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -214,6 +214,132 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
     except TrainAdvisorError as exc:
         click.echo(f"trainadvisor: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+
+
+def _guarded(work: Callable[[], int]) -> None:
+    """Run a command: our errors as one line with their exit code, defects as one line too."""
+    try:
+        code = work()
+    except TrainAdvisorError as exc:
+        click.echo(f"trainadvisor: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        if os.environ.get("TRAINADVISOR_DEBUG"):
+            raise
+        click.echo(
+            f"trainadvisor: internal error: {type(exc).__name__}: {exc}. Please report it; "
+            "set TRAINADVISOR_DEBUG=1 to see the traceback.",
+            err=True,
+        )
+        sys.exit(1)
+    sys.exit(code)
+
+
+def _load(path: Path) -> Any:
+    """A saved report: its folder or its report.json."""
+    from trainadvisor.report import load_report
+
+    folder = path.parent if path.name == "report.json" else path
+    if not (folder / "report.json").is_file():
+        raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
+    try:
+        return load_report(folder)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{folder / 'report.json'}: not a report this version can read ({exc})") from None
+
+
+@main.command(
+    epilog="""\b
+Exit codes:
+  0  the report was re-rendered
+  2  no report.json in DIR, or one this version cannot read
+  1  trainadvisor itself failed (please report it)"""
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the HTML and Markdown here instead of into DIR.",
+)
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
+def report(out_dir: Path | None, folder: Path) -> None:
+    """Re-render report.html and report.md from DIR/report.json, without rerunning anything
+    (after an upgrade of trainadvisor, or with edited templates).
+
+    \b
+    Example:
+      trainadvisor report trainadvisor-report/
+    """
+
+    def work() -> int:
+        from trainadvisor.pipeline import check_out_dir
+
+        saved = _load(folder)
+        target = out_dir or folder
+        if out_dir is not None:
+            check_out_dir(out_dir)
+        write_report(saved, target, templates_dir())
+        click.echo(terminal_summary(saved, target))
+        return 0
+
+    _guarded(work)
+
+
+@main.command(
+    epilog="""\b
+Exit codes:
+  0  no regression beyond --max-regression (or within the runs' noise)
+  1  HEAD's throughput is lower than BASE's by more than --max-regression, beyond noise
+  2  a usage problem: no report at a path, a report without the run asked for"""
+)
+@click.option(
+    "--max-regression",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Largest throughput loss, in percent, that still passes.",
+)
+@click.option(
+    "--format",
+    "output",
+    type=click.Choice(["markdown", "json"]),
+    default="markdown",
+    show_default=True,
+    help="Markdown for a pull-request comment, or JSON for scripts.",
+)
+@click.option(
+    "--run",
+    "which",
+    type=click.Choice(["baseline", "after"]),
+    default="baseline",
+    show_default=True,
+    help="Compare each report's first run (the code as it is) or its run with the kept fixes.",
+)
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("head", type=click.Path(path_type=Path))
+def compare(max_regression: float, output: str, which: str, base: Path, head: Path) -> None:
+    """Compare two saved reports (folders or report.json files): every metric's change, the
+    noise of the runs' own windows, and a gate on throughput for CI.
+
+    A throughput drop counts as a regression only when it is larger than --max-regression and
+    larger than the window-to-window spread of the runs.
+
+    \b
+    Example (profile both commits with --no-fix, then):
+      trainadvisor compare base-report/ head-report/ --max-regression 5
+    """
+
+    def work() -> int:
+        from trainadvisor.regression import compare_reports, comparison_json, comparison_markdown
+
+        try:
+            result = compare_reports(_load(base), _load(head), max_regression, which)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        click.echo(comparison_json(result) if output == "json" else comparison_markdown(result), nl=False)
+        return 1 if result.regressed else 0
+
+    _guarded(work)
 
 
 if __name__ == "__main__":
