@@ -45,6 +45,13 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     site = next(iter(trials[0]["overrides"]["loaders"]))
     assert site.endswith("slow_input_mnist.py:56")
     assert all(t["overrides"]["loaders"][site]["persistent_workers"] for t in trials)
+    # The change to make in the script: the DataLoader(...) call, rewritten with the kept settings.
+    diff = report["fix_outcomes"][0]["diff"].splitlines()
+    assert diff[:2] == ["--- a/slow_input_mnist.py", "+++ b/slow_input_mnist.py"]
+    assert "-        num_workers=args.num_workers," in diff
+    [added] = [line for line in diff if line.startswith("+ ")]
+    chosen = report["fix_outcomes"][0]["settings"]["loaders"][site]
+    assert added == "+        " + ", ".join(f"{k}={v!r}" for k, v in chosen.items()) + ","
     check = report["comparison"]["loss_check"]
     assert check["equivalent"] is True and check["max_abs_diff"] == 0.0 and check["same_batches"] is True
     assert check["steps_compared"] == 23  # warmup 3 + 10 timed + 10 traced, in both runs
@@ -65,6 +72,12 @@ def test_report_files_are_written(slow_input_report: tuple[subprocess.CompletedP
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("### trainadvisor:") and "| step time, median |" in markdown
     assert len(markdown.splitlines()) < 80
+    assert "<details><summary>Code change for <code>dataloader-workers</code></summary>" in markdown
+    assert "```diff\n--- a/slow_input_mnist.py" in markdown
+    assert (
+        '<pre class="diff">' in html
+        and '<span class="del">-        num_workers=args.num_workers,</span>' in html
+    )
     for run in ("baseline", "after"):
         trace = out / "traces" / run / "trainadvisor.pt.trace.json.gz"
         events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]

@@ -228,6 +228,7 @@ class FixOutcome:
     settings: dict[str, Any]
     trials: list[Trial]
     chosen: str = ""  # the settings measured best, in words ("num_workers=8, ...")
+    diff: str = ""  # the change to the user's script that makes the fix permanent (unified diff)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any
 
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
+from trainadvisor.codechange import fix_diff
 from trainadvisor.compare import compare, judge_trial, verdict
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
@@ -249,6 +250,9 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
                 status, reason = "failed", after.raw.error or "the confirmation run did not complete"
             for outcome in kept:
                 outcome.status, outcome.reason = status, reason
+        for outcome in outcomes:  # what to change in the script to keep what was measured
+            if outcome.status in ("kept", "recommended"):
+                outcome.diff = fix_diff(options.script, outcome.fix, outcome.settings) or ""
     return Report(
         schema_version=SCHEMA_VERSION,
         command=reproduce_command(options),

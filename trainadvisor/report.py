@@ -151,7 +151,22 @@ def _environment(templates: Path) -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["num"] = _number
+    env.filters["diff_lines"] = _diff_lines
     return env
+
+
+def _diff_lines(diff: str) -> list[tuple[str, str]]:
+    """(css class, text) of each line of a unified diff."""
+    lines = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        else:
+            kind = {"+": "add", "-": "del"}.get(line[:1], "ctx")
+        lines.append((kind, line))
+    return lines
 
 
 def _number(value: Any, digits: int = 1) -> str:

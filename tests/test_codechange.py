@@ -1,0 +1,75 @@
+"""The code changes written into reports: real scripts of this repository, edited with libcst."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import EXAMPLES
+
+from trainadvisor.codechange import fix_diff
+
+MNIST = (EXAMPLES / "slow_input_mnist.py").resolve()
+COMPUTE = (EXAMPLES / "compute_bound.py").resolve()
+
+
+def test_dataloader_settings_and_non_blocking_batch_copies() -> None:
+    settings = {"loaders": {f"{MNIST}:56": {"num_workers": 8, "pin_memory": True}}, "non_blocking_h2d": True}
+    assert fix_diff(MNIST, "dataloader-workers", settings) == (
+        "--- a/slow_input_mnist.py\n"
+        "+++ b/slow_input_mnist.py\n"
+        "@@ -57,7 +57,7 @@\n"
+        "         SlowMNIST(args.samples, args.latency_ms),\n"
+        "         batch_size=args.batch_size,\n"
+        "         shuffle=True,\n"
+        "-        num_workers=args.num_workers,\n"
+        "+        num_workers=8, pin_memory=True,\n"
+        "     )\n"
+        "     model = nn.Sequential(\n"
+        "         nn.Flatten(),\n"
+        "@@ -72,7 +72,7 @@\n"
+        "     for epoch in range(args.epochs):\n"
+        "         started = time.perf_counter()\n"
+        "         for step, (images, labels) in enumerate(loader):\n"
+        "-            images, labels = images.to(device), labels.to(device)\n"
+        "+            images, labels = images.to(device, non_blocking=True), "
+        "labels.to(device, non_blocking=True)\n"
+        "             optimizer.zero_grad(set_to_none=True)\n"
+        "             loss = loss_fn(model(images), labels)\n"
+        "             loss.backward()\n"
+    )  # the model's own .to(device) is left alone: only the loop's batch tensors
+
+
+def test_a_call_without_a_trailing_comma_and_an_existing_keyword() -> None:
+    diff = fix_diff(COMPUTE, "batch-size", {"loaders": {f"{COMPUTE}:39": {"batch_size": 512}}})
+    assert diff is not None
+    assert (
+        "-    loader = DataLoader(dataset, sampler=batches, batch_size=None)  # each item is a whole batch"
+        in diff
+    )
+    assert (
+        "+    loader = DataLoader(dataset, sampler=batches, batch_size=512)  # each item is a whole batch"
+        in diff
+    )
+
+
+def test_optimizer_and_flags() -> None:
+    fused = fix_diff(COMPUTE, "fused-optimizer", {"loaders": {}, "runtime": {"fused_optimizer": True}})
+    assert (
+        fused is not None
+        and "+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True)" in fused
+    )
+    flags = fix_diff(COMPUTE, "tf32", {"loaders": {}, "runtime": {"tf32": True, "cudnn_benchmark": True}})
+    assert flags is not None and flags.splitlines()[6:9] == [
+        "+torch.backends.cuda.matmul.allow_tf32 = True",
+        "+torch.backends.cudnn.allow_tf32 = True",
+        "+torch.backends.cudnn.benchmark = True",
+    ]
+
+
+def test_no_diff_where_the_change_has_no_single_place(tmp_path: Path) -> None:
+    assert fix_diff(COMPUTE, "amp", {"loaders": {}, "runtime": {"amp": "bf16"}}) is None
+    elsewhere = {"loaders": {"/somewhere/else.py:3": {"num_workers": 4}}}
+    assert fix_diff(COMPUTE, "dataloader-workers", elsewhere) is None  # built in another file
+    broken = tmp_path / "broken.py"
+    broken.write_text("def (:\n")
+    assert fix_diff(broken, "tf32", {"runtime": {"tf32": True}}) is None

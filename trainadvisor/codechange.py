@@ -1,0 +1,171 @@
+"""The change a kept fix asks of the user's script, as a unified diff against the script itself.
+
+The source is parsed with libcst (a concrete syntax tree: comments, spacing and layout are kept)
+and only the call a fix is about is changed: the `DataLoader(...)` at the call site the run
+recorded, or the torch optimizer's constructor; switches that are set once (TF32, cuDNN
+autotuning) go after the script's imports. A fix whose change has no single place in the code
+(autocast around the forward pass, gradient accumulation) gets no diff: its finding carries the
+code to write. Pure: reads the script, returns text."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+_OPTIMIZERS = {"Adam", "AdamW", "SGD", "Adagrad"}
+
+
+def _name(func: cst.BaseExpression) -> str | None:
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return None
+
+
+def _with_keywords(call: cst.Call, keywords: dict[str, Any]) -> cst.Call:
+    """The call with each keyword set: an existing argument's value replaced, a new one added
+    after the last argument (a trailing comma, and the line break after it, stay at the end)."""
+    args = list(call.args)
+    for key, value in keywords.items():
+        expression = cst.parse_expression(repr(value))
+        index = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == key), None)
+        if index is not None:
+            args[index] = args[index].with_changes(value=expression)
+            continue
+        new = cst.Arg(
+            keyword=cst.Name(key),
+            value=expression,
+            equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+            ),
+        )
+        if args:
+            last = args[-1]
+            if isinstance(last.comma, cst.Comma):  # a trailing comma: it moves to the new argument
+                new = new.with_changes(comma=last.comma)
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(new)
+    return call.with_changes(args=args)
+
+
+class _CallEditor(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, wrapper: MetadataWrapper, names: set[str], line: int | None, keywords: dict[str, Any]):
+        super().__init__()
+        self.positions = wrapper.resolve(PositionProvider)
+        self.names, self.line, self.keywords = names, line, keywords
+        self.changed = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if _name(original.func) not in self.names:
+            return updated
+        if self.line is not None:
+            span = self.positions[original]
+            if not span.start.line <= self.line <= span.end.line:
+                return updated
+        self.changed += 1
+        return _with_keywords(updated, self.keywords)
+
+
+class _BatchCopyEditor(cst.CSTTransformer):
+    """`x.to(...)`/`x.cuda(...)` with `non_blocking=True`, where `x` is bound by the target of
+    an enclosing `for` loop (`for x, y in loader:`): the batch, not the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets: list[set[str]] = []
+        self.changed = 0
+
+    def visit_For(self, node: cst.For) -> None:
+        self.targets.append({n.value for n in _names_in(node.target)})
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
+        self.targets.pop()
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        func = original.func
+        if (
+            isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda")
+            and isinstance(func.value, cst.Name) and any(func.value.value in t for t in self.targets)
+            and not any(a.keyword and a.keyword.value == "non_blocking" for a in original.args)
+        ):  # fmt: skip
+            self.changed += 1
+            return _with_keywords(updated, {"non_blocking": True})
+        return updated
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    if isinstance(node, cst.Name):
+        return [node]
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return [n for element in node.elements for n in _names_in(element.value)]
+    return []
+
+
+def _edit_calls(source: str, names: set[str], line: int | None, keywords: dict[str, Any]) -> str | None:
+    wrapper = MetadataWrapper(cst.parse_module(source))
+    editor = _CallEditor(wrapper, names, line, keywords)
+    changed = wrapper.visit(editor)
+    return changed.code if editor.changed else None
+
+
+def _after_imports(source: str, lines: list[str]) -> str:
+    """`lines` as statements after the module's last top-level import."""
+    module = cst.parse_module(source)
+    body = list(module.body)
+    last = max(
+        (i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
+         and any(isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)),
+        default=-1,
+    )  # fmt: skip
+    new = [cst.parse_statement(line) for line in lines]
+    return module.with_changes(body=[*body[: last + 1], *new, *body[last + 1 :]]).code
+
+
+def _diff(path: Path, before: str, after: str) -> str:
+    name = path.name
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+        )
+    )
+
+
+def fix_diff(script: Path, fix: str, settings: dict[str, Any]) -> str | None:
+    """The unified diff that makes `script` do what the kept `fix` did at run time, or None when
+    the fix has no single place in the code (or the script cannot be read or parsed)."""
+    try:
+        before = script.read_text()
+        after = _changed(script, before, fix, settings)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+        return None
+    return _diff(script, before, after) if after is not None and after != before else None
+
+
+def _changed(script: Path, source: str, fix: str, settings: dict[str, Any]) -> str | None:
+    runtime = settings.get("runtime", {})
+    if settings.get("loaders"):
+        edited: str | None = source
+        for site, keywords in settings["loaders"].items():
+            file, _, line = site.rpartition(":")
+            if Path(file).resolve() != script.resolve() or not line.isdigit() or edited is None:
+                return None  # the DataLoader is built in another file
+            edited = _edit_calls(edited, {"DataLoader"}, int(line), keywords)
+        if edited is not None and settings.get("non_blocking_h2d"):
+            edited = cst.parse_module(edited).visit(_BatchCopyEditor()).code
+        return edited
+    if runtime.get("fused_optimizer"):
+        return _edit_calls(source, _OPTIMIZERS, None, {"fused": True})
+    lines = []
+    if runtime.get("tf32"):
+        lines += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
+    if runtime.get("cudnn_benchmark"):
+        lines.append("torch.backends.cudnn.benchmark = True")
+    return _after_imports(source, lines) if lines else None
