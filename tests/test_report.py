@@ -60,7 +60,7 @@ def test_html_is_self_contained() -> None:
     assert not re.search(r"<(script|link|img|iframe)\b", html)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert "url(" not in html and "@import" not in html
-    assert html.count("<svg") == 5  # breakdown, two timelines, two CPU plots
+    assert html.count("<svg") == 7  # breakdown, two timelines, two CPU and two memory plots
 
 
 def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:

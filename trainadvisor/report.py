@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import jinja2
 
 from trainadvisor import _serial
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps, window_samples
-from trainadvisor.model import LossCheck, Report, Run
+from trainadvisor.model import GpuSample, HostSample, LossCheck, Report, Run
 
 COLORS = {
     "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",
@@ -116,27 +117,58 @@ def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_m
     return bars
 
 
-def usage_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
-    """SVG polyline points over the timed window: CPU use of the main process and of the
-    DataLoader workers, and GPU utilisation when NVML sampled it."""
+def _window_lines(
+    run: Run,
+    main: Callable[[HostSample], float],
+    workers: Callable[[HostSample], float],
+    gpu: Callable[[GpuSample], float],
+    floor: float,
+    width: float,
+    height: float,
+) -> tuple[dict[str, str], float]:
+    """SVG polyline points of the main process, its workers and the GPU over the timed
+    window, on one scale from 0 to the largest value (at least `floor`); with that top."""
     window_ms = sum(s.step_ms for s in timed_steps(run.raw)) or 1.0
     host = window_samples(run.raw, run.raw.host_samples)
-    gpu = window_samples(run.raw, run.raw.gpu_samples)
+    device = window_samples(run.raw, run.raw.gpu_samples)
     if len(host) < 2:
-        return {}
-    top = max(100.0, *(max(h.main_cpu_pct, h.workers_cpu_pct) for h in host))
+        return {}, 0.0
+    top = max(floor, *(max(main(h), workers(h)) for h in host), *(gpu(g) for g in device))
 
-    def points(values: list[tuple[float, float]]) -> str:
-        return " ".join(f"{width * t / window_ms:.1f},{height - height * v / top:.1f}" for t, v in values)
+    def points(series: list[tuple[float, float]]) -> str:
+        return " ".join(f"{width * t / window_ms:.1f},{height - height * v / top:.1f}" for t, v in series)
 
     lines = {
-        "main": points([(h.t_ms, h.main_cpu_pct) for h in host]),
-        "workers": points([(h.t_ms, h.workers_cpu_pct) for h in host]),
-        "top": f"{top:.0f}",
+        "main": points([(h.t_ms, main(h)) for h in host]),
+        "workers": points([(h.t_ms, workers(h)) for h in host]),
     }
-    if len(gpu) >= 2:
-        lines["gpu"] = points([(g.t_ms, g.util_pct) for g in gpu])
-    return lines
+    if len(device) >= 2:
+        lines["gpu"] = points([(g.t_ms, gpu(g)) for g in device])
+    return lines, top
+
+
+def usage_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
+    """CPU use of the main process and of the DataLoader workers, and GPU utilisation when
+    NVML sampled it, in percent."""
+    lines, top = _window_lines(
+        run, lambda h: h.main_cpu_pct, lambda h: h.workers_cpu_pct, lambda g: g.util_pct, 100.0, width, height
+    )
+    return {**lines, "top": f"{top:.0f}"} if lines else {}
+
+
+def memory_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
+    """Resident memory of the main process and of the workers, and GPU memory in use when
+    NVML sampled it, on one scale."""
+    lines, top = _window_lines(
+        run,
+        lambda h: float(h.main_rss_bytes),
+        lambda h: float(h.workers_rss_bytes),
+        lambda g: float(g.memory_used_bytes),
+        1.0,
+        width,
+        height,
+    )
+    return {**lines, "top": f"{top / 1e9:.2f} GB"} if lines else {}
 
 
 # ---- rendering ----
@@ -189,6 +221,7 @@ def _context(report: Report) -> dict[str, Any]:
         "breakdown": breakdown_bars(runs),
         "timelines": [(run, timeline_bars(run, scale_ms=scale)) for run in runs],
         "cpu": [(run, usage_lines(run)) for run in runs],
+        "memory": [(run, memory_lines(run)) for run in runs],
         "colors": COLORS,
         "labels": LABELS,
         "keys": breakdown_keys(runs),
