@@ -34,10 +34,13 @@ def headline(report: Report) -> str:
     kept = [o for o in report.fix_outcomes if o.status == "kept"]
     comparison = report.comparison
     if kept and comparison and comparison.speedup:
-        return (
+        text = (
             f"{comparison.speedup:.2f}x faster (range {comparison.speedup_low:.2f}-"
             f"{comparison.speedup_high:.2f}x across windows) after " + ", ".join(o.fix for o in kept)
         )
+        if report.findings:  # the main bottleneck: the most severe finding
+            text += f"; the bottleneck: {report.findings[0].title[0].lower()}{report.findings[0].title[1:]}"
+        return text
     if report.findings:
         top = report.findings[0]
         if not report.fix_outcomes:  # diagnosed only: --no-fix, a failed script, or analyze
