@@ -8,11 +8,17 @@ window is complete and the script was stopped on purpose."""
 
 from __future__ import annotations
 
+import os
 import random
 import runpy
+import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainadvisor import _hooks
 
 
 def _seed(seed: int) -> None:
@@ -45,16 +51,41 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _record_when_stopped(recorder: _hooks.Recorder) -> None:
+    """When trainadvisor stops the run (a timeout, a hung rank), record how far it got first.
+    Processes forked from this one (DataLoader workers) keep the default: they just end."""
+    main_pid = os.getpid()
+
+    def stopped(signum: int, _frame: object) -> None:
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        where = "inside backward()" if recorder.backward_at is not None else "before its backward()"
+        recorder.write(
+            "script_failed",
+            128 + signum,
+            f"stopped by trainadvisor after {recorder.steps_seen} steps, {where}",
+        )
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def main() -> int:
     config_path, script, *script_args = sys.argv[1:]
     from trainadvisor import _hooks
 
     config = _hooks.load_config(config_path)
+    # Under torchrun every rank runs this with the same config: each writes files of its own.
+    rank = os.environ.get("RANK", "0")
+    config.result_file = config.result_file.replace("{rank}", rank)
+    if config.trace_file is not None:
+        config.trace_file = config.trace_file.replace("{rank}", rank)
     sys.argv = [script, *script_args]
     sys.path[0] = str(Path(script).resolve().parent)
     if config.seed is not None:
         _seed(config.seed)
     recorder = _hooks.install(config)
+    _record_when_stopped(recorder)
     try:
         runpy.run_path(script, run_name="__main__")
     except _hooks.WindowComplete:

@@ -70,6 +70,7 @@ class Recorder:
         self.data_parallel_modules = 0
         self.runtime: dict[str, Any] = {}
         self.optimizer_ids: set[int] = set()
+        self.backward_at: float | None = None  # when the step's first backward() was called
         # What a fix does to the loss before backward (fp16 loss scaling, 1/k for accumulation).
         self.loss_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._undo: list[Callable[[], None]] = []
@@ -126,6 +127,7 @@ class Recorder:
                     data_wait_ms=self.data_wait_s * 1e3,
                     samples=self.samples,
                     profiled=self.profiler is not None,
+                    pre_backward_ms=(self.backward_at - self.last_mark) * 1e3 if self.backward_at else None,
                 )
             )
             recorded = len(self.records)
@@ -140,6 +142,7 @@ class Recorder:
         self.data_wait_s = 0.0
         self.samples = None
         self.loss = None
+        self.backward_at = None
         self.last_mark = time.perf_counter()
         if self.window_done and self.config.stop_after_window:
             raise WindowComplete()
@@ -190,6 +193,8 @@ class Recorder:
             self.samples = (self.samples or 0) + int(tensors[0].shape[0])
 
     def loss_candidate(self, tensor: torch.Tensor) -> None:
+        if self.backward_at is None:
+            self.backward_at = time.perf_counter()
         if not self.window_done and tensor.numel() == 1:
             self.loss = tensor.detach()
 
@@ -205,6 +210,7 @@ class Recorder:
             else:
                 self.result.steps_seen = self.steps_seen
                 self.result.exit_code, self.result.error = exit_code, error
+            self.result.ended_unix_s = time.time()
             _serial.save_json(self.result, Path(self.config.result_file))
         except Exception as exc:  # report it, let training go on
             print(f"[trainadvisor] could not record the measurements: {exc!r}", file=sys.stderr)

@@ -103,6 +103,25 @@ def main() -> None:
     help="Seed for random, torch and numpy before the script starts, the same in every "
     "run, so the loss of the same steps can be compared.",
 )
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    help="Seconds a run may take before it is stopped (a hung rank under torchrun ends here).",
+)
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    help="Launch SCRIPT through torch.distributed.run (torchrun) with this many processes per "
+    "node; every rank is profiled and the report compares them.",
+)
+@click.option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")
+@click.option("--node-rank", type=int, help="torchrun: this node's rank.")
+@click.option("--rdzv-endpoint", help="torchrun: rendezvous host:port.")
+@click.option("--rdzv-backend", help="torchrun: rendezvous backend (c10d, static, ...).")
+@click.option("--rdzv-id", help="torchrun: job id shared by every node.")
+@click.option("--master-addr", help="torchrun: address of the rank-0 node (static rendezvous).")
+@click.option("--master-port", type=int, help="torchrun: port on the rank-0 node (static rendezvous).")
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def profile_command(
@@ -113,8 +132,11 @@ def profile_command(
     run_to_end: bool,
     no_fix: bool,
     seed: int,
+    timeout_s: float | None,
+    nproc_per_node: int | None,
     script: Path,
     script_args: tuple[str, ...],
+    **launcher: Any,
 ) -> None:
     """Profile SCRIPT, diagnose it, rerun it with the fixes, and write a before/after report.
 
@@ -137,6 +159,8 @@ def profile_command(
     from trainadvisor.pipeline import ProfileOptions, profile
 
     options = ProfileOptions(
+        torchrun=torchrun_options(nproc_per_node, launcher),
+        timeout_s=timeout_s,
         script=script,
         args=list(script_args),
         out_dir=out_dir,
@@ -175,6 +199,20 @@ def profile_command(
 
 
 main.add_command(profile_command, name="profile")
+
+
+def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:
+    """The torch.distributed.run options given, in its own spelling; none: no torchrun. A
+    single node without rendezvous options gets --standalone (a free local port)."""
+    given = {key: value for key, value in launcher.items() if value is not None}
+    if nproc_per_node is None and not given:
+        return []
+    options = ["--nproc-per-node", str(nproc_per_node or 1)]
+    for key, value in given.items():
+        options += [f"--{key.replace('_', '-')}", str(value)]
+    if not given:
+        options.append("--standalone")
+    return options
 
 
 @main.command(epilog=ANALYZE_EXIT_CODES)

@@ -28,6 +28,9 @@ class StepRecord:
     samples: int | None = None  # first dimension of the batch(es) drawn in the step
     loss: float | None = None  # last scalar `.backward()` was called on in the step
     profiled: bool = False  # traced by torch.profiler (not used for timing: it adds overhead)
+    # from the step's start to its first backward(): data, forward and loss, but not the
+    # gradient all-reduce a data-parallel rank waits in for the others
+    pre_backward_ms: float | None = None
 
 
 @dataclass
@@ -111,6 +114,9 @@ class RawRun:
     log_file: str | None = None  # script output, when it was captured rather than shown
     # torch's state read in the child at the window: flags, optimizer, CUDA memory statistics
     runtime: dict[str, Any] = field(default_factory=dict)
+    ended_unix_s: float | None = None  # when the child last wrote this (its failure, say)
+    rank: int | None = None  # under torchrun: this run's global rank
+    ranks: list[RawRun] = field(default_factory=list)  # under torchrun: every rank's run
 
 
 # ---- measurements: a summarised run ----
@@ -123,6 +129,21 @@ class Stats:
     mean: float | None
     min: float | None
     max: float | None
+
+
+@dataclass
+class RankStats:
+    """One rank of a torchrun run, summarised (see analysis.ranks)."""
+
+    rank: int
+    status: str
+    error: str | None
+    steps: int
+    step_time_ms_mean: float | None
+    pre_backward_ms_mean: float | None
+    data_wait_ms_mean: float | None
+    communication_pct: float | None = None  # from the rank's trace
+    communication_overlap_pct: float | None = None
 
 
 @dataclass
@@ -140,6 +161,7 @@ class Run:
     window_steps_per_s: list[float]
     raw: RawRun
     trace: dict[str, Any] = field(default_factory=dict)  # measurements from the run's trace
+    ranks: list[RankStats] = field(default_factory=list)  # under torchrun: every rank
 
 
 # ---- diagnosis ----

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor import engine, fixes
+from trainadvisor.analysis.kineto import analyze_trace
+from trainadvisor.analysis.ranks import rank_stats
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.codechange import fix_diff
 from trainadvisor.compare import compare, judge_trial, verdict
@@ -47,6 +49,8 @@ class ProfileOptions:
     rule_dirs: list[Path] = field(default_factory=list)
     run_to_end: bool = False
     apply_fixes: bool = True
+    torchrun: list[str] = field(default_factory=list)  # torch.distributed.run options, if any
+    timeout_s: float | None = None  # the longest a run may take (a hung rank ends here)
 
 
 def reproduce_command(options: ProfileOptions) -> list[str]:
@@ -69,7 +73,9 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
         command.append("--run-to-end")
     if not options.apply_fixes:
         command.append("--no-fix")
-    return [*command, str(options.script), *options.args]
+    if options.timeout_s is not None:
+        command += ["--timeout", f"{options.timeout_s:g}"]
+    return [*command, *options.torchrun, str(options.script), *options.args]
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -92,6 +98,8 @@ def _spec(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
         warmup=options.warmup,
         steps=options.steps,
         seed=options.seed,
+        torchrun=options.torchrun,
+        timeout_s=options.timeout_s,
     )
     return replace(spec, **changes)  # type: ignore[arg-type]
 
@@ -124,6 +132,14 @@ def _measure_run(spec: RunSpec) -> Run:
     trace = attach_trace(raw, spec.out_dir, spec.script)
     run = summarize(raw)
     run.trace = trace
+    if raw.ranks:
+        communication = {}
+        for rank in raw.ranks:
+            if rank.trace_file and (spec.out_dir / rank.trace_file).is_file():
+                analysis = analyze_trace(spec.out_dir / rank.trace_file)
+                share = analysis.breakdown_pct.get("communication") if analysis.kernels else None
+                communication[rank.rank or 0] = (share, analysis.communication_overlap_pct)
+        run.ranks = rank_stats(raw, communication)
     return run
 
 

@@ -263,6 +263,13 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         lines.append(_run_line("before", base))
     if report.after is not None:
         lines.append(_run_line("after", report.after))
+    if base is not None and base.ranks:
+        times = [r.step_time_ms_mean for r in base.ranks if r.step_time_ms_mean is not None]
+        spread = f", step time {min(times):.1f}-{max(times):.1f} ms" if times else ""
+        failed = [
+            f"rank {r.rank} {r.status.replace('_', ' ')}" for r in base.ranks if r.status != "window_complete"
+        ]
+        lines += _wrap(f"  ranks: {len(base.ranks)}{spread}" + (f"; {', '.join(failed)}" if failed else ""))
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
     for outcome in report.fix_outcomes:

@@ -134,6 +134,7 @@ class TraceAnalysis:
     sync_sites: list[str] = field(default_factory=list)  # user code where syncs happened
     cpu_tensor_ops: dict[str, int] = field(default_factory=dict)  # creating op -> count
     cpu_tensor_sites: list[str] = field(default_factory=list)  # user code that made them
+    communication_overlap_pct: float | None = None  # of communication time, under compute kernels
 
 
 class _Collector:
@@ -536,6 +537,13 @@ def _sites(c: _Collector, where: list[tuple[Any, float]]) -> list[str]:
     return sorted(counts, key=lambda site: -counts[site])
 
 
+def _overlap_pct(communication: iv.Intervals, compute: iv.Intervals) -> float | None:
+    total = sum(end - start for start, end in communication)
+    if not total:
+        return None
+    return 100.0 * sum(end - start for start, end in iv.intersect(communication, compute)) / total
+
+
 def _summarize(
     path: Path,
     meta: dict[str, Any],
@@ -605,5 +613,6 @@ def _summarize(
             ],
         ),
         cpu_tensor_ops=created,
+        communication_overlap_pct=_overlap_pct(merged["communication"], merged["kernel"]),
         cpu_tensor_sites=_sites(c, [(tid, f_start) for _, _, tid, f_start in creations]),
     )

@@ -31,7 +31,10 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
         "conv_pct": a.conv_pct,
         "launch_delay_us_median": a.launch_delay_us_median,
         "kernel_us_median": a.kernel_us_median,
+        "communication_overlap_pct": a.communication_overlap_pct,
     }
+    if a.kernels:  # the share of the step in NCCL/RCCL kernels
+        table["communication_pct"] = a.breakdown_pct.get("communication")
     if a.gpu_name is not None:
         table["gpu_name"] = a.gpu_name
         amd = any(word in a.gpu_name for word in _AMD)

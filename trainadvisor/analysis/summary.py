@@ -131,6 +131,12 @@ def main_loader(raw: RawRun) -> LoaderInfo | None:
     return max(used, key=lambda loader: loader.batches_in_window) if used else None
 
 
+def rank_measurements(stats: list[Any]) -> dict[str, Any]:
+    from trainadvisor.analysis.ranks import rank_measurements as measure_ranks
+
+    return measure_ranks(stats)
+
+
 def named_measurements(run: Run) -> dict[str, Any]:
     """The flat table rules are evaluated against; a name absent here is 'not measured'.
     Measurements from the trace come first; the child's exact CUDA memory statistics replace
@@ -139,6 +145,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
     table: dict[str, Any] = dict(run.trace)
     table.update(runtime_measurements(raw.runtime))
     table["input_shapes_fixed"] = input_shapes_fixed(raw)
+    table.update(rank_measurements(run.ranks))
     table.update({
         "steps": run.steps,
         "step_time_ms_median": run.step_time_ms.median,

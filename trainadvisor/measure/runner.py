@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,6 +44,8 @@ class RunSpec:
     non_blocking_h2d: bool = False
     runtime_overrides: dict[str, Any] = field(default_factory=dict)
     with_stack: bool = False  # trace Python stacks (for call sites; slows the host)
+    # torch.distributed.run options (--nproc-per-node 2 ...): launch every rank through torchrun
+    torchrun: list[str] = field(default_factory=list)
     timeout_s: float | None = None  # None: no limit
 
 
@@ -79,17 +81,21 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.02)
 
 
-def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_file: Path) -> str | None:
-    """Wait for the child; returns why it was killed, or None if it ended by itself."""
+def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path]) -> str | None:
+    """Wait for the child; returns why it was killed, or None if it ended by itself. With
+    several ranks, the grace period starts when the first rank has written its window."""
     started = time.monotonic()
     written_at: float | None = None
     while proc.poll() is None:
         now = time.monotonic()
-        if spec.stop_after_window and written_at is None and result_file.exists():
+        if spec.stop_after_window and written_at is None and _written(result_files):
             written_at = now
         if written_at is not None and now - written_at > STOP_GRACE_S:
             _stop_group(proc)
-            return f"the script kept running {STOP_GRACE_S:.0f} s after it was asked to stop"
+            late = ", ".join(str(p.name) for p in result_files if "*" in p.name)
+            return f"the script kept running {STOP_GRACE_S:.0f} s after it was asked to stop" + (
+                " (a rank that did not reach the end of its window holds the others)" if late else ""
+            )
         if spec.timeout_s is not None and now - started > spec.timeout_s:
             _stop_group(proc)
             return f"the run took longer than {spec.timeout_s:.0f} s"
@@ -97,16 +103,25 @@ def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_file: Path) -> st
     return None
 
 
+def _written(result_files: list[Path]) -> bool:
+    return any(p.exists() if "*" not in p.name else any(p.parent.glob(p.name)) for p in result_files)
+
+
 def measure(spec: RunSpec) -> RawRun:
-    """Run the script once; never raises for the script's own failures (they are in the result)."""
+    """Run the script once; never raises for the script's own failures (they are in the result).
+    Under torchrun every rank writes its own result and trace (`{rank}` in their names); the
+    run returned is the lowest rank's, with every rank's in `ranks`."""
     work = spec.out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
-    result_file = work / f"{spec.label}.result.json"
-    result_file.unlink(missing_ok=True)
-    trace_rel = f"traces/{spec.label}/trainadvisor.pt.trace.json.gz" if spec.profile else None
+    suffix = ".rank{rank}" if spec.torchrun else ""
+    result_file = work / f"{spec.label}{suffix}.result.json"
+    for stale in work.glob(f"{spec.label}*.result.json"):
+        stale.unlink()
+    trace_rel = f"traces/{spec.label}/trainadvisor{suffix}.pt.trace.json.gz" if spec.profile else None
     if trace_rel:
         (spec.out_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
-        (spec.out_dir / trace_rel).unlink(missing_ok=True)  # left by an earlier report here
+        for stale in (spec.out_dir / trace_rel).parent.glob("trainadvisor*.pt.trace.json.gz"):
+            stale.unlink()  # left by an earlier report here
     config = ChildConfig(
         label=spec.label,
         result_file=str(result_file.resolve()),
@@ -124,6 +139,8 @@ def measure(spec: RunSpec) -> RawRun:
     config_file = work / f"{spec.label}.config.json"
     config_file.write_text(json.dumps(asdict(config)))
     command = [sys.executable, "-m", "trainadvisor._child", str(config_file), str(spec.script)]
+    if spec.torchrun:  # torchrun's own process starts the ranks, each `python -m trainadvisor._child`
+        command = [sys.executable, "-m", "torch.distributed.run", *spec.torchrun, "--module", *command[2:]]
     log_rel = None if spec.show_output else f"logs/{spec.label}.log"
     log: IO[bytes] | None = None
     if log_rel:
@@ -142,7 +159,8 @@ def measure(spec: RunSpec) -> RawRun:
         sampler = Sampler(proc.pid)
         sampler.start()
         try:
-            killed = _wait(proc, spec, result_file)
+            pattern = result_file.with_name(result_file.name.replace("{rank}", "*"))
+            killed = _wait(proc, spec, [pattern])
         finally:
             sampler.stop()
             _stop_group(proc)  # DataLoader workers or anything else the script left running
@@ -150,7 +168,11 @@ def measure(spec: RunSpec) -> RawRun:
     finally:
         if log:
             log.close()
-    raw = _result(result_file, spec, proc.returncode, killed)
+    raw = (
+        _ranks(result_file, spec, proc.returncode, killed)
+        if spec.torchrun
+        else _result(result_file, spec, proc.returncode, killed)
+    )
     raw.wall_s = time.monotonic() - started
     raw.log_file = log_rel
     raw.overrides = {
@@ -159,16 +181,69 @@ def measure(spec: RunSpec) -> RawRun:
         "runtime": spec.runtime_overrides,
     }
     attach_samples(raw, sampler)
-    if raw.trace_file:
-        raw.trace_file = trace_rel
+    for run in [raw, *raw.ranks]:
+        if run.trace_file and trace_rel:
+            run.trace_file = trace_rel.replace("{rank}", str(run.rank if run.rank is not None else 0))
     return raw
+
+
+def _local_ranks(torchrun: list[str]) -> int:
+    """The processes torchrun starts on this node (--nproc-per-node), 0 when not given."""
+    for i, option in enumerate(torchrun[:-1]):
+        if option in ("--nproc-per-node", "--nproc_per_node") and torchrun[i + 1].isdigit():
+            return int(torchrun[i + 1])
+    return 0
+
+
+def _ranks(result_file: Path, spec: RunSpec, returncode: int, killed: str | None) -> RawRun:
+    """Every rank's result (by the rank in the file name); the lowest rank's run carries them.
+    The run fails when any rank failed, naming the first failed rank and its error."""
+    runs = []
+    for path in result_file.parent.glob(result_file.name.replace("{rank}", "*")):
+        rank = path.name.removeprefix(f"{spec.label}.rank").removesuffix(".result.json")
+        if rank.isdigit():
+            run = _result(path, spec, returncode, killed)
+            run.rank = int(rank)
+            runs.append(run)
+    runs.sort(key=lambda r: r.rank or 0)
+    if not runs:
+        first = _result(result_file, spec, returncode, killed)  # no rank wrote anything
+        first.error = f"{first.error} (torchrun: no rank recorded a result)"
+        return first
+    primary = runs[0]
+    primary.ranks = [replace(r, ranks=[]) for r in runs]
+    failures = [r for r in runs if r.status == "script_failed"]
+    if killed:
+        # Stopped by the timeout: the hung rank is the one that got least far; the others wait
+        # for it inside backward() (the gradient all-reduce).
+        failures.sort(key=lambda r: (r.steps_seen, "before its backward" not in (r.error or "")))
+    else:
+        # The first rank to fail is the cause; the others fail after it (a closed connection).
+        failures.sort(key=lambda r: r.ended_unix_s or float("inf"))
+    failed = failures[0] if failures else None
+    silent = [str(rank) for rank in range(_local_ranks(spec.torchrun)) if rank not in {r.rank for r in runs}]
+    if failed is not None:
+        waiting = [str(r.rank) for r in failures[1:] if "inside backward" in (r.error or "")]
+        primary.status, primary.error = "script_failed", f"rank {failed.rank}: {failed.error}"
+        if killed and waiting:
+            primary.error += f"; rank {', '.join(waiting)} waited for it inside backward() (the all-reduce)"
+        if killed and silent:
+            primary.error += (
+                f"; rank {', '.join(silent)} did not respond (blocked, waiting for rank {failed.rank})"
+            )
+    elif returncode != 0 and primary.status != "window_complete":
+        primary.status = "script_failed"
+        primary.error = killed or f"torchrun ended with exit code {returncode}"
+    return primary
 
 
 def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | None) -> RawRun:
     if result_file.exists():
         raw = _serial.load_json(RawRun, result_file)
         if killed and raw.status != "window_complete":
-            raw.status, raw.error = "script_failed", killed
+            # keep how far the child says it got when it was stopped
+            note = raw.error if raw.error and raw.error.startswith("stopped by trainadvisor") else None
+            raw.status, raw.error = "script_failed", f"{killed}; {note}" if note else killed
         return raw
     if killed:
         error = killed

@@ -1,0 +1,72 @@
+"""`trainadvisor profile --nproc-per-node 2`: the DDP example on 2 gloo ranks on this CPU,
+through torch.distributed.run, with a slow, a failing and a hung rank, and with fixes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from conftest import EXAMPLES, load_report, processes_running, run_cli
+
+DDP = EXAMPLES / "ddp_train.py"
+
+
+def _profile(tmp_path: Path, *args: str, options: tuple[str, ...] = ("--no-fix",)):  # type: ignore[no-untyped-def]
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", *options,
+        "--out", out, DDP, *args, cwd=tmp_path,
+    )  # fmt: skip
+    assert not processes_running(str(DDP)), "a rank was left running"
+    return result, out
+
+
+def test_the_slow_rank_is_named(tmp_path: Path) -> None:
+    result, out = _profile(tmp_path, "--slow-rank", "1", "--slow-ms", "20")
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    ranks = report["baseline"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["status"] == "window_complete" for r in ranks)
+    # Rank 1 sleeps 20 ms before its forward pass: its own work is 20 ms longer than rank 0's.
+    assert ranks[1]["pre_backward_ms_mean"] - ranks[0]["pre_backward_ms_mean"] > 15
+    [straggler] = [f for f in report["findings"] if f["rule"] == "straggler"]
+    evidence = {e["measurement"]: e["value"] for e in straggler["evidence"]}
+    assert evidence["slowest_rank"] == 1 and straggler["severity"] == "high"
+    assert straggler["message"].startswith("Rank 1 spends ")
+    for rank in (0, 1):
+        assert (out / "traces" / "baseline" / f"trainadvisor.rank{rank}.pt.trace.json.gz").is_file()
+    assert "<h3>Ranks (torchrun)</h3>" in (out / "report.html").read_text()
+    assert "  ranks: 2, step time " in result.stdout
+
+
+def test_a_failing_rank_ends_the_run_and_is_named(tmp_path: Path) -> None:
+    result, _ = _profile(tmp_path, "--fail-rank", "1", "--fail-step", "8")
+    assert result.returncode == 3
+    assert "failed: rank 1: RuntimeError: rank 1 failed on purpose at step 8." in result.stderr
+
+
+def test_a_hung_rank_ends_the_run_at_the_timeout_and_is_named(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result, _ = _profile(
+        tmp_path, "--hang-rank", "1", "--fail-step", "8", options=("--no-fix", "--timeout", "10")
+    )
+    assert time.monotonic() - started < 40
+    assert result.returncode == 3
+    assert (
+        "failed: rank 1: the run took longer than 10 s; stopped by trainadvisor after 8 steps, before its "
+        "backward(); rank 0 waited for it inside backward() (the all-reduce)."
+    ) in result.stderr
+
+
+def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
+    result, out = _profile(tmp_path, "--latency-ms", "0.5", "--batch-size", "32", options=())
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    [outcome] = report["fix_outcomes"]
+    assert outcome["fix"] == "dataloader-workers" and outcome["status"] == "kept"
+    assert report["speedup"] > 1.5 and report["comparison"]["loss_check"]["equivalent"] is True
+    assert [r["rank"] for r in report["after"]["ranks"]] == [0, 1]
+    assert report["command"][:11] == [
+        "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(out), "--seed", "0",
+        "--nproc-per-node",
+    ]  # fmt: skip
