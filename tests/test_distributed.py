@@ -3,6 +3,9 @@ through torch.distributed.run, with a slow, a failing and a hung rank, and with 
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,3 +73,36 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
         "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(out), "--seed", "0",
         "--nproc-per-node",
     ]  # fmt: skip
+
+
+def test_two_nodes_write_their_ranks_and_report_merges_them(tmp_path: Path) -> None:
+    """Two `trainadvisor profile` processes as two nodes of one torchrun job (static rendezvous
+    on this machine), each writing its own rank's report; `report` merges them."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    nodes = []
+    for node in (0, 1):
+        command = [
+            sys.executable, "-m", "trainadvisor", "profile", "--no-fix", "--nnodes", "2",
+            "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+            "--master-port", port, "--warmup", "3", "--steps", "10", "--out", str(tmp_path / f"node{node}"),
+            str(DDP), "--slow-rank", "1", "--slow-ms", "20",
+        ]  # fmt: skip
+        nodes.append(
+            subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    for node in nodes:
+        _, stderr = node.communicate(timeout=300)
+        assert node.returncode == 0, stderr
+    assert [r["rank"] for r in load_report(tmp_path / "node1")["baseline"]["ranks"]] == [1]
+    merged = run_cli(
+        "report", "--out", tmp_path / "job", tmp_path / "node0", tmp_path / "node1", cwd=tmp_path
+    )
+    assert merged.returncode == 0, merged.stderr
+    report = load_report(tmp_path / "job")
+    assert [r["rank"] for r in report["baseline"]["ranks"]] == [0, 1]
+    [straggler] = [f for f in report["findings"] if f["rule"] == "straggler"]
+    assert {e["measurement"]: e["value"] for e in straggler["evidence"]}["slowest_rank"] == 1
+    alone = run_cli("report", tmp_path / "node0", tmp_path / "node1", cwd=tmp_path)
+    assert alone.returncode == 2 and "give --out for it" in alone.stderr

@@ -289,31 +289,44 @@ def _load(path: Path) -> Any:
 @main.command(
     epilog="""\b
 Exit codes:
-  0  the report was re-rendered
-  2  no report.json in DIR, or one this version cannot read
+  0  the report was written
+  2  no report.json in a DIR, one this version cannot read, or several DIRs without --out
   1  trainadvisor itself failed (please report it)"""
 )
 @click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the HTML and Markdown here instead of into DIR.",
+    help="Write the report here instead of into DIR (needed with several DIRs).",
 )
-@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
-def report(out_dir: Path | None, folder: Path) -> None:
+@_rules_option
+@click.argument("folders", metavar="DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
+def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Path, ...]) -> None:
     """Re-render report.html and report.md from DIR/report.json, without rerunning anything
     (after an upgrade of trainadvisor, or with edited templates).
 
+    With several DIRs (one per node of a multi-node torchrun job, each written by that node's
+    `trainadvisor profile`), merge their ranks into one report in --out: the per-rank table, the
+    slowest rank and the rules over all ranks.
+
     \b
-    Example:
+    Examples:
       trainadvisor report trainadvisor-report/
+      trainadvisor report --out job-report node0-report/ node1-report/
     """
 
     def work() -> int:
+        from trainadvisor.merge import merge_reports
         from trainadvisor.pipeline import check_out_dir
 
-        saved = _load(folder)
-        target = out_dir or folder
+        if len(folders) > 1 and out_dir is None:
+            raise UsageError("several report folders are merged into one: give --out for it")
+        saved = (
+            _load(folders[0])
+            if len(folders) == 1
+            else merge_reports([_load(f) for f in folders], list(rule_dirs))
+        )
+        target = out_dir or folders[0]
         if out_dir is not None:
             check_out_dir(out_dir)
         write_report(saved, target, templates_dir())
