@@ -45,6 +45,14 @@ def test_json_output_and_ranks(tmp_path: Path) -> None:
     )
     assert report["ranks"]["ranks"] == [0, 1] and report["ranks"]["slowest_rank"] == 1
     assert report["ranks"]["communication_pct"][0] > 20
+    # The same per-rank rules as profile: rank 0's NCCL time is 27% of its step, 15% overlapped.
+    comm = [f["message"] for f in report["findings"] if f["rule"] == "comm-bound"]
+    assert comm == [
+        "sampled_rank-0.json.gz: Communication kernels take 27% of each step and only 15% of that "
+        "time overlaps computation.",
+        "sampled_rank-1.json.gz: Communication kernels take 24% of each step and only 20% of that "
+        "time overlaps computation.",
+    ]
     assert (tmp_path / "r" / "report.html").is_file()
 
 
