@@ -341,3 +341,22 @@ def test_advise_stands_down_under_trainadvisor_profile(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r" / "report.json").is_file() and not (tmp_path / "inner").exists()
+
+
+def test_one_window_per_process_and_close_ends_an_unfinished_one(tmp_path: Path) -> None:
+    messages: list[str] = []
+    before = _state()
+    first = Advisor(warmup=1, steps=50, out=tmp_path / "a", echo=messages.append)
+    second = Advisor(warmup=1, steps=50, out=tmp_path / "b", echo=messages.append)
+    step_a, step_b = first(lambda: None), second(lambda: None)
+    for _ in range(3):
+        step_a()
+        step_b()
+    assert first.active and not second.active  # a second profiler session could crash torch
+    assert (
+        messages[-1] == f"trainadvisor: another advisor is measuring ({tmp_path / 'a'}); this one stands down"
+    )
+    first.close()  # the loop stopped early: everything goes, no report
+    assert _state() == before and not first.active and not (tmp_path / "a").exists()
+    with pytest.raises(ValueError, match="warmup and steps must be at least 1"):
+        Advisor(warmup=0)

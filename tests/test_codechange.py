@@ -73,3 +73,25 @@ def test_no_diff_where_the_change_has_no_single_place(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("def (:\n")
     assert fix_diff(broken, "tf32", {"runtime": {"tf32": True}}) is None
+
+
+def test_positional_arguments_star_kwargs_conflicts_and_host_copies(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from torch.utils.data import DataLoader\n"
+        "loader = DataLoader(data, 64, True)\n"
+        "other = DataLoader(**options)\n"
+        "opt = torch.optim.Adam(params, foreach=True)\n"
+        "for x, y in loader:\n"
+        "    x, y = x.to(device), y.to('cpu')\n"
+    )
+    site = f"{script.resolve()}:2"
+    diff = fix_diff(script, "batch-size", {"loaders": {site: {"batch_size": 256}}, "non_blocking_h2d": True})
+    assert diff is not None
+    assert "+loader = DataLoader(data, 256, True)\n" in diff  # by position: no duplicate keyword
+    assert "+    x, y = x.to(device, non_blocking=True), y.to('cpu')\n" in diff  # a host copy stays blocking
+    starred = {"loaders": {f"{script.resolve()}:3": {"num_workers": 4}}}
+    assert fix_diff(script, "dataloader-workers", starred) is None  # **options: no safe place
+    assert fix_diff(script, "fused-optimizer", {"runtime": {"fused_optimizer": True}}) is None  # foreach=True
+    flags = fix_diff(script, "tf32", {"runtime": {"tf32": True}})
+    assert flags is not None and "+import torch\n" in flags  # the flags need the name

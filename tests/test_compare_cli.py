@@ -68,3 +68,21 @@ def test_report_re_renders_a_saved_run_without_rerunning(tmp_path: Path) -> None
     elsewhere = run_cli("report", "--out", tmp_path / "copy", folder, cwd=tmp_path)
     assert elsewhere.returncode == 0
     assert (tmp_path / "copy" / "report.html").read_text() == (folder / "report.html").read_text()
+
+
+def test_a_head_that_no_longer_completes_fails_the_gate(tmp_path: Path) -> None:
+    base = _report(tmp_path / "base", "baseline")
+    head = _report(tmp_path / "head", "baseline")
+    data = json.loads((head / "report.json").read_text())
+    data["baseline"]["raw"]["status"], data["baseline"]["raw"]["error"] = (
+        "script_failed",
+        "RuntimeError: boom",
+    )
+    (head / "report.json").write_text(json.dumps(data))
+    result = run_cli("compare", base, head / "report.json", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "the head's run did not complete (script failed: RuntimeError: boom)" in result.stdout
+    rerendered = run_cli("report", head / "report.json", cwd=tmp_path)  # a report.json path works too
+    assert rerendered.returncode == 0 and (head / "report.html").is_file()
+    twice = run_cli("report", "--out", tmp_path / "x", base, base / "report.json", cwd=tmp_path)
+    assert twice.returncode == 2 and "given twice" in twice.stderr

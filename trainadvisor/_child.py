@@ -57,8 +57,8 @@ def _record_when_stopped(recorder: _hooks.Recorder) -> None:
     main_pid = os.getpid()
 
     def stopped(signum: int, _frame: object) -> None:
-        if os.getpid() != main_pid:
-            os._exit(128 + signum)
+        if os.getpid() != main_pid or recorder.window_done:
+            os._exit(128 + signum)  # a worker, or the window is already recorded: nothing to add
         where = "inside backward()" if recorder.backward_at is not None else "before its backward()"
         recorder.write(
             "script_failed",

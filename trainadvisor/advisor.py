@@ -23,6 +23,7 @@ and the advisor switches itself off, leaving the step to run as if undecorated."
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
@@ -50,6 +51,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_OUT = Path("trainadvisor-report")
+_open_window: Advisor | None = None  # the advisor whose window runs in this process
 _announced: set[Path] = set()  # report folders already announced in this process
 
 
@@ -64,8 +66,8 @@ class Advisor:
         rules: list[str | Path] | None = None,
         echo: Callable[[str], None] | None = None,
     ) -> None:
-        if warmup < 0 or steps < 1:
-            raise ValueError("advise: warmup must be >= 0 and steps >= 1")
+        if warmup < 1 or steps < 1:
+            raise ValueError("advise: warmup and steps must be at least 1")
         self.warmup, self.steps = warmup, steps
         self.profile_steps = min(PROFILE_STEPS, steps)
         self.out = Path(out) if out is not None else DEFAULT_OUT
@@ -170,6 +172,17 @@ class Advisor:
         self.last_end = time.perf_counter()
 
     def _start_window(self) -> None:
+        global _open_window
+        if _open_window is not None and _open_window is not self:
+            # One window per process: a second profiler session in one process can crash torch
+            # (a re-run notebook cell, two decorated functions).
+            self.active = False
+            self.echo(
+                f"trainadvisor: another advisor is measuring ({_open_window.out}); this one stands down"
+            )
+            return
+        _open_window = self
+        atexit.register(self.close)
         self.runtime = _hooks.torch_facts(None, None)
         self.window_t0, self.window_start_unix_s = time.perf_counter(), time.time()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -210,33 +223,56 @@ class Advisor:
         self.profiler.start()
 
     def _cleanup(self) -> None:
-        """Stop the profiler and the sampler thread and undo the patches: torch as it was."""
+        """Stop the profiler and the sampler thread and undo the patches: torch as it was. Each
+        step is done even when an earlier one fails; nothing here raises."""
+        global _open_window
         self.active = False
+        steps: list[Callable[[], None]] = []
         if self.profiler is not None:
-            try:
-                self.profiler.stop()
-            finally:
-                self.profiler = None
+            steps.append(self.profiler.stop)
         if self.sampler is not None:
-            self.sampler.stop()
-        while self._undo:
-            self._undo.pop()()
+            steps.append(self.sampler.stop)
+        steps += reversed(self._undo)
+        self.profiler, self.sampler, self._undo = None, None, []
+        for undo in steps:
+            try:
+                undo()
+            except Exception:  # the rest must still be undone
+                pass
+        if _open_window is self:
+            _open_window = None
+        atexit.unregister(self.close)
+
+    def close(self) -> None:
+        """End the advisor now (a loop that stopped before the window was full): the profiler,
+        the sampler and every patch go; no report is written. Also run at interpreter exit."""
+        if self.active:
+            self._cleanup()
 
     def _fail(self, exc: BaseException) -> None:
+        self._cleanup()
         try:
-            self._cleanup()
-        finally:
             warnings.warn(
                 f"trainadvisor: the advisor stopped ({type(exc).__name__}: {exc}); training goes on "
                 "unchanged. Set TRAINADVISOR_DEBUG=1 to see where.",
                 RuntimeWarning,
                 stacklevel=3,
             )
-            if os.environ.get("TRAINADVISOR_DEBUG"):
-                raise exc
+        except Exception:  # warnings turned into errors (-W error): still never break training
+            pass
+        if os.environ.get("TRAINADVISOR_DEBUG"):
+            raise exc
 
     def _finish(self) -> None:
-        """The window is measured: write the report, print the diagnosis, remove everything."""
+        """The window is measured: write the report, print the diagnosis, remove everything.
+        Under torch.distributed only rank 0 writes (the ranks would share one folder)."""
+        if (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_rank() != 0
+        ):
+            self._cleanup()
+            return
         check_out_dir(self.out)
         trace_rel = "traces/advise/trainadvisor.pt.trace.json.gz"
         profiler, sampler = self.profiler, self.sampler
@@ -281,7 +317,8 @@ class Advisor:
         self.echo(terminal_summary(self.report, self.out))
 
     def _report(self, raw: RawRun) -> Report:
-        script = Path(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else None
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook
+        script = Path(main_file) if main_file and str(main_file).endswith(".py") else None
         trace = attach_trace(raw, self.out, script)
         run = summarize(raw)
         run.trace = trace
@@ -335,7 +372,7 @@ class Advisor:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self.active:  # the block ended before the window did: leave nothing behind
-            self._cleanup()
+            self.close()
             if kind is None:
                 self.echo(
                     f"trainadvisor: the block ended after {self.calls} steps, before the "

@@ -319,14 +319,13 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
         from trainadvisor.merge import merge_reports
         from trainadvisor.pipeline import check_out_dir
 
-        if len(folders) > 1 and out_dir is None:
+        dirs = [f.parent if f.name == "report.json" else f for f in folders]
+        if len(dirs) > 1 and out_dir is None:
             raise UsageError("several report folders are merged into one: give --out for it")
-        saved = (
-            _load(folders[0])
-            if len(folders) == 1
-            else merge_reports([_load(f) for f in folders], list(rule_dirs))
-        )
-        target = out_dir or folders[0]
+        if len({d.resolve() for d in dirs}) < len(dirs):
+            raise UsageError("a report folder was given twice")
+        saved = _load(dirs[0]) if len(dirs) == 1 else merge_reports([_load(d) for d in dirs], list(rule_dirs))
+        target = out_dir or dirs[0]
         if out_dir is not None:
             check_out_dir(out_dir)
         write_report(saved, target, templates_dir())

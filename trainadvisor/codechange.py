@@ -17,6 +17,15 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 _OPTIMIZERS = {"Adam", "AdamW", "SGD", "Adagrad"}
+# DataLoader's positional parameters, in order (an argument given by position is replaced there)
+_DATALOADER_POSITIONS = (
+    "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+    "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+)  # fmt: skip
+
+
+class _NoPlace(Exception):
+    """The call cannot be changed safely (`**kwargs`, an explicit conflicting argument)."""
 
 
 def _name(func: cst.BaseExpression) -> str | None:
@@ -27,13 +36,19 @@ def _name(func: cst.BaseExpression) -> str | None:
     return None
 
 
-def _with_keywords(call: cst.Call, keywords: dict[str, Any]) -> cst.Call:
-    """The call with each keyword set: an existing argument's value replaced, a new one added
-    after the last argument (a trailing comma, and the line break after it, stay at the end)."""
+def _with_keywords(call: cst.Call, keywords: dict[str, Any], positions: tuple[str, ...] = ()) -> cst.Call:
+    """The call with each keyword set: an existing argument's value replaced (by keyword, or by
+    position when `positions` names the parameters), a new one added after the last argument (a
+    trailing comma, and the line break after it, stay at the end)."""
     args = list(call.args)
+    if any(a.star for a in args):
+        raise _NoPlace("the call passes *args or **kwargs")
+    positional = [i for i, a in enumerate(args) if a.keyword is None]
     for key, value in keywords.items():
         expression = cst.parse_expression(repr(value))
         index = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == key), None)
+        if index is None and key in positions and positions.index(key) < len(positional):
+            index = positional[positions.index(key)]
         if index is not None:
             args[index] = args[index].with_changes(value=expression)
             continue
@@ -56,10 +71,19 @@ def _with_keywords(call: cst.Call, keywords: dict[str, Any]) -> cst.Call:
 class _CallEditor(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, wrapper: MetadataWrapper, names: set[str], line: int | None, keywords: dict[str, Any]):
+    def __init__(
+        self,
+        wrapper: MetadataWrapper,
+        names: set[str],
+        line: int | None,
+        keywords: dict[str, Any],
+        parameters: tuple[str, ...] = (),
+        conflicts: tuple[str, ...] = (),
+    ):
         super().__init__()
         self.positions = wrapper.resolve(PositionProvider)
         self.names, self.line, self.keywords = names, line, keywords
+        self.parameters, self.conflicts = parameters, conflicts
         self.changed = 0
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
@@ -69,8 +93,10 @@ class _CallEditor(cst.CSTTransformer):
             span = self.positions[original]
             if not span.start.line <= self.line <= span.end.line:
                 return updated
+        if any(a.keyword and a.keyword.value in self.conflicts for a in original.args):
+            return updated  # e.g. an optimizer built with foreach=...: fused would conflict
         self.changed += 1
-        return _with_keywords(updated, self.keywords)
+        return _with_keywords(updated, self.keywords, self.parameters)
 
 
 class _BatchCopyEditor(cst.CSTTransformer):
@@ -95,10 +121,16 @@ class _BatchCopyEditor(cst.CSTTransformer):
             isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda")
             and isinstance(func.value, cst.Name) and any(func.value.value in t for t in self.targets)
             and not any(a.keyword and a.keyword.value == "non_blocking" for a in original.args)
+            and not _to_host(original)
         ):  # fmt: skip
             self.changed += 1
             return _with_keywords(updated, {"non_blocking": True})
         return updated
+
+
+def _to_host(call: cst.Call) -> bool:
+    """`x.to("cpu")` and the like: a copy to the host must stay blocking (it is read next)."""
+    return any(isinstance(a.value, cst.SimpleString) and "cpu" in a.value.value.lower() for a in call.args)
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
@@ -109,9 +141,16 @@ def _names_in(node: cst.CSTNode) -> list[cst.Name]:
     return []
 
 
-def _edit_calls(source: str, names: set[str], line: int | None, keywords: dict[str, Any]) -> str | None:
+def _edit_calls(
+    source: str,
+    names: set[str],
+    line: int | None,
+    keywords: dict[str, Any],
+    parameters: tuple[str, ...] = (),
+    conflicts: tuple[str, ...] = (),
+) -> str | None:
     wrapper = MetadataWrapper(cst.parse_module(source))
-    editor = _CallEditor(wrapper, names, line, keywords)
+    editor = _CallEditor(wrapper, names, line, keywords, parameters, conflicts)
     changed = wrapper.visit(editor)
     return changed.code if editor.changed else None
 
@@ -144,7 +183,7 @@ def fix_diff(script: Path, fix: str, settings: dict[str, Any]) -> str | None:
     try:
         before = script.read_text()
         after = _changed(script, before, fix, settings)
-    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+    except Exception:  # unreadable, unparsable, or no safe place: the report goes on without a diff
         return None
     return _diff(script, before, after) if after is not None and after != before else None
 
@@ -157,15 +196,19 @@ def _changed(script: Path, source: str, fix: str, settings: dict[str, Any]) -> s
             file, _, line = site.rpartition(":")
             if Path(file).resolve() != script.resolve() or not line.isdigit() or edited is None:
                 return None  # the DataLoader is built in another file
-            edited = _edit_calls(edited, {"DataLoader"}, int(line), keywords)
+            edited = _edit_calls(edited, {"DataLoader"}, int(line), keywords, _DATALOADER_POSITIONS)
         if edited is not None and settings.get("non_blocking_h2d"):
             edited = cst.parse_module(edited).visit(_BatchCopyEditor()).code
         return edited
     if runtime.get("fused_optimizer"):
-        return _edit_calls(source, _OPTIMIZERS, None, {"fused": True})
+        return _edit_calls(
+            source, _OPTIMIZERS, None, {"fused": True}, conflicts=("fused", "foreach", "differentiable")
+        )
     lines = []
     if runtime.get("tf32"):
         lines += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
     if runtime.get("cudnn_benchmark"):
         lines.append("torch.backends.cudnn.benchmark = True")
+    if lines and "import torch\n" not in source:
+        lines.insert(0, "import torch")  # the flags need the name `torch`
     return _after_imports(source, lines) if lines else None

@@ -53,6 +53,9 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self.advisor.__exit__(None, None, None)
 
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            self.advisor.close()
+
     return _LightningAdvisor()
 
 

@@ -32,6 +32,9 @@ def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
     baseline.ranks = [ranks[rank] for rank in sorted(ranks)]
     values = named_measurements(baseline)
     merged.findings = engine.evaluate(engine.load_rules([rules_dir(), *rule_dirs]), values)
+    # Fixes are measured on one node only (see pipeline): nothing of them is merged.
+    merged.plan, merged.fix_outcomes, merged.applied_fixes = [], [], []
+    merged.after, merged.comparison, merged.speedup = None, None, None
     merged.notes.append(
         f"Merged from {len(reports)} reports (one per node): ranks "
         f"{', '.join(str(rank) for rank in sorted(ranks))}. The step timings and traces shown "

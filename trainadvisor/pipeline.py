@@ -242,8 +242,15 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
     outcomes: list[FixOutcome] = []
     after: Run | None = None
     comparison = None
+    multi_node = any(option in ("--nnodes", "--node-rank") for option in options.torchrun)
     if baseline.raw.status == "script_failed":
         notes.append("The script failed, so no fix was tried.")
+    elif options.apply_fixes and multi_node:
+        notes.append(
+            "Fixes are not measured on several nodes: each node would choose its trials from its "
+            "own ranks and start different runs against one rendezvous. Measure them on one node "
+            "(--nproc-per-node) or apply them by hand."
+        )
     elif options.apply_fixes:
         outcomes = _tune_all(plan, values, options, baseline, echo)
         for outcome in outcomes:  # memory fixes trade speed for memory: not part of the speed run

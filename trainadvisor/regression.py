@@ -103,7 +103,13 @@ def compare_reports(
             100.0 * ((percentile(hw, 90) or 0.0) / (percentile(bw, 10) or 1.0) - 1),
         )
     regressed = False
-    if throughput is None:
+    if head_run.raw.status != "window_complete":
+        # A head that no longer runs its window is the worst regression of all.
+        regressed = True
+        verdict = (
+            f"the head's run did not complete ({head_run.raw.status.replace('_', ' ')}: {head_run.raw.error})"
+        )
+    elif throughput is None:
         verdict = "no throughput in one of the reports: nothing to gate on"
     elif throughput.change_pct < -max_regression_pct and throughput.verdict == "worse":
         regressed = True

@@ -92,10 +92,7 @@ def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path]
             written_at = now
         if written_at is not None and now - written_at > STOP_GRACE_S:
             _stop_group(proc)
-            late = ", ".join(str(p.name) for p in result_files if "*" in p.name)
-            return f"the script kept running {STOP_GRACE_S:.0f} s after it was asked to stop" + (
-                " (a rank that did not reach the end of its window holds the others)" if late else ""
-            )
+            return f"the script kept running {STOP_GRACE_S:.0f} s after it was asked to stop"
         if spec.timeout_s is not None and now - started > spec.timeout_s:
             _stop_group(proc)
             return f"the run took longer than {spec.timeout_s:.0f} s"
@@ -188,7 +185,10 @@ def measure(spec: RunSpec) -> RawRun:
 
 
 def _local_ranks(torchrun: list[str]) -> int:
-    """The processes torchrun starts on this node (--nproc-per-node), 0 when not given."""
+    """The ranks of a single-node run (--nproc-per-node), 0 when not known: on several nodes
+    this node's global ranks depend on the rendezvous."""
+    if any(option in ("--nnodes", "--node-rank") for option in torchrun):
+        return 0
     for i, option in enumerate(torchrun[:-1]):
         if option in ("--nproc-per-node", "--nproc_per_node") and torchrun[i + 1].isdigit():
             return int(torchrun[i + 1])
@@ -231,6 +231,9 @@ def _ranks(result_file: Path, spec: RunSpec, returncode: int, killed: str | None
             primary.error += (
                 f"; rank {', '.join(silent)} did not respond (blocked, waiting for rank {failed.rank})"
             )
+    elif killed and silent:
+        primary.status = "script_failed"
+        primary.error = f"{killed}; rank {', '.join(silent)} recorded nothing"
     elif returncode != 0 and primary.status != "window_complete":
         primary.status = "script_failed"
         primary.error = killed or f"torchrun ended with exit code {returncode}"
