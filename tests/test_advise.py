@@ -119,17 +119,10 @@ def test_decorating_keeps_signature_hints_return_values_and_exceptions(tmp_path:
 def test_bare_decorator_on_a_method(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 
-    class Trainer:
-        def __init__(self) -> None:
-            self.model, self.optimizer = _model()
-
+    class Trainer(_Trainer):
         @advise
         def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            loss = nn.functional.cross_entropy(self.model(x), y)
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
-            return loss
+            return super().step(x, y)
 
     trainer = Trainer()
     for x, y in _batches(40):  # 5 warmup + 20 timed + 10 traced by default
@@ -139,16 +132,7 @@ def test_bare_decorator_on_a_method(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_the_wait_between_calls_is_the_input_pipeline(tmp_path: Path) -> None:
     """A loop that spends 20 ms fetching each batch and 1 ms in the step: data-stall, high."""
-    model, optimizer = _model()
-
-    @advise(warmup=2, steps=10, out=tmp_path / "r")
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = advise(warmup=2, steps=10, out=tmp_path / "r")(_Trainer().step)
     for x, y in _batches(25):
         time.sleep(0.02)  # the slow input pipeline
         step(x, y)
