@@ -344,3 +344,17 @@ def test_one_window_per_process_and_close_ends_an_unfinished_one(tmp_path: Path)
     assert _state() == before and not first.active and not (tmp_path / "a").exists()
     with pytest.raises(ValueError, match="warmup and steps must be at least 1"):
         Advisor(warmup=0)
+
+
+def test_the_restart_command_is_profiles_own_and_writes_beside_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setattr("sys.argv", [str(script), "--lr", "0.1"])
+    advisor = Advisor(warmup=3, steps=10, out=tmp_path / "r", echo=_quiet)
+    assert advisor._profile_command(script) == [
+        "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(tmp_path / "r-profile"),
+        "--seed", "0", str(script), "--lr", "0.1",
+    ]  # fmt: skip
+    assert advisor._profile_command(None) is None  # a notebook: no script to rerun

@@ -43,7 +43,7 @@ from trainadvisor.analysis.summary import attach_trace, named_measurements, summ
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.model import SCHEMA_VERSION, FixOutcome, RawRun, Report, StepRecord
-from trainadvisor.pipeline import check_out_dir
+from trainadvisor.pipeline import ProfileOptions, check_out_dir, reproduce_command
 from trainadvisor.report import terminal_summary, write_report
 from trainadvisor.resources import rules_dir, templates_dir
 
@@ -356,12 +356,19 @@ class Advisor:
         )
 
     def _profile_command(self, script: Path | None) -> list[str] | None:
+        """The `trainadvisor profile` command that measures the fixes, writing beside this
+        report rather than over it."""
         if script is None or not script.is_file():
             return None
-        command = ["trainadvisor", "profile", "--warmup", str(self.warmup), "--steps", str(self.steps)]
-        for folder in self.rule_dirs:
-            command += ["--rules", str(folder)]
-        return [*command, str(script), *sys.argv[1:]]
+        options = ProfileOptions(
+            script=script,
+            args=sys.argv[1:],
+            out_dir=self.out.with_name(self.out.name + "-profile"),
+            warmup=self.warmup,
+            steps=self.steps,
+            rule_dirs=self.rule_dirs,
+        )
+        return reproduce_command(options)
 
     # ---- `with advise() as advisor:` ----
 

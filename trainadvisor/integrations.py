@@ -11,6 +11,7 @@ time before the batch starts (`on_train_batch_start`, `on_step_begin`) is the wa
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +19,25 @@ from trainadvisor.advisor import Advisor
 from trainadvisor.errors import MissingDependencyError
 
 
-def _lightning_callback_base() -> type:
-    try:
-        from lightning.pytorch import Callback
-    except ImportError:
+def _base_class(places: tuple[tuple[str, str], ...], missing: str) -> type:
+    """The framework's callback class, from the first module that has it; `missing` (what to
+    install) when none does."""
+    for module, name in places:
         try:
-            from pytorch_lightning import Callback  # type: ignore[assignment]  # its older name
+            return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
         except ImportError:
-            raise MissingDependencyError(
-                "LightningAdvisor needs PyTorch Lightning: pip install lightning (or pytorch-lightning)"
-            ) from None
-    return Callback  # type: ignore[no-any-return]
+            continue
+    raise MissingDependencyError(missing)
 
 
 def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance of
     warmup: int = 5, steps: int = 20, out: str | Path | None = None, rules: list[str | Path] | None = None
 ) -> Any:
     """A `lightning.pytorch.Callback` that profiles `steps` training batches after `warmup`."""
-    base = _lightning_callback_base()
+    base = _base_class(
+        (("lightning.pytorch", "Callback"), ("pytorch_lightning", "Callback")),  # new and old names
+        "LightningAdvisor needs PyTorch Lightning: pip install lightning (or pytorch-lightning)",
+    )
 
     class _LightningAdvisor(base):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
@@ -59,21 +61,14 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
     return _LightningAdvisor()
 
 
-def _hf_callback_base() -> type:
-    try:
-        from transformers import TrainerCallback
-    except ImportError:
-        raise MissingDependencyError(
-            "HuggingFaceAdvisor needs transformers: pip install transformers"
-        ) from None
-    return TrainerCallback  # type: ignore[no-any-return]
-
-
 def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instance of
     warmup: int = 5, steps: int = 20, out: str | Path | None = None, rules: list[str | Path] | None = None
 ) -> Any:
     """A `transformers.TrainerCallback` that profiles `steps` optimizer steps after `warmup`."""
-    base = _hf_callback_base()
+    base = _base_class(
+        (("transformers", "TrainerCallback"),),
+        "HuggingFaceAdvisor needs transformers: pip install transformers",
+    )
 
     class _HuggingFaceAdvisor(base):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
