@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.analysis import intervals as iv
+from trainadvisor.analysis.kernels import classify
 from trainadvisor.analysis.stream import Event, read_trace
 from trainadvisor.errors import UsageError
 
@@ -37,21 +38,16 @@ _SYNCS = {
     "cudaStreamSynchronize": "stream_sync", "hipStreamSynchronize": "stream_sync",
     "cudaDeviceSynchronize": "device_sync", "hipDeviceSynchronize": "device_sync",
     "aten::_local_scalar_dense": "item",
+    # ROCm: a blocking copy (`.item()`, `.cpu()`, a pageable upload) is one synchronous
+    # hipMemcpyWithStream, with no stream sync after it. Inside a host-to-device copy op it is
+    # the copy's own wait (`_copy_syncs`); elsewhere the host waited for the device.
+    "hipMemcpyWithStream": "stream_sync", "hipMemcpy": "stream_sync",
 }  # fmt: skip
-# Kernel-name markers of Tensor Core (MMA) kernels in cuBLAS, cuDNN, CUTLASS and their ROCm peers.
-_TENSOR_CORE = re.compile(
-    r"884|1688|16816|hmma|wmma|xmma|gmma|tensorop|_tc_|s161616|mfma|nvjet|bf16gemm|f16gemm", re.I
-)
+# Runtime calls that copy synchronously: ROCm names no source memory ("Memcpy HtoD (Host ->
+# Device)"), so a host-to-device copy they make counts as pageable: the host waits for it as for
+# a pageable copy, and the fix (pinned memory, non-blocking copy) is the same.
+_SYNC_COPIES = {"hipMemcpyWithStream", "hipMemcpy"}
 SHORT_KERNEL_US = 10.0
-# Kernels of matrix multiplications and convolutions (the work Tensor Cores can take), matched
-# on a kernel's base name (before template arguments): cuBLAS/cuDNN/CUTLASS GEMMs, cuDNN's
-# convolution engines (scudnn, implicit_convolve, wgrad, dgrad, fprop, winograd), Hopper's nvjet.
-_MATMUL = re.compile(
-    r"gemm|conv(?!ert)|scudnn|hcudnn|cutlass|wgrad|dgrad|fprop|nvjet|xmma|hmma|mfma|winograd|matmul", re.I
-)
-_CONV = re.compile(r"conv(?!ert)|scudnn|hcudnn|wgrad|dgrad|fprop|winograd", re.I)
-# ... but not embedding tables (fbgemm), batch norm, softmax, layout changes or fused pointwise ops.
-_NOT_MATMUL = re.compile(r"fbgemm|bn_|batch_?norm|softmax|nchwToNhwc|nhwcToNchw|triton_|elementwise", re.I)
 # Host ops that make a tensor from nothing: on the host unless `device=` names another device.
 _FACTORY = {
     "aten::randn", "aten::rand", "aten::randint", "aten::randperm", "aten::normal",
@@ -73,16 +69,6 @@ _LIBRARIES = (
     "torch/", "torchvision/", "torchaudio/", "trainadvisor/", "lightning/", "pytorch_lightning/",
     "transformers/", "accelerate/", "numpy/", "site-packages/", "dist-packages/",
 )  # fmt: skip
-
-
-def _matmul_kind(kernel: str) -> tuple[bool, bool]:
-    """(matmul or convolution, convolution) from a kernel's base name."""
-    base = kernel.removeprefix("void ")
-    cut = [i for i in (base.find("<"), base.find("(")) if i >= 0]
-    base = base[: min(cut)] if cut else base
-    if _NOT_MATMUL.search(base):
-        return False, False
-    return bool(_MATMUL.search(base)), bool(_CONV.search(base))
 
 
 @dataclass
@@ -128,8 +114,8 @@ class TraceAnalysis:
     peak_reserved_bytes: int | None
     loader_iterators: list[str] = field(default_factory=list)
     compute_capability: int | None = None  # major version (NVIDIA), or the GCN/CDNA generation
-    matmul_pct: float | None = None  # share of compute-kernel time in matmul/conv kernels
-    fp32_matmul_pct: float | None = None  # ... in matmul/conv kernels without Tensor Cores
+    matmul_pct: float | None = None  # share of compute-kernel time in matmul/conv/attention kernels
+    fp32_matmul_pct: float | None = None  # ... in those whose names show the FP32 units (kernels.py)
     conv_pct: float | None = None  # ... in convolution kernels
     sync_sites: list[str] = field(default_factory=list)  # user code where syncs happened
     cpu_tensor_ops: dict[str, int] = field(default_factory=dict)  # creating op -> count
@@ -147,17 +133,16 @@ class _Collector:
         self.runtimes: list[tuple[float, float, Any]] = []
         self.device: dict[Any, list[float]] = {}  # correlation -> [first start, last end, count]
         self.runtime_start: dict[Any, float] = {}
+        self.sync_copies: set[Any] = set()  # correlations of synchronous copy calls (ROCm)
         self.kernel_durations: list[float] = []
         self.kernel_starts: list[tuple[Any, float]] = []
         self.tensor_core_us = 0.0
         self.compute_kernel_us = 0.0  # kernels other than communication
-        self.tensor_core_names: dict[str, bool] = {}  # kernel names repeat: match each once
         self.h2d: list[tuple[float, float, str, int, Any]] = []  # (ts, dur, kind, bytes, corr)
         self.syncs: list[tuple[float, str, float, Any]] = []  # (ts, kind, dur, tid)
         self.matmul_us = 0.0
-        self.matmul_tc_us = 0.0
+        self.fp32_matmul_us = 0.0
         self.conv_us = 0.0
-        self.matmul_names: dict[str, tuple[bool, bool]] = {}  # name -> (matmul, conv)
         self.named_ops: list[tuple[Any, float, float, str]] = []  # factory/copy/glue host ops
         self.host_starts: dict[Any, list[float]] = {}  # tid -> start of every host op
         self.frames: dict[Any, list[tuple[float, float, str]]] = {}  # tid -> "file|line|func"
@@ -204,6 +189,8 @@ class _Collector:
                 self.runtime_start[corr] = start
             if name in _SYNCS:
                 self.syncs.append((start, _SYNCS[name], e.dur, e.tid))
+            if name in _SYNC_COPIES and corr is not None:
+                self.sync_copies.add(corr)
         elif cat in _KERNEL:
             lowered = name.lower()
             if "nccl" in lowered or "rccl" in lowered:
@@ -211,19 +198,12 @@ class _Collector:
             else:
                 self.roles["kernel"].append((start, end))
                 self.compute_kernel_us += e.dur
-                tensor_core = self.tensor_core_names.get(name)
-                if tensor_core is None:
-                    tensor_core = self.tensor_core_names[name] = bool(_TENSOR_CORE.search(name))
-                if tensor_core:
-                    self.tensor_core_us += e.dur
-                kinds = self.matmul_names.get(name)
-                if kinds is None:
-                    kinds = self.matmul_names[name] = _matmul_kind(name)
-                if kinds[0]:
+                kind = classify(name)
+                if kind.matrix:
                     self.matmul_us += e.dur
-                    self.matmul_tc_us += e.dur if tensor_core else 0.0
-                if kinds[1]:
-                    self.conv_us += e.dur
+                    self.tensor_core_us += e.dur if kind.tensor_core else 0.0
+                    self.fp32_matmul_us += e.dur if kind.fp32_matrix else 0.0
+                    self.conv_us += e.dur if kind.kind == "conv" else 0.0
             self.kernel_durations.append(e.dur)
             self._device(e, start, end, kernel=True)
         elif cat in _MEMCPY:
@@ -355,6 +335,7 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
     ]
     for python_spans in (*collector.frames.values(), *collector.builtins.values()):
         python_spans.sort()
+    _resolve_unnamed_copies(collector)
     h2d_ops = _h2d_copy_ops(collector)
     creations = _cpu_tensor_copies(collector, h2d_ops)
     _copy_syncs(collector, h2d_ops)
@@ -422,6 +403,15 @@ def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
     where = f"{file}:{','.join(map(str, lines))}" if lines else file
     call = f"{callee}()" if callee in _FACTORY_CALLS or callee == "print" else f".{callee}()"
     return f"{where} ({call} in {func})"
+
+
+def _resolve_unnamed_copies(c: _Collector) -> None:
+    """Host-to-device copies whose name gives no source memory (ROCm) made by a synchronous
+    copy call count as pageable (see `_SYNC_COPIES`)."""
+    c.h2d = [
+        (ts, dur, "pageable" if kind == "unknown" and corr in c.sync_copies else kind, nbytes, corr)
+        for ts, dur, kind, nbytes, corr in c.h2d
+    ]
 
 
 def _h2d_copy_ops(c: _Collector) -> list[tuple[float, float, Any]]:
@@ -601,7 +591,7 @@ def _summarize(
         loader_iterators=sorted(c.loader_iterators),
         compute_capability=major if isinstance(major, int) else None,
         matmul_pct=100.0 * c.matmul_us / compute if compute else None,
-        fp32_matmul_pct=100.0 * (c.matmul_us - c.matmul_tc_us) / compute if compute else None,
+        fp32_matmul_pct=100.0 * c.fp32_matmul_us / compute if compute else None,
         conv_pct=100.0 * c.conv_us / compute if compute else None,
         # With a device, .item() of a host tensor (Adam's step count) is no sync: count waits only.
         sync_sites=_sites(
