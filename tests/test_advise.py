@@ -89,8 +89,8 @@ def test_a_decorated_step_trains_exactly_as_undecorated_and_leaves_nothing_behin
     advisor: Advisor = advised.advisor  # type: ignore[attr-defined]
     assert advisor.report is not None and not advisor.active
     report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["baseline"]["steps"] == 10  # the timed steps; 10 more were traced
-    assert [r["loss"] for r in report["baseline"]["raw"]["steps"]] == pytest.approx(plain[3:23])
+    assert report["baseline"]["steps"] == 10  # the timed steps; then the profiler's warmup, 10 traced
+    assert [r["loss"] for r in report["baseline"]["raw"]["steps"]] == pytest.approx(plain[3:24])
     assert report["baseline"]["raw"]["runtime"]["optimizer"] == "SGD"
     assert {"report.html", "report.md", "report.json"} <= {p.name for p in (tmp_path / "report").iterdir()}
     assert (tmp_path / "report" / "traces" / "advise" / "trainadvisor.pt.trace.json.gz").is_file()
@@ -125,7 +125,7 @@ def test_bare_decorator_on_a_method(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             return super().step(x, y)
 
     trainer = Trainer()
-    for x, y in _batches(40):  # 5 warmup + 20 timed + 10 traced by default
+    for x, y in _batches(40):  # 5 warmup + 20 timed + 1 + 10 traced by default
         trainer.step(x, y)
     assert (tmp_path / "trainadvisor-report" / "report.json").is_file()
 
@@ -170,7 +170,7 @@ def test_a_with_block_times_steps_and_dataloader_waits(tmp_path: Path) -> None:
     assert _BaseDataLoaderIter.__next__ is ORIGINAL_NEXT
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     waits = [s["data_wait_ms"] for s in report["baseline"]["raw"]["steps"]]
-    assert len(waits) == 12 and min(waits) >= 8.0  # 4 samples x 2 ms in every step
+    assert len(waits) == 13 and min(waits) >= 8.0  # 6 timed, 1 + 6 traced; 4 samples x 2 ms each
     assert report["findings"][0]["rule"] == "data-stall"
 
 
@@ -183,7 +183,7 @@ def test_a_with_block_that_ends_early_writes_nothing_and_cleans_up(tmp_path: Pat
     assert _state() == before and not (tmp_path / "r").exists()
     assert (
         messages[-1]
-        == "trainadvisor: the block ended after 5 steps, before the 22 the window needs: no report"
+        == "trainadvisor: the block ended after 5 steps, before the 23 the window needs: no report"
     )
 
 

@@ -95,3 +95,17 @@ def test_positional_arguments_star_kwargs_conflicts_and_host_copies(tmp_path: Pa
     assert fix_diff(script, "fused-optimizer", {"runtime": {"fused_optimizer": True}}) is None  # foreach=True
     flags = fix_diff(script, "tf32", {"runtime": {"tf32": True}})
     assert flags is not None and "+import torch\n" in flags  # the flags need the name
+
+
+def test_tf32_is_written_in_the_api_the_script_uses(tmp_path: Path) -> None:
+    """A script on torch >= 2.9's `fp32_precision` gets that API: adding the legacy flags would
+    make torch raise ("mix of the legacy and new APIs") where the script reads them."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\ntorch.backends.cudnn.conv.fp32_precision = 'ieee'\nprint('train')\n")
+    diff = fix_diff(script, "tf32", {"runtime": {"tf32": True}})
+    assert diff is not None
+    added = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == [
+        '+torch.backends.cuda.matmul.fp32_precision = "tf32"',
+        '+torch.backends.cudnn.conv.fp32_precision = "tf32"',
+    ]

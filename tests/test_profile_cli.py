@@ -54,7 +54,7 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     assert added == "+        " + ", ".join(f"{k}={v!r}" for k, v in chosen.items()) + ","
     check = report["comparison"]["loss_check"]
     assert check["equivalent"] is True and check["max_abs_diff"] == 0.0 and check["same_batches"] is True
-    assert check["steps_compared"] == 23  # warmup 3 + 10 timed + 10 traced, in both runs
+    assert check["steps_compared"] == 24  # warmup 3 + 10 timed + the profiler's warmup + 10 traced
     # The terminal diagnosis names the finding, the fix, the speedup and the report.
     assert "data-stall" in result.stdout and "x faster" in result.stdout
     assert str(out / "report.html") in result.stdout
@@ -83,7 +83,10 @@ def test_report_files_are_written(slow_input_report: tuple[subprocess.CompletedP
         events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
         steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
         assert len(steps) == 10
-        assert sum(s["profiled"] for s in load_report(out)[run]["raw"]["steps"]) == 10
+        # the profiler's warmup step (CUPTI's start-up), then the 10 it recorded, each matched
+        # to its ProfilerStep#N
+        traced = [s["trace_step"] for s in load_report(out)[run]["raw"]["steps"] if s["profiled"]]
+        assert traced == [None, *range(1, 11)]
 
 
 def test_no_process_is_left_behind(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
@@ -153,7 +156,7 @@ def test_manual_steps_and_script_arguments(tmp_path: Path) -> None:
     assert "final loss" not in result.stdout  # stopped after the window
     report = load_report(out)
     assert report["baseline"]["steps"] == 6
-    assert report["baseline"]["raw"]["steps_seen"] == 14  # warmup 2, 6 timed, 6 traced
+    assert report["baseline"]["raw"]["steps_seen"] == 15  # warmup 2, 6 timed, the profiler's warmup, 6 traced
     losses = report["baseline"]["raw"]["losses"]
     assert losses[0] == 140.0  # sum((0 - k)^2 for k in 0..7), the first step's loss
 

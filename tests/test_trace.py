@@ -224,3 +224,30 @@ def test_rocm_blocking_copies_and_item_syncs(tmp_path: Path) -> None:
     assert step.sync_ms == 0.39  # the .item()'s wait; the upload's is the copy's
     values = trace_measurements(analysis)
     assert (values["syncs_per_step"], values["h2d_pageable_per_step"]) == (1.0, 1.0)
+
+
+def test_fp32_ffma_gemms_on_an_a100_are_flagged(tmp_path: Path) -> None:
+    """The V100 ResNet-50 trace as cuBLAS 12 and cuDNN 9 would name it on an A100 in fp32: the
+    GEMMs and convolutions run on the FP32 units (FFMA), and no-mixed-precision fires."""
+    from trainadvisor import engine
+    from trainadvisor.resources import rules_dir
+
+    source = DATA / "tb_plugin" / "resnet50_num_workers_4" / "worker0.1623212756351.pt.trace.json.gz"
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    ffma = "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas"
+    conv = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw_tilesize128x128x8_stage3_warpsize2x2x1_g1_ffma_t1r1s1_execute_kernel__5x_cudnn"
+    for event in trace["traceEvents"]:
+        if str(event.get("cat", "")).lower() == "kernel":
+            name = event["name"]
+            if "sgemm" in name and "convolve" not in name:
+                event["name"] = ffma
+            elif "scudnn" in name or "convolve" in name or "_engine<float" in name:
+                event["name"] = conv
+    trace["deviceProperties"][0].update(name="NVIDIA A100-SXM4-80GB", computeMajor=8, computeMinor=0)
+    path = tmp_path / "a100_fp32.json"
+    path.write_text(json.dumps(trace))
+    analysis = analyze_trace(path)
+    assert analysis.tensor_core_pct == 0.0 and round(analysis.fp32_matmul_pct or 0, 1) == 66.6
+    rules = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
+    finding = engine.evaluate_rule(rules["no-mixed-precision"], trace_measurements(analysis))
+    assert finding is not None and finding.severity == "high"

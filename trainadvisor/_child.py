@@ -80,6 +80,8 @@ def main() -> int:
     config.result_file = config.result_file.replace("{rank}", rank)
     if config.trace_file is not None:
         config.trace_file = config.trace_file.replace("{rank}", rank)
+    if config.device_file is not None:
+        config.device_file = config.device_file.replace("{rank}", rank)
     sys.argv = [script, *script_args]
     sys.path[0] = str(Path(script).resolve().parent)
     if config.seed is not None:

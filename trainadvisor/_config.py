@@ -20,6 +20,8 @@ class ChildConfig:
     loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call site
     non_blocking_h2d: bool = False
     # Switches a fix sets inside the process: tf32, cudnn_benchmark, amp ("bf16"|"fp16"),
-    # fused_optimizer (see `_hooks._apply_runtime`).
+    # fused_optimizer, grad_accumulation (see `measure.switches`).
     runtime_overrides: dict[str, Any] = field(default_factory=dict)
     with_stack: bool = False  # record Python stacks in the trace (the call-sites run)
+    # where the child names the GPU it trains on, for the parent's NVML sampler ({rank} in it)
+    device_file: str | None = None

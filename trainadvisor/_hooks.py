@@ -18,9 +18,8 @@ import pickle
 import platform
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,13 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import _serial
 from trainadvisor._config import ChildConfig
+from trainadvisor.measure import gpu, loaders, switches
 from trainadvisor.model import DeviceInfo, LoaderInfo, RawRun, StepRecord
 
 ACTIVE: Recorder | None = None
 
-# DataLoader arguments an override may set, and the values that need workers.
-_WORKER_ONLY = ("persistent_workers", "prefetch_factor")
+# Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
+PROFILER_WARMUP_STEPS = 1
 
 
 class WindowComplete(BaseException):
@@ -71,14 +71,24 @@ class Recorder:
         self.runtime: dict[str, Any] = {}
         self.optimizer_ids: set[int] = set()
         self.backward_at: float | None = None  # when the step's first backward() was called
+        self.device: int | None = None  # the GPU the losses were computed on
+        self.device_announced = False
+        self.gpu = gpu.GpuWindow()
         # What a fix does to the loss before backward (fp16 loss scaling, 1/k for accumulation).
         self.loss_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._undo: list[Callable[[], None]] = []
 
     def patch(self, owner: Any, name: str, replacement: Any) -> None:
-        original = owner.__dict__[name]
+        """Replace `owner.name`; undone by `uninstall`. The attribute may be inherited (torch's
+        `Tensor.to` and `.cuda` live on `torch._C.TensorBase`): then the replacement is set on
+        `owner` and removed again, so the inherited one shows through as before."""
+        own = name in owner.__dict__
+        original = owner.__dict__[name] if own else getattr(owner, name)
         setattr(owner, name, replacement)
-        self._undo.append(lambda: setattr(owner, name, original))
+        self._undo.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
+
+    def on_uninstall(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
 
     def uninstall(self) -> None:
         """Put back everything `install` changed: torch is as it was before."""
@@ -112,6 +122,8 @@ class Recorder:
         self.boundary()
 
     def boundary(self) -> None:
+        if self.in_window and len(self.records) + 1 == self.config.steps:
+            self.gpu.sync()  # the last timed step ends when its GPU work does
         now = time.perf_counter()
         self.steps_seen += 1
         if not self.window_done:
@@ -131,7 +143,9 @@ class Recorder:
                 )
             )
             recorded = len(self.records)
-            if recorded == self.config.steps + self.config.profile_steps:
+            if recorded <= self.config.steps:
+                self.gpu.mark()
+            if recorded == self.config.steps + self.traced_steps():
                 self.end_window()
             elif recorded == self.config.steps:
                 self.start_profiler()
@@ -139,6 +153,8 @@ class Recorder:
                 self.profiler.step()
         elif not self.window_done and self.steps_seen == self.config.warmup:
             self.start_window()
+        if not self.device_announced and self.config.device_file and gpu.cuda_in_use():
+            self.announce_device()
         self.data_wait_s = 0.0
         self.samples = None
         self.loss = None
@@ -147,28 +163,34 @@ class Recorder:
         if self.window_done and self.config.stop_after_window:
             raise WindowComplete()
 
+    def traced_steps(self) -> int:
+        """Steps after the timed ones: the profiler's warmup step, then those it records."""
+        return PROFILER_WARMUP_STEPS + self.config.profile_steps if self.config.profile_steps else 0
+
     def start_window(self) -> None:
         if self.config.runtime_overrides:
             _apply_flags(self.config.runtime_overrides)  # again, in case the script reset them
         self.runtime = _flags(self)
         self.in_window = True
         self.window_start_unix_s = time.time()
+        self.gpu.start(self.device if self.device is not None else gpu.training_device(None))
         self.window_t0 = time.perf_counter()
+
+    def announce_device(self) -> None:
+        """Tell the parent's NVML sampler which GPU this process trains on (once CUDA is up)."""
+        self.device_announced = True
+        device = self.device if self.device is not None else gpu.training_device(None)
+        try:
+            gpu.announce_device(Path(str(self.config.device_file)), int(device or 0))
+        except Exception as exc:  # sampling is a nicety: never break training for it
+            print(f"[trainadvisor] could not name the GPU for sampling: {exc!r}", file=sys.stderr)
 
     def start_profiler(self) -> None:
         """One profiler session per process (a second session in the same process crashes
         torch 2.13 now and then, at exit or when it starts). Python stacks only when asked
         (`with_stack`, the separate sites run): the Python tracer adds about 15% host time."""
         if self.config.trace_file is not None and self.config.profile_steps > 0:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profiler = torch.profiler.profile(
-                activities=activities,
-                schedule=lambda _step: torch.profiler.ProfilerAction.RECORD,
-                with_stack=self.config.with_stack,
-            )
-            self.profiler.start()
+            self.profiler = start_profiler(self.config.profile_steps, self.config.with_stack)
 
     def end_window(self) -> None:
         self.in_window = False
@@ -195,6 +217,8 @@ class Recorder:
     def loss_candidate(self, tensor: torch.Tensor) -> None:
         if self.backward_at is None:
             self.backward_at = time.perf_counter()
+        if self.device is None and tensor.device.type == "cuda":
+            self.device = tensor.device.index
         if not self.window_done and tensor.numel() == 1:
             self.loss = tensor.detach()
 
@@ -224,11 +248,13 @@ class Recorder:
         losses = [float(loss.float().item()) if loss is not None else None for loss in self.losses]
         for record in self.records:
             record.loss = losses[record.index]
+        for record, gpu_ms in zip(self.records, self.gpu.step_ms()):
+            record.gpu_ms = gpu_ms
         trace = self.config.trace_file
-        self.runtime.update(optimizer_facts(self.optimizer))
+        self.runtime.update(gpu.optimizer_facts(self.optimizer))
         self.runtime["optimizers"] = len(self.optimizer_ids)
         if self.runtime.get("cuda_used"):
-            self.runtime["cuda_memory"] = cuda_memory()
+            self.runtime["cuda_memory"] = self.gpu.memory()
         return RawRun(
             label=self.config.label,
             status=status,
@@ -249,193 +275,27 @@ class Recorder:
         )
 
 
-# Optimizers with a fused (single-kernel) implementation in torch.
-_FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
-
-
 def _flags(recorder: Recorder) -> dict[str, Any]:
-    return torch_facts(recorder.data_parallel_modules, recorder.config.runtime_overrides.get("amp"))
+    return gpu.torch_facts(recorder.data_parallel_modules, recorder.config.runtime_overrides.get("amp"))
 
 
-def torch_facts(data_parallel_modules: int | None, amp_override: str | None) -> dict[str, Any]:
-    """torch's switches as the training loop runs with them (read at the window's start)."""
-    cuda_used = torch.cuda.is_available() and torch.cuda.is_initialized()
-    facts: dict[str, Any] = {
-        "cuda_used": cuda_used,
-        "anomaly_detection": torch.is_anomaly_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "data_parallel_modules": data_parallel_modules,
-        "amp_override": amp_override,
-    }
-    if cuda_used:
-        facts.update(
-            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-            tf32_enabled=bool(torch.backends.cuda.matmul.allow_tf32),
-            cuda_device_count=torch.cuda.device_count(),
-            bf16_supported=_native_bf16(),
-        )
-    return facts
+def start_profiler(profile_steps: int, with_stack: bool = False) -> torch.profiler.profile:
+    """torch.profiler for `profile_steps` steps after one warmup step (CUPTI's start-up stays
+    out of the recorded steps), CUDA activity included when the script uses a GPU."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if gpu.cuda_in_use():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=0, warmup=PROFILER_WARMUP_STEPS, active=profile_steps, repeat=1),
+        with_stack=with_stack,
+    )
+    profiler.start()
+    return profiler
 
 
-def _native_bf16() -> bool:
-    """bf16 in hardware (Ampere and newer): torch's default check also counts emulation, which
-    is true on Volta and Turing and slower than fp32 there."""
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except TypeError:  # torch before 2.3 had no emulation and no argument
-        return bool(torch.cuda.is_bf16_supported())
-
-
-def optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    if optimizer is None:
-        return {}
-    name = type(optimizer).__name__
-    defaults = optimizer.defaults
-    return {
-        "optimizer": name,
-        # torch's LR schedulers wrap the optimizer's step and mark the wrapper.
-        "lr_scheduler": bool(getattr(optimizer.step, "_wrapped_by_lr_sched", False)),
-        "optimizer_fused": bool(defaults.get("fused")),
-        "optimizer_foreach": defaults.get("foreach"),
-        "optimizer_fusable": name in _FUSABLE and type(optimizer).__module__.startswith("torch.optim"),
-    }
-
-
-def cuda_memory() -> dict[str, Any]:
-    stats = torch.cuda.memory_stats()
-    return {
-        "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-        "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
-        "total_bytes": int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory),
-        "alloc_retries": int(stats.get("num_alloc_retries", 0)),
-        "ooms": int(stats.get("num_ooms", 0)),
-    }
-
-
-def _apply_flags(overrides: dict[str, Any]) -> None:
-    if overrides.get("tf32"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    if overrides.get("cudnn_benchmark"):
-        torch.backends.cudnn.benchmark = True
-
-
-def _restore_flags() -> Callable[[], None]:
-    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32
-    cudnn_tf32, benchmark = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
-
-    def restore() -> None:
-        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
-        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = cudnn_tf32, benchmark
-
-    return restore
-
-
-def _install_runtime_overrides(recorder: Recorder, overrides: dict[str, Any]) -> None:
-    """The in-process switches of the fixes `tf32`, `cudnn-benchmark`, `amp`, `fused-optimizer`,
-    `grad-accumulation`; `Recorder.uninstall` undoes them all."""
-    recorder._undo.append(_restore_flags())
-    _apply_flags(overrides)
-    if overrides.get("amp"):
-        _install_autocast(recorder, torch.bfloat16 if overrides["amp"] == "bf16" else torch.float16)
-    if overrides.get("fused_optimizer"):
-        _install_fused_optimizers(recorder)
-    scaler = None
-    if overrides.get("amp") == "fp16":
-        scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
-    accumulate = int(overrides.get("grad_accumulation") or 1)
-    if scaler is not None or accumulate > 1:
-        _install_step_control(recorder, scaler, accumulate)
-
-
-def _install_step_control(recorder: Recorder, scaler: Any, accumulate: int) -> None:
-    """fp16 loss scaling and gradient accumulation, for a script with one optimizer.
-
-    The loss is multiplied by the scaler's scale and divided by `accumulate` before backward.
-    Every optimizer built gets an instance-level `step` that applies the update only on every
-    `accumulate`-th call, and with a scaler first unscales the gradients and skips the update
-    (and lowers the scale) when they overflowed, as `GradScaler.step` does; `zero_grad` (of the
-    optimizer or a module) clears gradients only when an update has just been applied, so the
-    micro-batches in between add up."""
-    calls = [0]
-
-    def transform(loss: torch.Tensor) -> torch.Tensor:
-        scaled = scaler.scale(loss) if scaler is not None else loss
-        return scaled / accumulate if accumulate > 1 else scaled
-
-    recorder.loss_transform = transform
-    original_init = torch.optim.Optimizer.__dict__["__init__"]
-
-    def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        step, zero_grad = self.step, self.zero_grad
-
-        def controlled_step(*step_args: Any, **step_kwargs: Any) -> Any:
-            calls[0] += 1
-            if calls[0] % accumulate:
-                return None  # a micro-batch: let the gradients add up
-            if scaler is None:
-                return step(*step_args, **step_kwargs)
-            scaler.unscale_(self)
-            overflowed = any(v.item() for v in scaler._found_inf_per_device(self).values())
-            result = None if overflowed else step(*step_args, **step_kwargs)
-            scaler.update()
-            if overflowed:
-                recorder.optimizer_step(self)  # a skipped update still ends the training step
-            return result
-
-        def controlled_zero_grad(*zero_args: Any, **zero_kwargs: Any) -> None:
-            if calls[0] % accumulate == 0:
-                zero_grad(*zero_args, **zero_kwargs)
-
-        self.step = controlled_step  # type: ignore[method-assign]
-        self.zero_grad = controlled_zero_grad  # type: ignore[method-assign]
-
-    recorder.patch(torch.optim.Optimizer, "__init__", init)
-    if accumulate > 1:
-        original_module_zero_grad = torch.nn.Module.__dict__["zero_grad"]
-
-        def module_zero_grad(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
-            if calls[0] % accumulate == 0:
-                original_module_zero_grad(self, *args, **kwargs)
-
-        recorder.patch(torch.nn.Module, "zero_grad", module_zero_grad)
-
-
-def _install_autocast(recorder: Recorder, dtype: torch.dtype) -> None:
-    """Run every outermost module call (the model's forward, a loss module) under autocast.
-    Backward runs outside it, as torch.amp recommends: its ops take the forward's dtypes."""
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    original_call = torch.nn.Module.__call__
-    state = threading.local()  # per thread: DataParallel runs its replicas in threads of their own
-
-    def call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if getattr(state, "depth", 0):
-            return original_call(self, *args, **kwargs)
-        state.depth = 1
-        try:
-            with torch.autocast(device_type, dtype=dtype):
-                return original_call(self, *args, **kwargs)
-        finally:
-            state.depth = 0
-
-    recorder.patch(torch.nn.Module, "__call__", call)
-
-
-def _install_fused_optimizers(recorder: Recorder) -> None:
-    """Construct torch's Adam/AdamW/SGD/Adagrad with `fused=True` unless the script chose
-    `fused` or `foreach` itself."""
-    for name in _FUSABLE:
-        cls = getattr(torch.optim, name)
-        original = cls.__dict__["__init__"]
-
-        def init(self: Any, params: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
-            explicit = any(key in kwargs for key in ("fused", "foreach")) or kwargs.get("differentiable")
-            if not explicit:
-                kwargs["fused"] = True
-            __original(self, params, *args, **kwargs)
-
-        recorder.patch(cls, "__init__", init)
+def _apply_flags(overrides: dict[str, Any]) -> Callable[[], None]:
+    return switches.apply_flags(overrides)
 
 
 _SAMPLED = 4096  # elements of a tensor that enter its fingerprint
@@ -465,12 +325,14 @@ def export_trace(profiler: torch.profiler.profile, path: Path) -> None:
 
 
 def batch_tensors(batch: Any) -> Any:
+    """The tensors of a batch: in any mapping (a dict, Hugging Face's `BatchEncoding`, a
+    `UserDict`) or sequence (lists, tuples, named tuples), nested."""
     if isinstance(batch, torch.Tensor):
         yield batch
-    elif isinstance(batch, dict):
+    elif isinstance(batch, Mapping):
         for value in batch.values():
             yield from batch_tensors(value)
-    elif isinstance(batch, (list, tuple)):
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         for value in batch:
             yield from batch_tensors(value)
 
@@ -485,96 +347,6 @@ def device_info() -> DeviceInfo:
         cuda_version=torch.version.cuda or getattr(torch.version, "hip", None),
         gpu_name=torch.cuda.get_device_name() if cuda_used else None,
     )
-
-
-# ---- DataLoader construction: record it, apply overrides the fix asked for ----
-
-
-def _call_site() -> str:
-    """file:line of the first frame outside torch and trainadvisor: the user's DataLoader call."""
-    frame = inspect.currentframe()
-    here = str(Path(__file__).parent)
-    torch_dir = str(Path(torch.__file__).parent)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith((here, torch_dir)):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "unknown"
-
-
-def _start_method(context: Any) -> str:
-    if context is None:
-        return (
-            multiprocessing.get_start_method(allow_none=True) or (multiprocessing.get_all_start_methods()[0])
-        )
-    if isinstance(context, str):
-        return context
-    return str(context.get_start_method())
-
-
-class _Discard:
-    def write(self, data: bytes) -> int:
-        return len(data)
-
-
-def _unpicklable(args: dict[str, Any]) -> str | None:
-    """Why workers started with spawn/forkserver could not receive the loader's parts."""
-    for name in ("dataset", "collate_fn", "worker_init_fn"):
-        value = args.get(name)
-        if value is None:
-            continue
-        try:
-            pickle.Pickler(_Discard()).dump(value)  # the bytes are not kept: datasets can be large
-        except Exception as exc:  # pickling runs user code: any error means "cannot send"
-            what = getattr(value, "__qualname__", type(value).__qualname__)
-            return (
-                f"the DataLoader's {name} ({what}) cannot be pickled ({type(exc).__name__}: "
-                f"{exc}), and worker processes started with "
-                f"'{_start_method(args.get('multiprocessing_context'))}' need it pickled; "
-                f"define it at module level"
-            )
-    return None
-
-
-def _describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
-    dataset = args["dataset"]
-    collate = args.get("collate_fn")
-    return LoaderInfo(
-        index=index,
-        created_at=site,
-        dataset_class=type(dataset).__qualname__,
-        iterable_dataset=isinstance(dataset, IterableDataset),
-        batch_size=args.get("batch_size", 1) if args.get("batch_sampler") is None else None,
-        num_workers=int(args.get("num_workers", 0)),
-        pin_memory=bool(args.get("pin_memory", False)),
-        persistent_workers=bool(args.get("persistent_workers", False)),
-        prefetch_factor=args.get("prefetch_factor"),
-        start_method=_start_method(args.get("multiprocessing_context")),
-        collate_fn=getattr(collate, "__qualname__", repr(collate)) if collate else None,
-    )
-
-
-def _apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> None:
-    if not wanted:
-        return
-    workers = int(wanted.get("num_workers", args.get("num_workers", 0)))
-    if workers > 0 and _start_method(args.get("multiprocessing_context")) != "fork":
-        refused = _unpicklable(args)
-        if refused:
-            info.override_refused = refused
-            return
-    if wanted.get("pin_memory") and not torch.cuda.is_available():
-        wanted = {k: v for k, v in wanted.items() if k != "pin_memory"}
-    args.update(wanted)
-    if workers == 0:
-        for key in _WORKER_ONLY:
-            args.pop(key, None)
-    info.overrides_applied = dict(wanted)
-    info.num_workers = workers
-    info.pin_memory = bool(args.get("pin_memory", False))
-    info.persistent_workers = bool(args.get("persistent_workers", False))
-    info.prefetch_factor = args.get("prefetch_factor")
 
 
 def install(config: ChildConfig) -> Recorder:
@@ -617,9 +389,9 @@ def install(config: ChildConfig) -> Recorder:
         bound = signature.bind(self, *args, **kwargs)
         call = dict(bound.arguments)
         call.pop("self")
-        site = _call_site()
-        info = _describe(call, len(recorder.loaders), site)
-        _apply(call, dict(config.loader_overrides.get(site, {})), info)
+        site = loaders.call_site()
+        info = loaders.describe(call, len(recorder.loaders), site)
+        loaders.apply(call, dict(config.loader_overrides.get(site, {})), info)
         recorder.loaders.append(info)
         if info.override_refused:  # the run cannot measure what it was started for
             recorder.write("refused", 0, info.override_refused)
@@ -640,7 +412,7 @@ def install(config: ChildConfig) -> Recorder:
     recorder.patch(torch.Tensor, "backward", backward)
 
     if config.non_blocking_h2d and torch.cuda.is_available():
-        _install_non_blocking_copies(recorder)
+        switches.install_non_blocking_copies(recorder)
 
     original_dp_init = torch.nn.DataParallel.__init__
 
@@ -651,31 +423,8 @@ def install(config: ChildConfig) -> Recorder:
 
     recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
     if config.runtime_overrides:
-        _install_runtime_overrides(recorder, config.runtime_overrides)
+        switches.install_runtime_overrides(recorder, config.runtime_overrides)
     return recorder
-
-
-def _install_non_blocking_copies(recorder: Recorder) -> None:
-    """Make `.to('cuda')`/`.cuda()` of pinned DataLoader batches non-blocking.
-
-    Only tensors the DataLoader handed out are touched (`data_wait` marks them): the pin-memory
-    thread gives each batch a fresh pinned buffer, so nothing writes the source while the copy is
-    in flight. A pinned staging buffer the script refills itself keeps its blocking copy."""
-    original_to = torch.Tensor.to
-    original_cuda = torch.Tensor.cuda
-
-    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "_trainadvisor_batch", False) and "non_blocking" not in kwargs and len(args) < 2:
-            kwargs["non_blocking"] = True
-        return original_to(self, *args, **kwargs)
-
-    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "_trainadvisor_batch", False) and "non_blocking" not in kwargs and len(args) < 2:
-            kwargs["non_blocking"] = True
-        return original_cuda(self, *args, **kwargs)
-
-    recorder.patch(torch.Tensor, "to", to)
-    recorder.patch(torch.Tensor, "cuda", cuda)
 
 
 def load_config(path: str) -> ChildConfig:

@@ -39,6 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import _hooks, engine, fixes
+from trainadvisor.measure import gpu
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
@@ -70,6 +71,9 @@ class Advisor:
             raise ValueError("advise: warmup and steps must be at least 1")
         self.warmup, self.steps = warmup, steps
         self.profile_steps = min(PROFILE_STEPS, steps)
+        self.traced_steps = _hooks.PROFILER_WARMUP_STEPS + self.profile_steps  # after the timed ones
+        self.gpu = gpu.GpuWindow()
+        self.device: int | None = None  # the GPU the step's losses were on
         self.out = Path(out) if out is not None else DEFAULT_OUT
         self.rule_dirs = [Path(r) for r in rules or []]
         self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -140,9 +144,14 @@ class Advisor:
     # ---- the window ----
 
     def _in_window(self) -> bool:
-        return self.warmup <= self.calls < self.warmup + self.steps + self.profile_steps
+        return self.warmup <= self.calls < self.warmup + self.steps + self.traced_steps
 
     def _boundary(self, result: Any) -> None:
+        loss = _loss_of(result)
+        if self.device is None and loss is not None and loss.device.type == "cuda":
+            self.device = loss.device.index
+        if self.calls + 1 == self.warmup + self.steps:
+            self.gpu.sync()  # the last timed step ends when its GPU work does
         now = time.perf_counter()
         if self._in_window():
             previous = self.last_end if self.last_end is not None else (self.call_start or now)
@@ -158,7 +167,9 @@ class Advisor:
                     profiled=self.profiler is not None,
                 )
             )
-            self.pending_losses.append(_loss_of(result))
+            self.pending_losses.append(loss)
+            if len(self.records) <= self.steps:
+                self.gpu.mark()
             if self.profiler is not None:
                 self.profiler.step()
         self.calls += 1
@@ -167,7 +178,7 @@ class Advisor:
             self._start_window()
         elif self.calls == self.warmup + self.steps:
             self._start_profiler()
-        elif self.calls == self.warmup + self.steps + self.profile_steps:
+        elif self.calls == self.warmup + self.steps + self.traced_steps:
             self._finish()
         self.last_end = time.perf_counter()
 
@@ -183,11 +194,12 @@ class Advisor:
             return
         _open_window = self
         atexit.register(self.close)
-        self.runtime = _hooks.torch_facts(None, None)
+        self.runtime = gpu.torch_facts(None, None)
+        device = self.device if self.device is not None else gpu.training_device(None)
+        self.gpu.start(device)
         self.window_t0, self.window_start_unix_s = time.perf_counter(), time.time()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.reset_peak_memory_stats()
-        self.sampler = Sampler(os.getpid())
+        named = {f"GPU {device}": gpu.device_identity(device)} if device is not None else {}
+        self.sampler = Sampler(os.getpid(), devices=lambda: named)
         self.sampler.start()
         self._time_loaders()
         self._undo.append(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
@@ -214,13 +226,7 @@ class Advisor:
         self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
 
     def _start_profiler(self) -> None:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.profiler = torch.profiler.profile(
-            activities=activities, schedule=lambda _step: torch.profiler.ProfilerAction.RECORD
-        )
-        self.profiler.start()
+        self.profiler = _hooks.start_profiler(self.profile_steps)
 
     def _cleanup(self) -> None:
         """Stop the profiler and the sampler thread and undo the patches: torch as it was. Each
@@ -285,14 +291,16 @@ class Advisor:
             sampler.stop()
             self.sampler = None
         self._cleanup()
-        self.runtime.update(_hooks.optimizer_facts(self.optimizer))
+        self.runtime.update(gpu.optimizer_facts(self.optimizer))
         if self.optimizer_ids:
             self.runtime["optimizers"] = len(self.optimizer_ids)
         if self.runtime.get("cuda_used"):
-            self.runtime["cuda_memory"] = _hooks.cuda_memory()
+            self.runtime["cuda_memory"] = self.gpu.memory()
         losses = [float(loss.float().item()) if loss is not None else None for loss in self.pending_losses]
         for record, loss in zip(self.records, losses):
             record.loss = loss
+        for record, gpu_ms in zip(self.records, self.gpu.step_ms()):
+            record.gpu_ms = gpu_ms
         raw = RawRun(
             label="advise",
             status="window_complete",
@@ -383,7 +391,7 @@ class Advisor:
             if kind is None:
                 self.echo(
                     f"trainadvisor: the block ended after {self.calls} steps, before the "
-                    f"{self.warmup + self.steps + self.profile_steps} the window needs: no report"
+                    f"{self.warmup + self.steps + self.traced_steps} the window needs: no report"
                 )
 
     # ---- `@advise(...)` ----

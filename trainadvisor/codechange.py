@@ -177,6 +177,18 @@ def _diff(path: Path, before: str, after: str) -> str:
     )
 
 
+def _tf32_lines(source: str) -> list[str]:
+    """TF32 in the API the script already uses: torch >= 2.9's `fp32_precision` (mixing it with
+    the legacy `allow_tf32` flags makes torch raise when the flags are read), else the legacy
+    flags, which every torch version reads."""
+    if "fp32_precision" in source:
+        return [
+            'torch.backends.cuda.matmul.fp32_precision = "tf32"',
+            'torch.backends.cudnn.conv.fp32_precision = "tf32"',
+        ]
+    return ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
+
+
 def fix_diff(script: Path, fix: str, settings: dict[str, Any]) -> str | None:
     """The unified diff that makes `script` do what the kept `fix` did at run time, or None when
     the fix has no single place in the code (or the script cannot be read or parsed)."""
@@ -206,7 +218,7 @@ def _changed(script: Path, source: str, fix: str, settings: dict[str, Any]) -> s
         )
     lines = []
     if runtime.get("tf32"):
-        lines += ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
+        lines += _tf32_lines(source)
     if runtime.get("cudnn_benchmark"):
         lines.append("torch.backends.cudnn.benchmark = True")
     if lines and "import torch\n" not in source:

@@ -31,6 +31,10 @@ class StepRecord:
     # from the step's start to its first backward(): data, forward and loss, but not the
     # gradient all-reduce a data-parallel rank waits in for the others
     pre_backward_ms: float | None = None
+    # GPU time between this step's boundaries, from CUDA events (timed steps of a GPU run): the
+    # host clock's step_ms can differ by how far the host ran ahead of the GPU's queue
+    gpu_ms: float | None = None
+    trace_step: int | None = None  # its ProfilerStep#N in the run's trace, when it was recorded
 
 
 @dataclass
@@ -66,11 +70,12 @@ class HostSample:
 @dataclass
 class GpuSample:
     t_ms: float
-    util_pct: float
-    memory_used_bytes: int
-    memory_total_bytes: int
+    util_pct: float | None  # None where the GPU does not report it (a MIG instance)
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
     power_w: float | None
     sm_clock_mhz: int | None
+    device: str | None = None  # which GPU: "GPU 0", or the rank's under torchrun
 
 
 @dataclass
@@ -162,6 +167,8 @@ class Run:
     raw: RawRun
     trace: dict[str, Any] = field(default_factory=dict)  # measurements from the run's trace
     ranks: list[RankStats] = field(default_factory=list)  # under torchrun: every rank
+    # on a GPU: the timed steps by CUDA events (the GPU's clock), beside the host's step_time_ms
+    gpu_step_time_ms: Stats | None = None
 
 
 # ---- diagnosis ----
@@ -271,3 +278,6 @@ class Report:
     elapsed_s: float = 0.0
     traces: list[Any] = field(default_factory=list)  # analyze: each trace's measurements
     ranks: Any = None  # analyze: per-rank comparison, when the traces are of several ranks
+    # profile on a GPU: how far the loss of the same seeded steps moved between two identical
+    # runs (atomics-based kernels sum in varying order); loss tolerances are set above it
+    loss_noise_rel: float | None = None

@@ -15,13 +15,15 @@ from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analysis.ranks import rank_stats
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.codechange import fix_diff
-from trainadvisor.compare import compare, judge_trial, verdict
+from trainadvisor.compare import compare, judge_trial, loss_check, verdict
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
 from trainadvisor.model import SCHEMA_VERSION, FixOutcome, PlannedFix, RawRun, Report, Run, Trial
 from trainadvisor.resources import rules_dir
 
 MAX_TRIALS_PER_FIX = 8
+# A loss tolerance is at least this many times the loss noise between two identical GPU runs.
+NOISE_MARGIN = 4.0
 
 # Findings whose evidence names lines of the user's code, found in a run traced with stacks.
 SITE_RULES = ("host-sync", "cpu-tensor-creation")
@@ -172,8 +174,35 @@ def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str,
     return {key: table[key] for key in SITE_KEYS if key in table}
 
 
+def loss_noise(options: ProfileOptions, baseline: Run, echo: Echo) -> float | None:
+    """How far the loss of the same seeded steps moves between two identical runs: on a GPU,
+    atomics-based kernels (cuDNN weight gradients, embedding backward) sum in a varying order,
+    so a bit-for-bit tolerance would reject every fix. Measured by running the baseline's steps
+    once more; None when that run does not complete or records no comparable loss. A CPU run is
+    not repeated: its arithmetic is deterministic, and the tolerances stay as they are."""
+    echo("trainadvisor: running the baseline's seeded steps again to measure the GPU's loss noise")
+    spec = _spec(options, "noise", profile=False, show_output=False, timeout_s=max(60.0, 5 * baseline.raw.wall_s))
+    raw = measure(spec)
+    if raw.status != "window_complete":
+        return None
+    check = loss_check(baseline.raw, raw, 0.0)
+    if not check.steps_compared or check.max_rel_diff is None or check.max_rel_diff == float("inf"):
+        return None
+    return check.mean_rel_diff if check.same_batches is False else check.max_rel_diff
+
+
+def tolerance(fix: fixes.Fix, noise_rel: float | None) -> float:
+    """The fix's own loss tolerance, raised above the measured noise of identical runs."""
+    return max(fix.loss_tolerance_rel, NOISE_MARGIN * (noise_rel or 0.0))
+
+
 def tune(
-    fix: fixes.Fix, values: dict[str, Any], options: ProfileOptions, baseline: Run, echo: Echo
+    fix: fixes.Fix,
+    values: dict[str, Any],
+    options: ProfileOptions,
+    baseline: Run,
+    echo: Echo,
+    noise_rel: float | None = None,
 ) -> list[Trial]:
     trials: list[Trial] = []
     timeout_s = max(60.0, 5 * baseline.raw.wall_s)
@@ -192,7 +221,7 @@ def tune(
                 timeout_s=timeout_s,
             )
         )
-        status, reason = judge_trial(baseline.raw, run.raw, fix.loss_tolerance_rel)
+        status, reason = judge_trial(baseline.raw, run.raw, tolerance(fix, noise_rel))
         trial = Trial(
             candidate.label, candidate.overrides, status, run.steps_per_s, reason, run.raw, run.samples_per_s
         )
@@ -239,6 +268,7 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
                 "the Python tracer slows the host."
             )
     plan = fixes.plan(findings, values)
+    noise_rel: float | None = None
     outcomes: list[FixOutcome] = []
     after: Run | None = None
     comparison = None
@@ -252,7 +282,10 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
             "(--nproc-per-node) or apply them by hand."
         )
     elif options.apply_fixes:
-        outcomes = _tune_all(plan, values, options, baseline, echo)
+        if values.get("cuda_used") and any(p.applicable for p in plan):
+            noise_rel = loss_noise(options, baseline, echo)
+            notes.append(_noise_note(noise_rel))
+        outcomes = _tune_all(plan, values, options, baseline, echo, noise_rel)
         for outcome in outcomes:  # memory fixes trade speed for memory: not part of the speed run
             if outcome.status == "kept" and fixes.goal(outcome.fix) == "memory":
                 outcome.status, outcome.reason = "recommended", "measured in its own run; " + outcome.chosen
@@ -265,7 +298,7 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
             comparison = compare(
                 baseline,
                 after,
-                max(fix.loss_tolerance_rel for fix in kept_fixes),
+                max(tolerance(fix, noise_rel) for fix in kept_fixes),
                 per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
             )
             status, reason = verdict(comparison)
@@ -291,11 +324,30 @@ def profile(options: ProfileOptions, echo: Echo) -> Report:
         comparison=comparison,
         notes=notes,
         elapsed_s=time.monotonic() - started,
+        loss_noise_rel=noise_rel,
+    )
+
+
+def _noise_note(noise_rel: float | None) -> str:
+    if noise_rel is None:
+        return (
+            "The baseline's seeded steps were run twice to measure the GPU's loss noise, but the "
+            "second run did not complete: fixes were held to their own loss tolerances."
+        )
+    return (
+        f"Two identical runs of the baseline's seeded steps differed in loss by up to "
+        f"{100 * noise_rel:.3g}% (GPU kernels that sum in a varying order); every fix was held to "
+        f"at least {NOISE_MARGIN:g}x that."
     )
 
 
 def _tune_all(
-    plan: list[PlannedFix], values: dict[str, Any], options: ProfileOptions, baseline: Run, echo: Echo
+    plan: list[PlannedFix],
+    values: dict[str, Any],
+    options: ProfileOptions,
+    baseline: Run,
+    echo: Echo,
+    noise_rel: float | None = None,
 ) -> list[FixOutcome]:
     outcomes = []
     for planned in plan:
@@ -304,7 +356,7 @@ def _tune_all(
             continue
         fix = fixes.REGISTRY[planned.fix]
         echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
-        trials = tune(fix, values, options, baseline, echo)
+        trials = tune(fix, values, options, baseline, echo, noise_rel)
         chosen = fix.choose(trials, float(values.get(fix.metric) or 0.0))
         if chosen is not None:
             outcomes.append(

@@ -124,7 +124,7 @@ def _window_lines(
     run: Run,
     main: Callable[[HostSample], float],
     workers: Callable[[HostSample], float],
-    gpu: Callable[[GpuSample], float],
+    gpu: Callable[[GpuSample], float | None],
     floor: float,
     width: float,
     height: float,
@@ -133,10 +133,14 @@ def _window_lines(
     window, on one scale from 0 to the largest value (at least `floor`); with that top."""
     window_ms = sum(s.step_ms for s in timed_steps(run.raw)) or 1.0
     host = window_samples(run.raw, run.raw.host_samples)
-    device = window_samples(run.raw, run.raw.gpu_samples)
+    sampled = window_samples(run.raw, run.raw.gpu_samples)
+    # One line: the first GPU sampled (under torchrun each rank's GPU is sampled), and only
+    # the samples that hold the value (a MIG instance reports no utilisation).
+    first = sampled[0].device if sampled else None
+    device = [(g.t_ms, value) for g in sampled if g.device == first and (value := gpu(g)) is not None]
     if len(host) < 2:
         return {}, 0.0
-    top = max(floor, *(max(main(h), workers(h)) for h in host), *(gpu(g) for g in device))
+    top = max(floor, *(max(main(h), workers(h)) for h in host), *(v for _, v in device))
 
     def points(series: list[tuple[float, float]]) -> str:
         return " ".join(f"{width * t / window_ms:.1f},{height - height * v / top:.1f}" for t, v in series)
@@ -146,7 +150,7 @@ def _window_lines(
         "workers": points([(h.t_ms, workers(h)) for h in host]),
     }
     if len(device) >= 2:
-        lines["gpu"] = points([(g.t_ms, gpu(g)) for g in device])
+        lines["gpu"] = points(device)
     return lines, top
 
 
@@ -166,7 +170,7 @@ def memory_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[s
         run,
         lambda h: float(h.main_rss_bytes),
         lambda h: float(h.workers_rss_bytes),
-        lambda g: float(g.memory_used_bytes),
+        lambda g: float(g.memory_used_bytes) if g.memory_used_bytes is not None else None,
         1.0,
         width,
         height,

@@ -48,8 +48,13 @@ def attach_trace(raw: RawRun, out_dir: Path, script: Path | None = None) -> dict
         return {}
     sources = (script.resolve().parent,) if script else ()
     analysis = analyze_trace(out_dir / raw.trace_file, sources)
-    for record, traced in zip([s for s in raw.steps if s.profiled], analysis.steps):
-        record.h2d_copy_ms = traced.h2d_ms
+    # ProfilerStep#N is the N-th step since the profiler started (#0: its warmup step, not
+    # recorded); a trace without step markers is one window and is copied onto no step.
+    profiled = [s for s in raw.steps if s.profiled]
+    for traced in analysis.steps if analysis.steps_marked else []:
+        if 0 <= traced.number < len(profiled):
+            profiled[traced.number].h2d_copy_ms = traced.h2d_ms
+            profiled[traced.number].trace_step = traced.number
     return trace_measurements(analysis)
 
 
@@ -92,7 +97,9 @@ def summarize(raw: RawRun) -> Run:
     """Timing from the timed steps; device-side copy time (only in the trace) from the traced
     steps, as a mean per step."""
     steps = timed_steps(raw)
-    traced = [s for s in raw.steps if s.profiled]
+    # the steps the trace recorded (not the profiler's warmup step); all traced ones in runs
+    # saved before steps carried their trace step
+    traced = [s for s in raw.steps if s.trace_step is not None] or [s for s in raw.steps if s.profiled]
     total_ms = sum(s.step_ms for s in steps)
     per_step: dict[str, float] = {}
     if steps:
@@ -116,6 +123,7 @@ def summarize(raw: RawRun) -> Run:
         breakdown_ms_per_step=per_step,
         window_steps_per_s=window_throughputs(raw),
         raw=raw,
+        gpu_step_time_ms=stats(gpu_ms) if (gpu_ms := [s.gpu_ms for s in steps if s.gpu_ms is not None]) else None,
     )
 
 

@@ -70,6 +70,8 @@ class Tf32(_Switch):
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
+        if values.get("tf32_api") == "new":  # the script uses torch >= 2.9's API: so does the fix
+            return Setting('fp32_precision = "tf32" for matmuls and cuDNN convolutions', overrides(tf32=True))
         return Setting("torch.backends.cuda.matmul.allow_tf32 = True (and cudnn)", overrides(tf32=True))
 
 

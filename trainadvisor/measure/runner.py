@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
 import trainadvisor
@@ -112,7 +113,8 @@ def measure(spec: RunSpec) -> RawRun:
     work.mkdir(parents=True, exist_ok=True)
     suffix = ".rank{rank}" if spec.torchrun else ""
     result_file = work / f"{spec.label}{suffix}.result.json"
-    for stale in work.glob(f"{spec.label}*.result.json"):
+    device_file = work / f"{spec.label}{suffix}.device.json"
+    for stale in [*work.glob(f"{spec.label}*.result.json"), *work.glob(f"{spec.label}*.device.json")]:
         stale.unlink()
     trace_rel = f"traces/{spec.label}/trainadvisor{suffix}.pt.trace.json.gz" if spec.profile else None
     if trace_rel:
@@ -132,6 +134,7 @@ def measure(spec: RunSpec) -> RawRun:
         non_blocking_h2d=spec.non_blocking_h2d,
         runtime_overrides=spec.runtime_overrides,
         with_stack=spec.with_stack,
+        device_file=str(device_file.resolve()),
     )
     config_file = work / f"{spec.label}.config.json"
     config_file.write_text(json.dumps(asdict(config)))
@@ -153,7 +156,7 @@ def measure(spec: RunSpec) -> RawRun:
             env=_child_env(),
             start_new_session=True,
         )
-        sampler = Sampler(proc.pid)
+        sampler = Sampler(proc.pid, devices=_named_devices(device_file))
         sampler.start()
         try:
             pattern = result_file.with_name(result_file.name.replace("{rank}", "*"))
@@ -182,6 +185,27 @@ def measure(spec: RunSpec) -> RawRun:
         if run.trace_file and trace_rel:
             run.trace_file = trace_rel.replace("{rank}", str(run.rank if run.rank is not None else 0))
     return raw
+
+
+def _named_devices(device_file: Path) -> Callable[[], dict[str, dict[str, Any]]]:
+    """The GPUs the child processes announced (`Recorder.announce_device`), by label: "GPU 0",
+    or under torchrun "rank 1 (GPU 1)" (each rank's own device is sampled)."""
+    pattern = device_file.name.replace("{rank}", "*")
+    prefix, _, suffix = device_file.name.partition("{rank}")
+
+    def named() -> dict[str, dict[str, Any]]:
+        found = {}
+        for path in device_file.parent.glob(pattern):
+            try:
+                identity = json.loads(path.read_text())
+            except (OSError, ValueError):  # being written: read it on the next tick
+                continue
+            gpu = f"GPU {identity.get('index')}"
+            rank = path.name.removeprefix(prefix).removesuffix(suffix) if suffix else ""
+            found[f"rank {rank} ({gpu})" if rank.isdigit() else gpu] = identity
+        return found
+
+    return named
 
 
 def _local_ranks(torchrun: list[str]) -> int:
@@ -292,6 +316,7 @@ def attach_samples(raw: RawRun, sampler: Sampler) -> None:
             memory_total_bytes=g.memory_total_bytes,
             power_w=g.power_w,
             sm_clock_mhz=g.sm_clock_mhz,
+            device=g.device,
         )
         for g in sampler.gpu
     ]

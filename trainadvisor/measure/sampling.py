@@ -1,15 +1,21 @@
 """Host sampling (psutil: the script's process and its DataLoader workers) and GPU sampling
-(NVML through nvidia-ml-py) from the parent process, so sampling costs the script nothing."""
+(NVML through nvidia-ml-py, `measure.nvml`) from the parent process, so sampling costs the script
+nothing."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+
+from trainadvisor.measure.nvml import GpuTick, NvmlSampler
+
+# The GPUs the training processes train on, as they name them: label -> device identity.
+DeviceSource = Callable[[], dict[str, dict[str, Any]]]
 
 
 @dataclass
@@ -23,87 +29,15 @@ class HostTick:
 
 
 @dataclass
-class GpuTick:
-    unix_s: float
-    util_pct: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    power_w: float | None
-    sm_clock_mhz: int | None
-
-
-class _Nvml:
-    """One NVIDIA device through NVML; `status` says why nothing is sampled when it is not."""
-
-    def __init__(self) -> None:
-        self.handle: Any = None
-        self.status = "not sampled"
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except ImportError:
-            self.status = "unavailable: nvidia-ml-py is not installed"
-            return
-        except Exception as exc:  # pynvml raises its own NVMLError family
-            self.status = f"unavailable: {exc} (no NVIDIA driver on this machine)"
-            return
-        self.nvml = pynvml
-        try:
-            if pynvml.nvmlDeviceGetCount() == 0:
-                self.status = "unavailable: NVML sees no GPU"
-                return
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-            index = int(visible) if visible.isdigit() else 0
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.status = f"sampled GPU {index}"
-        except Exception as exc:
-            self.status = f"unavailable: {exc}"
-
-    def tick(self) -> GpuTick | None:
-        if self.handle is None:
-            return None
-        nv = self.nvml
-        try:
-            util = nv.nvmlDeviceGetUtilizationRates(self.handle)
-            memory = nv.nvmlDeviceGetMemoryInfo(self.handle)
-        except Exception:
-            return None
-        return GpuTick(
-            unix_s=time.time(),
-            util_pct=float(util.gpu),
-            memory_used_bytes=int(memory.used),
-            memory_total_bytes=int(memory.total),
-            power_w=self._optional(lambda: nv.nvmlDeviceGetPowerUsage(self.handle) / 1000.0),
-            sm_clock_mhz=self._optional(
-                lambda: int(nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM))
-            ),
-        )
-
-    @staticmethod
-    def _optional(read: Any) -> Any:
-        try:
-            return read()
-        except Exception:  # not every GPU reports power or clocks
-            return None
-
-    def close(self) -> None:
-        if self.handle is not None:
-            try:
-                self.nvml.nvmlShutdown()
-            except Exception:
-                pass
-
-
-@dataclass
 class Sampler:
     """Samples a process tree every `interval_s` on a background thread until `stop()`."""
 
     pid: int
+    devices: DeviceSource | None = None
     interval_s: float = 0.1
     host: list[HostTick] = field(default_factory=list)
     gpu: list[GpuTick] = field(default_factory=list)
-    nvml_status: str = "not sampled"
+    nvml_status: str = "not sampled: the run used no NVIDIA GPU"
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -118,19 +52,24 @@ class Sampler:
         self._thread.join()
 
     def _loop(self) -> None:
-        nvml = _Nvml()
-        self.nvml_status = nvml.status
+        nvml: NvmlSampler | None = None
         try:
             while not self._stop.is_set():
                 host = self._host_tick()
                 if host is not None:
                     self.host.append(host)
-                gpu = nvml.tick()
-                if gpu is not None:
-                    self.gpu.append(gpu)
+                named = self.devices() if self.devices is not None else {}
+                if named and nvml is None:
+                    nvml = NvmlSampler()  # only once a process trains on a GPU
+                for label, identity in named.items():
+                    nvml.add(label, identity)  # type: ignore[union-attr]
+                if nvml is not None:
+                    self.gpu.extend(nvml.tick())
+                    self.nvml_status = nvml.status(len(self.gpu))
                 self._stop.wait(self.interval_s)
         finally:
-            nvml.close()
+            if nvml is not None:
+                nvml.close()
 
     def _process(self, pid: int) -> psutil.Process:
         if pid not in self._procs:

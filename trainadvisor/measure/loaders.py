@@ -1,0 +1,127 @@
+"""DataLoader construction inside the training process: where the user built each loader, what
+it was built with, and the overrides a fix asked for, applied only where they can work."""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from trainadvisor.model import LoaderInfo
+
+# DataLoader arguments an override may set, and the values that need workers.
+_WORKER_ONLY = ("persistent_workers", "prefetch_factor")
+_PACKAGE = str(Path(__file__).parent.parent)  # trainadvisor/
+
+def call_site() -> str:
+    """file:line of the first frame outside torch and trainadvisor: the user's DataLoader call."""
+    frame = inspect.currentframe()
+    here = _PACKAGE
+    torch_dir = str(Path(torch.__file__).parent)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith((here, torch_dir)):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "unknown"
+
+
+def _start_method(context: Any) -> str:
+    if context is None:
+        return (
+            multiprocessing.get_start_method(allow_none=True) or (multiprocessing.get_all_start_methods()[0])
+        )
+    if isinstance(context, str):
+        return context
+    return str(context.get_start_method())
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _unpicklable(args: dict[str, Any]) -> str | None:
+    """Why workers started with spawn/forkserver could not receive the loader's parts."""
+    for name in ("dataset", "collate_fn", "worker_init_fn"):
+        value = args.get(name)
+        if value is None:
+            continue
+        try:
+            pickle.Pickler(_Discard()).dump(value)  # the bytes are not kept: datasets can be large
+        except Exception as exc:  # pickling runs user code: any error means "cannot send"
+            what = getattr(value, "__qualname__", type(value).__qualname__)
+            return (
+                f"the DataLoader's {name} ({what}) cannot be pickled ({type(exc).__name__}: "
+                f"{exc}), and worker processes started with "
+                f"'{_start_method(args.get('multiprocessing_context'))}' need it pickled; "
+                f"define it at module level"
+            )
+    return None
+
+
+def describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
+    dataset = args["dataset"]
+    collate = args.get("collate_fn")
+    return LoaderInfo(
+        index=index,
+        created_at=site,
+        dataset_class=type(dataset).__qualname__,
+        iterable_dataset=isinstance(dataset, IterableDataset),
+        batch_size=args.get("batch_size", 1) if args.get("batch_sampler") is None else None,
+        num_workers=int(args.get("num_workers", 0)),
+        pin_memory=bool(args.get("pin_memory", False)),
+        persistent_workers=bool(args.get("persistent_workers", False)),
+        prefetch_factor=args.get("prefetch_factor"),
+        start_method=_start_method(args.get("multiprocessing_context")),
+        collate_fn=getattr(collate, "__qualname__", repr(collate)) if collate else None,
+    )
+
+
+def pinning_device_problem() -> str | None:
+    """Why pinned memory would misbehave in this torchrun rank, or None. The DataLoader's pinning
+    thread runs on the current CUDA device; a rank that never called `torch.cuda.set_device`
+    has device 0 current, so every rank would open a CUDA context (hundreds of MB) on GPU 0."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or not local.isdigit() or int(local) == 0 or torch.cuda.device_count() < 2:
+        return None
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if current == int(local):
+        return None
+    return (
+        f"local rank {local} has not called torch.cuda.set_device({local}) before building its "
+        f"DataLoader: with pin_memory=True its pinning thread would run on GPU {current} and every "
+        "rank would open a CUDA context there; call "
+        "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, then pin memory"
+    )
+
+
+def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> None:
+    if not wanted:
+        return
+    workers = int(wanted.get("num_workers", args.get("num_workers", 0)))
+    refused = _unpicklable(args) if workers > 0 and _start_method(args.get("multiprocessing_context")) != "fork" else None
+    if wanted.get("pin_memory") and not torch.cuda.is_available():
+        wanted = {k: v for k, v in wanted.items() if k != "pin_memory"}
+    elif wanted.get("pin_memory"):
+        refused = refused or pinning_device_problem()
+    if refused:
+        info.override_refused = refused
+        return
+    args.update(wanted)
+    if workers == 0:
+        for key in _WORKER_ONLY:
+            args.pop(key, None)
+    info.overrides_applied = dict(wanted)
+    info.num_workers = workers
+    info.pin_memory = bool(args.get("pin_memory", False))
+    info.persistent_workers = bool(args.get("persistent_workers", False))
+    info.prefetch_factor = args.get("prefetch_factor")
+
+

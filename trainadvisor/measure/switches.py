@@ -1,0 +1,225 @@
+"""The in-process switches of the fixes, installed in the training process before the script
+runs: TF32 and cuDNN autotuning flags, autocast (bf16, or fp16 with an injected GradScaler),
+fused optimizers, gradient accumulation, and non-blocking copies of pinned DataLoader batches.
+Each is undone by the recorder's `uninstall` (torch as it was before)."""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+from trainadvisor.measure import gpu
+
+
+class Patcher(Protocol):
+    """What a switch needs of the recorder (see `_hooks.Recorder`)."""
+
+    loss_transform: Callable[[torch.Tensor], torch.Tensor] | None
+
+    def patch(self, owner: Any, name: str, replacement: Any) -> None: ...
+
+    def on_uninstall(self, undo: Callable[[], None]) -> None: ...
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None: ...
+
+
+def install_runtime_overrides(recorder: Patcher, overrides: dict[str, Any]) -> None:
+    """The switches of the fixes `tf32`, `cudnn-benchmark`, `amp`, `fused-optimizer` and
+    `grad-accumulation`."""
+    recorder.on_uninstall(apply_flags(overrides))
+    if overrides.get("amp"):
+        install_autocast(recorder, torch.bfloat16 if overrides["amp"] == "bf16" else torch.float16)
+    if overrides.get("fused_optimizer"):
+        install_fused_optimizers(recorder)
+    scaler = None
+    if overrides.get("amp") == "fp16":
+        scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+    accumulate = int(overrides.get("grad_accumulation") or 1)
+    if scaler is not None or accumulate > 1:
+        install_step_control(recorder, scaler, accumulate)
+
+
+def apply_flags(overrides: dict[str, Any]) -> Callable[[], None]:
+    """TF32 and cuDNN autotuning as the overrides ask; returns what restores them."""
+    return gpu.switch_flags(
+        tf32=bool(overrides.get("tf32")), cudnn_benchmark=bool(overrides.get("cudnn_benchmark"))
+    )
+
+
+def _unscaled(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    from torch.amp.grad_scaler import OptState
+
+    return scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
+
+
+def install_step_control(recorder: Patcher, scaler: Any, accumulate: int) -> None:
+    """fp16 loss scaling and gradient accumulation, for a script with one optimizer.
+
+    The loss is multiplied by the scaler's scale and divided by `accumulate` before backward.
+    Every optimizer built gets an instance-level `step` method (bound, so an LR scheduler can
+    wrap it as it wraps the class's) that applies the update only on every `accumulate`-th call,
+    and with a scaler first unscales the gradients and skips the update (lowering the scale)
+    when they overflowed, as `GradScaler.step` does; `zero_grad` (of the optimizer or a module)
+    clears gradients only when an update has just been applied, so the micro-batches in between
+    add up. Gradient clipping unscales first (`torch.amp`'s recipe): clipping scaled gradients
+    would shrink every update by the scale."""
+    calls = [0]
+    built: list[torch.optim.Optimizer] = []
+
+    def transform(loss: torch.Tensor) -> torch.Tensor:
+        scaled = scaler.scale(loss) if scaler is not None else loss
+        return scaled / accumulate if accumulate > 1 else scaled
+
+    recorder.loss_transform = transform
+    original_init = torch.optim.Optimizer.__dict__["__init__"]
+
+    def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        built.append(self)
+        step, zero_grad = self.step, self.zero_grad
+
+        def controlled_step(optimizer: torch.optim.Optimizer, *step_args: Any, **step_kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] % accumulate:
+                return None  # a micro-batch: let the gradients add up
+            if scaler is None:
+                return step(*step_args, **step_kwargs)
+            if not _unscaled(scaler, optimizer):
+                scaler.unscale_(optimizer)
+            overflowed = any(v.item() for v in scaler._found_inf_per_device(optimizer).values())
+            result = None if overflowed else step(*step_args, **step_kwargs)
+            scaler.update()
+            if overflowed:
+                recorder.optimizer_step(optimizer)  # a skipped update still ends the training step
+            return result
+
+        def controlled_zero_grad(_optimizer: torch.optim.Optimizer, *zero_args: Any, **zero_kwargs: Any) -> None:
+            if calls[0] % accumulate == 0:
+                zero_grad(*zero_args, **zero_kwargs)
+
+        self.step = types.MethodType(controlled_step, self)  # type: ignore[method-assign]
+        self.zero_grad = types.MethodType(controlled_zero_grad, self)  # type: ignore[method-assign]
+
+    recorder.patch(torch.optim.Optimizer, "__init__", init)
+    if scaler is not None:
+        _unscale_before_clipping(recorder, scaler, built, lambda: (calls[0] + 1) % accumulate == 0)
+    if accumulate > 1:
+        original_module_zero_grad = torch.nn.Module.__dict__["zero_grad"]
+
+        def module_zero_grad(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            if calls[0] % accumulate == 0:
+                original_module_zero_grad(self, *args, **kwargs)
+
+        recorder.patch(torch.nn.Module, "zero_grad", module_zero_grad)
+
+
+def _unscale_before_clipping(
+    recorder: Patcher, scaler: Any, optimizers: list[torch.optim.Optimizer], updating: Callable[[], bool]
+) -> None:
+    """`clip_grad_norm_`/`clip_grad_value_` see true gradients: the optimizer's gradients are
+    unscaled first when the next `step()` applies an update (once; `step` then skips it)."""
+    import torch.nn.utils.clip_grad as clip_grad
+
+    def unscale() -> None:
+        if updating():
+            for optimizer in optimizers:
+                if not _unscaled(scaler, optimizer):
+                    scaler.unscale_(optimizer)
+
+    for module in (torch.nn.utils, clip_grad):
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            original = getattr(module, name)
+
+            def clip(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                unscale()
+                return __original(*args, **kwargs)
+
+            recorder.patch(module, name, clip)
+
+
+def _to_fp32(value: Any, dtype: torch.dtype) -> Any:
+    """Autocast's low-precision outputs as fp32 (tensors inside tuples, lists and mappings too):
+    a loss computed outside a module then runs in fp32, as torch.amp recommends, not in bf16."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype == dtype else value
+    if isinstance(value, tuple):
+        items = [_to_fp32(v, dtype) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, list):
+        return [_to_fp32(v, dtype) for v in value]
+    if isinstance(value, Mapping):
+        converted = {k: _to_fp32(v, dtype) for k, v in value.items()}
+        try:
+            return type(value)(converted)  # dict, OrderedDict, transformers' ModelOutput
+        except Exception:  # a mapping that cannot be built from a dict: change it in place
+            for key, item in converted.items():
+                value[key] = item  # type: ignore[index]
+            return value
+    return value
+
+
+def install_autocast(recorder: Patcher, dtype: torch.dtype) -> None:
+    """Run every outermost module call (the model's forward, a loss module) under autocast, and
+    hand its floating-point outputs back in fp32. Backward runs outside autocast, as torch.amp
+    recommends: its ops take the forward's dtypes."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    original_call = torch.nn.Module.__call__
+    state = threading.local()  # per thread: DataParallel runs its replicas in threads of their own
+
+    def call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if getattr(state, "depth", 0):
+            return original_call(self, *args, **kwargs)
+        state.depth = 1
+        try:
+            with torch.autocast(device_type, dtype=dtype):
+                output = original_call(self, *args, **kwargs)
+        finally:
+            state.depth = 0
+        return _to_fp32(output, dtype)
+
+    recorder.patch(torch.nn.Module, "__call__", call)
+
+
+def install_fused_optimizers(recorder: Patcher) -> None:
+    """Construct torch's Adam/AdamW/SGD/Adagrad with `fused=True` unless the script chose
+    `fused` or `foreach` itself."""
+    for name in gpu.FUSABLE:
+        cls = getattr(torch.optim, name)
+        original = cls.__dict__["__init__"]
+
+        def init(self: Any, params: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+            explicit = any(key in kwargs for key in ("fused", "foreach")) or kwargs.get("differentiable")
+            if not explicit:
+                kwargs["fused"] = True
+            __original(self, params, *args, **kwargs)
+
+        recorder.patch(cls, "__init__", init)
+
+
+def install_non_blocking_copies(recorder: Patcher) -> None:
+    """Make `.to('cuda')`/`.cuda()` of pinned DataLoader batches non-blocking.
+
+    Only tensors the DataLoader handed out are touched (`Recorder.data_wait` marks them): the
+    pin-memory thread gives each batch a fresh pinned buffer, so nothing writes the source while
+    the copy is in flight. A pinned staging buffer the script refills itself keeps its blocking
+    copy. `to`/`cuda` are inherited from torch._C.TensorBase: the patch shadows them on Tensor."""
+    original_to = torch.Tensor.to
+    original_cuda = torch.Tensor.cuda
+
+    def non_blocking(self: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if getattr(self, "_trainadvisor_batch", False) and "non_blocking" not in kwargs and len(args) < 2:
+            kwargs["non_blocking"] = True
+        return kwargs
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return original_to(self, *args, **non_blocking(self, args, kwargs))
+
+    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return original_cuda(self, *args, **non_blocking(self, args, kwargs))
+
+    recorder.patch(torch.Tensor, "to", to)
+    recorder.patch(torch.Tensor, "cuda", cuda)
