@@ -29,3 +29,9 @@ def test_every_trainadvisor_option_in_the_workflow_exists(tmp_path) -> None:  # 
         help_text = run_cli(command, "--help", cwd=tmp_path).stdout
         for option in (word for word in shlex.split(rest.replace("$", "")) if word.startswith("--")):
             assert option in help_text, (command, option)
+
+
+def test_the_workflow_can_run_the_gpu_check_on_its_runner() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    [step] = [s for s in workflow["jobs"]["profile"]["steps"] if "gpu_check.sh" in s.get("run", "")]
+    assert "TRAINADVISOR_GPU_CHECK" in step["if"] and (ROOT / "scripts" / "gpu_check.sh").is_file()

@@ -389,3 +389,28 @@ def test_a_script_on_the_new_tf32_api_is_profiled_unharmed(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     runtime = load_report(tmp_path / "r")["baseline"]["raw"]["runtime"]
     assert (runtime["tf32_api"], runtime["float32_matmul_precision"]) == ("new", "high")
+
+
+def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(tmp_path: Path, fake_gpu: Path) -> None:
+    """The whole command where a GPU is believed: the baseline's seeded steps run twice to set
+    the loss tolerance above the GPU's noise (none here: the arithmetic runs on the CPU), the
+    workers fix's trials pin memory and copy without blocking (the patch that crashed every CUDA
+    run), NVML samples the GPU the script named, and the report shows both clocks."""
+    result = run_cli(
+        "profile", "--warmup", "3", "--steps", "10", "--out", tmp_path / "r",
+        EXAMPLES / "slow_input_mnist.py", "--samples", "8000", "--latency-ms", "0.5", "--device", "cpu",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "running the baseline's seeded steps again to measure the GPU's loss noise" in result.stderr
+    report = load_report(tmp_path / "r")
+    assert report["loss_noise_rel"] == 0.0
+    assert any(note.startswith("Two identical runs of the baseline's seeded steps differed in loss by up to 0%")
+               for note in report["notes"])  # fmt: skip
+    [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
+    assert workers["status"] == "kept", workers
+    assert all(t["overrides"]["non_blocking_h2d"] for t in workers["trials"])
+    assert report["baseline"]["raw"]["nvml_status"] == "sampled GPU 0"
+    assert report["baseline"]["gpu_step_time_ms"]["median"] > 0
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "| GPU time per step, median (CUDA events) |" in markdown
