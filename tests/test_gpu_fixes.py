@@ -54,6 +54,7 @@ def test_gpu_fixes_are_not_proposed_without_a_gpu(fix_id: str) -> None:
             {"bf16_supported": False, "optimizers": 2},
             "this GPU has no bf16, and fp16 needs one GradScaler",
         ),
+        ("amp", {"amp_override": "bf16"}, "autocast is already applied to this run"),
         ("fused-optimizer", {"optimizer_fused": True}, "Adam is already fused"),
         (
             "fused-optimizer",
@@ -100,6 +101,14 @@ def test_batch_size_search_doubles_while_it_pays_and_stops_at_oom_or_memory() ->
         "batch_size=128 (from 32): scale the learning rate by 4 (linear rule, SGD) or 2 "
         "(square-root rule, Adam) and warm it up"
     )
+
+
+def test_pin_memory_pins_the_loader_that_fed_the_steps_and_copies_without_blocking() -> None:
+    setting = fixes.REGISTRY["pin-memory"].next_candidate(GPU, [])
+    assert setting.overrides == {
+        "loaders": {"train.py:12": {"pin_memory": True}}, "non_blocking_h2d": True, "runtime": {},
+    }  # fmt: skip
+    assert fixes.REGISTRY["pin-memory"].next_candidate(GPU, [setting]) is None  # one candidate
 
 
 def test_switch_fixes_try_once_and_keep_only_a_gain() -> None:

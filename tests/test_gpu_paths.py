@@ -260,21 +260,30 @@ def test_a_recorded_batch_in_a_user_dict_counts_its_samples_and_fingerprint(tmp_
     assert recorder.samples == 6 and recorder.step_batches and recorder.step_batches[0].startswith("(6, 2):int64")
 
 
-def test_the_patched_tensor_methods_are_inherited_ones_and_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_patched_tensor_methods_are_inherited_ones_and_come_back() -> None:
     """`Tensor.to`/`.cuda` live on torch._C.TensorBase; patching them read `Tensor.__dict__`."""
-    seen: list[dict[str, Any]] = []
-    original = torch.Tensor.to
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: seen.append(k) or original(self, *a, **k))
-    monkeypatch.delattr(torch.Tensor, "to")  # back to the inherited method, as in torch
     recorder = _hooks.Recorder(_hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None))
     switches.install_non_blocking_copies(recorder)
     assert "to" in torch.Tensor.__dict__ and "cuda" in torch.Tensor.__dict__
-    batch, own = torch.ones(2), torch.ones(2)
-    batch._trainadvisor_batch = True  # type: ignore[attr-defined]
-    assert torch.equal(batch.to("cpu"), batch) and torch.equal(own.to("cpu"), own)
     recorder.uninstall()
     assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__
     assert torch.Tensor.to is torch._C.TensorBase.to
+
+
+def test_only_a_dataloader_batch_is_copied_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    # Spies on the boundary (the CPU build has no working .cuda()), installed before the patch.
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: seen.append(("to", k)) or self)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: seen.append(("cuda", k)) or self)
+    recorder = _hooks.Recorder(_hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None))
+    switches.install_non_blocking_copies(recorder)
+    batch, own = torch.ones(2), torch.ones(2)
+    batch._trainadvisor_batch = True  # type: ignore[attr-defined]
+    batch.to("cuda"), batch.cuda(), own.to("cuda"), batch.to("cuda", non_blocking=False)
+    recorder.uninstall()
+    assert seen == [
+        ("to", {"non_blocking": True}), ("cuda", {"non_blocking": True}), ("to", {}), ("to", {"non_blocking": False}),
+    ]  # fmt: skip
 
 
 def test_data_wait_marks_pinned_batches_for_non_blocking_copies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,6 +345,29 @@ def test_pinned_memory_is_refused_for_a_rank_that_did_not_set_its_device(monkeyp
     assert args["pin_memory"] is True and info.override_refused is None
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert loaders.pinning_device_problem() is None
+
+
+def test_bf16_and_tf32_on_older_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch < 2.3 takes no `including_emulation`; torch < 2.9 has no `fp32_precision` API."""
+    _cuda_boundary(monkeypatch, [])
+
+    def old_check(**kwargs: Any) -> bool:
+        if kwargs:
+            raise TypeError("is_bf16_supported() got an unexpected keyword argument 'including_emulation'")
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_check)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=True))
+    assert gpu.native_bf16(0) is True
+    assert (gpu.tf32_api(), gpu.tf32_enabled()) == ("legacy", True)
+
+
+def test_pinned_memory_is_left_out_where_no_gpu_is_there() -> None:
+    info = LoaderInfo(0, "t.py:1", "D", False, 8, 0, False, False, None, "fork", None)
+    args: dict[str, Any] = {"dataset": [1, 2], "batch_size": 8}
+    loaders.apply(args, {"pin_memory": True, "num_workers": 2}, info)
+    assert args == {"dataset": [1, 2], "batch_size": 8, "num_workers": 2}
+    assert info.overrides_applied == {"num_workers": 2} and info.pin_memory is False
 
 
 @pytest.mark.parametrize(
@@ -414,3 +446,29 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(tmp_path
     assert report["baseline"]["gpu_step_time_ms"]["median"] > 0
     markdown = (tmp_path / "r" / "report.md").read_text()
     assert "| GPU time per step, median (CUDA events) |" in markdown
+
+
+def test_advise_on_a_gpu_records_what_profile_records(tmp_path: Path, fake_gpu: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from trainadvisor import advise\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "@advise(warmup=2, steps=4, out=sys.argv[1])\n"
+        "def step(x):\n"
+        "    loss = model(x).pow(2).mean()\n"
+        "    optimizer.zero_grad(); loss.backward(); optimizer.step()\n"
+        "    return loss\n"
+        "for _ in range(12):\n"
+        "    step(torch.ones(2, 4))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "r")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    report = load_report(tmp_path / "r")
+    raw = report["baseline"]["raw"]
+    assert raw["runtime"]["cuda_memory"]["alloc_retries"] == 0 and raw["nvml_status"] == "sampled GPU 0"
+    assert len([s for s in raw["steps"] if s["gpu_ms"] is not None]) == 4
+    assert "profiler_cuda_requested" in _log(fake_gpu)
