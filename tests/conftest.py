@@ -15,6 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = ROOT / "tests" / "scripts"
 DATA = ROOT / "tests" / "data"
+# Traces recorded by others live beside the checkout, not in it (see ../shared/README.md).
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def shared_trace(relative: str) -> Path:
+    """A trace under ../shared/traces; the test is skipped, saying why, where it is absent."""
+    path = SHARED_TRACES / relative
+    if not path.exists():
+        pytest.skip(
+            f"{path} is not on this machine: the real GPU traces recorded by others are read from "
+            "../shared/traces beside the checkout (present on development machines and in CI)"
+        )
+    return path
 
 
 def run_cli(*args: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import DATA, load_report, run_cli
+from conftest import load_report, run_cli, shared_trace
 
 
 def test_data_stall_fires_on_num_workers_0_and_not_on_its_fix(tmp_path: Path) -> None:
     for folder, fires in (("resnet50_num_workers_0", True), ("resnet50_num_workers_4", False)):
         out = tmp_path / folder
-        result = run_cli("analyze", "--out", out, DATA / "tb_plugin" / folder, cwd=tmp_path)
+        result = run_cli("analyze", "--out", out, shared_trace(f"tb_plugin/{folder}"), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         report = load_report(out)
         stalls = [f for f in report["findings"] if f["rule"] == "data-stall"]
@@ -33,8 +33,8 @@ def test_json_output_and_ranks(tmp_path: Path) -> None:
         "--json",
         "--out",
         tmp_path / "r",
-        DATA / "hta" / "sampled_rank-0.json.gz",
-        DATA / "hta" / "sampled_rank-1.json.gz",
+        shared_trace("hta/trace_filter/sampled_rank-0.json.gz"),
+        shared_trace("hta/trace_filter/sampled_rank-1.json.gz"),
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr

@@ -1,8 +1,8 @@
-"""Every shipped rule against its case file (tests/rule_cases/<rule>.toml): real traces from
-tests/data (and ../shared/traces when present) on which it must fire at a given severity or
-stay quiet, plus measurement tables for facts no trace here holds (runtime flags, allocator
-statistics). A case file needs at least one firing and one quiet case that run without
-../shared."""
+"""Every shipped rule against its case file (tests/rule_cases/<rule>.toml): real traces on which
+it must fire at a given severity or stay quiet (`shared`: recorded by others, read from
+../shared/traces; `trace`: our own, in tests/data), plus measurement tables for facts no trace
+holds (runtime flags, allocator statistics). A case file needs at least one firing and one quiet
+case."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import tomllib
-from conftest import DATA, ROOT
+from conftest import DATA, ROOT, shared_trace
 
 from trainadvisor import engine
 from trainadvisor.analysis.kineto import analyze_trace
@@ -20,7 +20,6 @@ from trainadvisor.analyze import measurements, to_run
 from trainadvisor.resources import rules_dir
 
 CASES = ROOT / "tests" / "rule_cases"
-SHARED = ROOT.parent / "shared" / "traces"
 RULES = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
 
 
@@ -38,12 +37,12 @@ def _trace_values(path: Path) -> dict[str, Any]:
     return measurements(analysis, to_run(analysis))
 
 
-def test_every_rule_has_firing_and_quiet_cases_that_run_here() -> None:
+def test_every_rule_has_firing_and_quiet_cases() -> None:
     assert sorted(p.stem for p in CASES.glob("*.toml")) == sorted(RULES)
     for path in CASES.glob("*.toml"):
-        local = [c for c in tomllib.loads(path.read_text())["case"] if "shared" not in c]
-        assert any(c["expect"] != "quiet" for c in local), path.name
-        assert any(c["expect"] == "quiet" for c in local), path.name
+        cases = tomllib.loads(path.read_text())["case"]
+        assert any(c["expect"] != "quiet" for c in cases), path.name
+        assert any(c["expect"] == "quiet" for c in cases), path.name
 
 
 @pytest.mark.parametrize(("rule_id", "case"), _cases())
@@ -52,9 +51,7 @@ def test_rule_case(rule_id: str, case: dict[str, Any]) -> None:
     if "trace" in case:
         values.update(_trace_values(DATA / case["trace"]))
     if "shared" in case:
-        if not (SHARED / case["shared"]).exists():
-            pytest.skip(f"{SHARED / case['shared']} is not on this machine")
-        values.update(_trace_values(SHARED / case["shared"]))
+        values.update(_trace_values(shared_trace(case["shared"])))
     values.update(case.get("measurements", {}))
     values.update(case.get("facts", {}))
     finding = engine.evaluate_rule(RULES[rule_id], values)

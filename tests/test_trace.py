@@ -8,14 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DATA
+from conftest import SHARED_TRACES, shared_trace
 
 from trainadvisor.analysis.kineto import BREAKDOWN, analyze_trace
 from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.errors import UsageError
 
-TB = DATA / "tb_plugin"
-EXPECTED = json.loads((TB / "EXPECTED_tb_profiler_overview.json").read_text())["files"]
+TB = SHARED_TRACES / "tb_plugin"
+# The TensorBoard plugin's own figures for its samples (../shared/traces/tb_plugin/SOURCE.md).
+EXPECTED_FILE = TB / "EXPECTED_tb_profiler_overview.json"
+EXPECTED = json.loads(EXPECTED_FILE.read_text())["files"] if EXPECTED_FILE.is_file() else {}
 TB_NAMES = {
     "kernel": "Kernel",
     "memcpy": "Memcpy",
@@ -28,10 +30,14 @@ TB_NAMES = {
 }
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED if n.startswith("resnet50")])
+@pytest.mark.parametrize(
+    "name",
+    [n for n in EXPECTED if n.startswith("resnet50")]
+    or [pytest.param("", marks=pytest.mark.skip(reason=f"{EXPECTED_FILE} is not on this machine"))],
+)
 def test_breakdown_matches_the_tensorboard_plugin_on_resnet50(name: str) -> None:
     expected = EXPECTED[name]
-    analysis = analyze_trace(TB / name)
+    analysis = analyze_trace(shared_trace(f"tb_plugin/{name}"))
     assert [str(s.number) for s in analysis.steps] == expected["profiler_steps"]
     assert round(analysis.step_time_ms_mean * 1000) == expected["avg_step_us"]
     for key in BREAKDOWN:  # the issue asks 1.5 points for data wait; every part agrees to 0.01
@@ -42,18 +48,18 @@ def test_breakdown_matches_the_tensorboard_plugin_on_resnet50(name: str) -> None
 
 
 def test_copies_and_syncs_match_hta_counts() -> None:
-    queue = analyze_trace(DATA / "hta" / "rank0.json.gz")
+    queue = analyze_trace(shared_trace("hta/negative_queue_length_values_check/rank0.json.gz"))
     assert (queue.h2d_pageable, queue.h2d_pinned) == (45, 35)
     # HTA counts 75 cudaStreamSynchronize: 45 are inside blocking pageable copies' own copy ops.
     assert queue.syncs["item"] == 945 and (queue.syncs["stream_sync"], queue.syncs["copy_sync"]) == (30, 45)
     assert (queue.rank, queue.world_size, len(queue.steps)) == (0, 16, 5)
-    alexnet = analyze_trace(DATA / "hta" / "alexnet_trace.json.gz")
+    alexnet = analyze_trace(shared_trace("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"))
     assert (alexnet.h2d_pageable, alexnet.syncs["copy_sync"]) == (16, 16)
     assert not alexnet.steps_marked and len(alexnet.steps) == 1  # no ProfilerStep: one window
 
 
 def test_pageable_and_pinned_copies_per_step() -> None:
-    first, second = analyze_trace(DATA / "hta" / "sampled_rank-0.json.gz").steps
+    first, second = analyze_trace(shared_trace("hta/trace_filter/sampled_rank-0.json.gz")).steps
     assert (first.number, second.number) == (551, 552)
     assert (first.h2d_pageable, first.h2d_pinned, first.h2d_unknown) == (8, 4, 0)
     assert (round(first.h2d_ms * 1000, 6), first.h2d_bytes) == (395.0, 2367536)
@@ -62,7 +68,7 @@ def test_pageable_and_pinned_copies_per_step() -> None:
 
 
 def test_rocm_trace() -> None:
-    analysis = analyze_trace(DATA / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    analysis = analyze_trace(shared_trace("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"))
     # Each step also appears as a gpu_user_annotation on the GPU timeline; it is not a step.
     assert [s.number for s in analysis.steps] == [1]  # step 2 launched no device work: dropped
     # ROCm names no source memory ("Memcpy HtoD (Host -> Device)"); both copies were made by a
@@ -73,7 +79,7 @@ def test_rocm_trace() -> None:
 
 
 def test_a_bare_event_array_and_an_uncompressed_file(tmp_path: Path) -> None:
-    events = json.loads(gzip.decompress((DATA / "hta" / "sampled_rank-0.json.gz").read_bytes()))[
+    events = json.loads(gzip.decompress((shared_trace("hta/trace_filter/sampled_rank-0.json.gz")).read_bytes()))[
         "traceEvents"
     ]
     path = tmp_path / "bare.json"
@@ -104,12 +110,8 @@ def test_missing_trace(tmp_path: Path) -> None:
         analyze_trace(tmp_path / "nope.json")
 
 
-SHARED = DATA.parent.parent.parent / "shared" / "traces" / "hta"
-
-
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces/hta is not beside this checkout")
 def test_every_hta_trace_loads() -> None:
-    paths = sorted(SHARED.rglob("*.json.gz"))
+    paths = sorted(shared_trace("hta").rglob("*.json.gz"))
     assert len(paths) == 12
     for path in paths:
         analysis = analyze_trace(path)
@@ -150,19 +152,19 @@ def test_a_string_timestamp_is_read(tmp_path: Path) -> None:
 
 def test_gpu_measurements_of_real_traces() -> None:
     resnet = analyze_trace(
-        DATA / "tb_plugin" / "resnet50_num_workers_4" / "worker0.1623212756351.pt.trace.json.gz"
+        shared_trace("tb_plugin/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz")
     )
     # V100 in fp32: no Tensor Core kernels; cuDNN batch norm is not counted as convolution.
     assert (resnet.compute_capability, resnet.tensor_core_pct) == (7, 0.0)
     # 66.6% named fp32 (sgemm, scudnn, `<float` engines); cuDNN's winograd tile kernel
     # (`generateWinogradTilesKernel<0, float, float>`, 0.02%) names no precision and is not counted.
     assert (round(resnet.fp32_matmul_pct, 1), round(resnet.conv_pct, 1)) == (66.6, 59.2)  # type: ignore[arg-type]
-    queue = analyze_trace(DATA / "hta" / "rank0.json.gz")
+    queue = analyze_trace(shared_trace("hta/negative_queue_length_values_check/rank0.json.gz"))
     # A100 training in reduced precision: CUTLASS Tensor Core GEMMs; fbgemm embedding kernels
     # are not matmuls.
     assert round(queue.fp32_matmul_pct, 2) == 0.29 and round(queue.matmul_pct, 1) == 56.7  # type: ignore[arg-type]
     assert [s.syncs.get("stream_sync", 0) for s in queue.steps] == [6, 6, 6, 6, 6]
-    rocm = analyze_trace(DATA / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    rocm = analyze_trace(shared_trace("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"))
     assert rocm.cpu_tensor_ops == {"aten::randn": 2} and rocm.steps[0].cpu_tensor_copies == 2
 
 
@@ -232,7 +234,7 @@ def test_fp32_ffma_gemms_on_an_a100_are_flagged(tmp_path: Path) -> None:
     from trainadvisor import engine
     from trainadvisor.resources import rules_dir
 
-    source = DATA / "tb_plugin" / "resnet50_num_workers_4" / "worker0.1623212756351.pt.trace.json.gz"
+    source = shared_trace("tb_plugin/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz")
     trace = json.loads(gzip.decompress(source.read_bytes()))
     ffma = "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas"
     conv = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw_tilesize128x128x8_stage3_warpsize2x2x1_g1_ffma_t1r1s1_execute_kernel__5x_cudnn"
