@@ -44,8 +44,12 @@ CHECKS = [
     Check("fp32-matmul", "fp32_matmul.py", ["--epochs", "1", *GPU], ["no-mixed-precision"]),
     Check("memory-limit", "memory_limit.py", ["--memory-fraction", "0.9", *GPU], ["memory-pressure"]),
     Check(
-        "ddp-straggler", "ddp_train.py", ["--epochs", "1", "--slow-rank", "1"], ["straggler"],
-        options=["--nproc-per-node", "2"], min_gpus=2,
+        "ddp-straggler",
+        "ddp_train.py",
+        ["--epochs", "1", "--slow-rank", "1"],
+        ["straggler"],
+        options=["--nproc-per-node", "2"],
+        min_gpus=2,
     ),  # fmt: skip
 ]
 
@@ -59,7 +63,9 @@ def judge(check: Check, exit_code: int, report: dict[str, Any] | None) -> tuple[
     problems += [f"{rule} did not fire" for rule in check.findings if rule not in fired]
     for outcome in report.get("fix_outcomes", []):
         if outcome["status"] not in HONEST or not outcome.get("reason"):
-            problems.append(f"fix {outcome['fix']}: {outcome['status']} ({outcome.get('reason') or 'no reason'})")
+            problems.append(
+                f"fix {outcome['fix']}: {outcome['status']} ({outcome.get('reason') or 'no reason'})"
+            )
     loss = (report.get("comparison") or {}).get("loss_check") or {}
     if loss.get("equivalent") is False:
         problems.append("the kept fixes changed training")

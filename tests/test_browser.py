@@ -1,21 +1,25 @@
 """The HTML report in a real headless browser (Debian's chromium, driven by Playwright): it loads
 from disk with no network, logs no console error, shows its key parts, and prints. The
-screenshot and the PDF are kept in test-output/ for a person to look at.
+screenshot and the PDF are kept for a person to look at, in $TRAINADVISOR_TEST_OUTPUT (or pytest's
+temporary folder, never in the repository).
 
 `.ci/run` installs chromium; elsewhere the test is skipped, saying why, when no browser can be
 found."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import struct
+import zlib
+from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT
+from conftest import DATA
 
 from trainadvisor.report import load_report, write_report
 from trainadvisor.resources import templates_dir
 
-OUTPUT = ROOT / "test-output"
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -65,10 +69,25 @@ def test_the_key_parts_are_visible(page_of_report) -> None:  # type: ignore[no-u
     assert page.evaluate("document.documentElement.scrollWidth") <= 1366
 
 
-def test_a_screenshot_and_a_printout_are_kept(page_of_report) -> None:  # type: ignore[no-untyped-def]
+def _png_pixels(data: bytes) -> bytes:
+    """The decompressed image data of a PNG (its IDAT chunks): enough to see it is not blank."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    position, chunks = 8, []
+    while position < len(data):
+        (length,) = struct.unpack(">I", data[position : position + 4])
+        kind = data[position + 4 : position + 8]
+        if kind == b"IDAT":
+            chunks.append(data[position + 8 : position + 8 + length])
+        position += 12 + length
+    return zlib.decompress(b"".join(chunks))
+
+
+def test_a_screenshot_and_a_printout_are_kept(page_of_report, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
     page, _, _ = page_of_report
-    OUTPUT.mkdir(exist_ok=True)
-    page.screenshot(path=str(OUTPUT / "report.png"), full_page=True)
-    page.pdf(path=str(OUTPUT / "report.pdf"), format="A4", print_background=True)
-    assert (OUTPUT / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (OUTPUT / "report.pdf").read_bytes()[:5] == b"%PDF-"
+    output = Path(os.environ.get("TRAINADVISOR_TEST_OUTPUT") or tmp_path_factory.mktemp("browser"))
+    output.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(output / "report.png"), full_page=True)
+    page.pdf(path=str(output / "report.pdf"), format="A4", print_background=True)
+    # A blank page is one colour: the report has text, bars and charts in many shades.
+    assert len(set(_png_pixels((output / "report.png").read_bytes()))) > 32
+    assert (output / "report.pdf").read_bytes()[:5] == b"%PDF-"

@@ -6,10 +6,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import EXAMPLES, load_report, processes_running, run_cli
+
+from trainadvisor.compare import KEEP_MIN_SPEEDUP
 
 DDP = EXAMPLES / "ddp_train.py"
 
@@ -49,11 +50,9 @@ def test_a_failing_rank_ends_the_run_and_is_named(tmp_path: Path) -> None:
 
 
 def test_a_hung_rank_ends_the_run_at_the_timeout_and_is_named(tmp_path: Path) -> None:
-    started = time.monotonic()
     result, _ = _profile(
         tmp_path, "--hang-rank", "1", "--fail-step", "8", options=("--no-fix", "--timeout", "10")
     )
-    assert time.monotonic() - started < 40
     assert result.returncode == 3
     assert (
         "failed: rank 1: the run took longer than 10 s; stopped by trainadvisor after 8 steps, before its "
@@ -67,7 +66,9 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
     report = load_report(out)
     [outcome] = report["fix_outcomes"]
     assert outcome["fix"] == "dataloader-workers" and outcome["status"] == "kept"
-    assert report["speedup"] > 1.5 and report["comparison"]["loss_check"]["equivalent"] is True
+    # kept means: 5% faster or more, the slow windows after beat the fast ones before
+    assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
+    assert report["comparison"]["loss_check"]["equivalent"] is True
     assert [r["rank"] for r in report["after"]["ranks"]] == [0, 1]
     assert report["command"][:11] == [
         "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(out), "--seed", "0",

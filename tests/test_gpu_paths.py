@@ -64,7 +64,11 @@ def test_a_gpu_run_measures_its_window_edges_memory_and_device(tmp_path: Path, f
     assert raw.status == "window_complete", raw.error
     assert raw.runtime["cuda_used"] is True and raw.device is not None and raw.device.gpu_name == A100["name"]
     memory = raw.runtime["cuda_memory"]
-    assert (memory["device"], memory["alloc_retries"], memory["ooms"]) == (0, 0, 0)  # 3 retries before the window
+    assert (memory["device"], memory["alloc_retries"], memory["ooms"]) == (
+        0,
+        0,
+        0,
+    )  # 3 retries before the window
     timed = [s for s in raw.steps if not s.profiled]
     assert len(timed) == 8 and all(s.gpu_ms is not None and s.gpu_ms > 0 for s in timed)
     assert all(s.gpu_ms is None for s in raw.steps if s.profiled)
@@ -111,7 +115,10 @@ def test_nvml_finds_devices_by_uuid_and_says_what_it_could_not_read(monkeypatch:
 @pytest.mark.parametrize(
     ("error", "status"),
     [
-        ("NVMLError_LibraryNotFound", "not sampled: no NVIDIA driver library (libnvidia-ml.so) on this machine"),
+        (
+            "NVMLError_LibraryNotFound",
+            "not sampled: no NVIDIA driver library (libnvidia-ml.so) on this machine",
+        ),
         ("NVMLError_DriverNotLoaded", "not sampled: the NVIDIA driver is installed but not loaded"),
         (
             "NVMLError_LibRmVersionMismatch",
@@ -134,10 +141,15 @@ def test_nvml_start_errors_are_told_apart(monkeypatch: pytest.MonkeyPatch, error
 def test_every_torchrun_rank_names_its_own_gpu(tmp_path: Path) -> None:
     device_file = tmp_path / "baseline.rank{rank}.device.json"
     for rank in (0, 1):
-        (tmp_path / f"baseline.rank{rank}.device.json").write_text(json.dumps({"index": rank, "uuid": f"u{rank}"}))
+        (tmp_path / f"baseline.rank{rank}.device.json").write_text(
+            json.dumps({"index": rank, "uuid": f"u{rank}"})
+        )
     (tmp_path / "baseline.rank2.device.json").write_text('{"index": ')  # still being written
     named = _named_devices(device_file)()
-    assert named == {"rank 0 (GPU 0)": {"index": 0, "uuid": "u0"}, "rank 1 (GPU 1)": {"index": 1, "uuid": "u1"}}
+    assert named == {
+        "rank 0 (GPU 0)": {"index": 0, "uuid": "u0"},
+        "rank 1 (GPU 1)": {"index": 1, "uuid": "u1"},
+    }
     single = tmp_path / "plain.device.json"
     single.write_text(json.dumps({"index": 3, "uuid": "u3"}))
     assert _named_devices(single)() == {"GPU 3": {"index": 3, "uuid": "u3"}}
@@ -257,7 +269,11 @@ def test_a_recorded_batch_in_a_user_dict_counts_its_samples_and_fingerprint(tmp_
     recorder = _hooks.Recorder(config)
     recorder.in_window = True
     recorder.data_wait(0.001, UserDict({"input_ids": torch.arange(12).reshape(6, 2)}))
-    assert recorder.samples == 6 and recorder.step_batches and recorder.step_batches[0].startswith("(6, 2):int64")
+    assert (
+        recorder.samples == 6
+        and recorder.step_batches
+        and recorder.step_batches[0].startswith("(6, 2):int64")
+    )
 
 
 def test_the_patched_tensor_methods_are_inherited_ones_and_come_back() -> None:
@@ -282,7 +298,10 @@ def test_only_a_dataloader_batch_is_copied_without_blocking(monkeypatch: pytest.
     batch.to("cuda"), batch.cuda(), own.to("cuda"), batch.to("cuda", non_blocking=False)
     recorder.uninstall()
     assert seen == [
-        ("to", {"non_blocking": True}), ("cuda", {"non_blocking": True}), ("to", {}), ("to", {"non_blocking": False}),
+        ("to", {"non_blocking": True}),
+        ("cuda", {"non_blocking": True}),
+        ("to", {}),
+        ("to", {"non_blocking": False}),
     ]  # fmt: skip
 
 
@@ -301,15 +320,23 @@ def _cuda_boundary(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, Any]]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"num_alloc_retries": 5, "num_ooms": 1})
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("peak", device)) or 7)
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device))
+    )
+    monkeypatch.setattr(
+        torch.cuda, "memory_stats", lambda device=None: {"num_alloc_retries": 5, "num_ooms": 1}
+    )
+    monkeypatch.setattr(
+        torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("peak", device)) or 7
+    )
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 9)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=100, **props)
     )
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: calls.append(("stream", device)))
-    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: SimpleNamespace(record=lambda stream: None))
+    monkeypatch.setattr(
+        torch.cuda, "Event", lambda enable_timing=False: SimpleNamespace(record=lambda stream: None)
+    )
 
 
 def test_a_rank_on_its_own_gpu_without_set_device_reads_that_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,7 +356,9 @@ def test_a_rank_on_its_own_gpu_without_set_device_reads_that_gpu(monkeypatch: py
     assert ("peak", 1) in calls and gpu.training_device(None) == 0
 
 
-def test_pinned_memory_is_refused_for_a_rank_that_did_not_set_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pinned_memory_is_refused_for_a_rank_that_did_not_set_its_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _cuda_boundary(monkeypatch, [])
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -371,9 +400,12 @@ def test_pinned_memory_is_left_out_where_no_gpu_is_there() -> None:
 
 
 @pytest.mark.parametrize(
-    ("arch", "native"), [("gfx906:sramecc+:xnack-", False), ("gfx90a:sramecc+:xnack-", True), ("gfx942", True)]
+    ("arch", "native"),
+    [("gfx906:sramecc+:xnack-", False), ("gfx90a:sramecc+:xnack-", True), ("gfx942", True)],
 )
-def test_bf16_on_rocm_follows_the_architecture(monkeypatch: pytest.MonkeyPatch, arch: str, native: bool) -> None:
+def test_bf16_on_rocm_follows_the_architecture(
+    monkeypatch: pytest.MonkeyPatch, arch: str, native: bool
+) -> None:
     """torch.cuda.is_bf16_supported() is True on every HIP device (MI50 included)."""
     _cuda_boundary(monkeypatch, [], gcnArchName=arch)
     monkeypatch.setattr(torch.version, "hip", "6.2.41133")
@@ -399,7 +431,8 @@ def test_tf32_is_read_and_switched_in_the_api_the_script_uses() -> None:
         "on = (gpu.tf32_api(), gpu.tf32_enabled(), gpu.float32_matmul_precision(),\n"
         "      torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.benchmark)\n"
         "restore()\n"
-        "print(on, torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.benchmark, gpu.tf32_api())\n"
+        "print(on, torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.benchmark,\n"
+        "      gpu.tf32_api())\n"
     )
     assert new == "('new', True, 'high', 'tf32', True) ieee False new"
     legacy = _in_child(
@@ -423,7 +456,9 @@ def test_a_script_on_the_new_tf32_api_is_profiled_unharmed(tmp_path: Path) -> No
     assert (runtime["tf32_api"], runtime["float32_matmul_precision"]) == ("new", "high")
 
 
-def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(tmp_path: Path, fake_gpu: Path) -> None:
+def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
+    tmp_path: Path, fake_gpu: Path
+) -> None:
     """The whole command where a GPU is believed: the baseline's seeded steps run twice to set
     the loss tolerance above the GPU's noise (none here: the arithmetic runs on the CPU), the
     workers fix's trials pin memory and copy without blocking (the patch that crashed every CUDA
@@ -437,7 +472,8 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(tmp_path
     assert "running the baseline's seeded steps again to measure the GPU's loss noise" in result.stderr
     report = load_report(tmp_path / "r")
     assert report["loss_noise_rel"] == 0.0
-    assert any(note.startswith("Two identical runs of the baseline's seeded steps differed in loss by up to 0%")
+    noise = "Two identical runs of the baseline's seeded steps differed in loss by up to 0%"
+    assert any(note.startswith(noise)
                for note in report["notes"])  # fmt: skip
     [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
     assert workers["status"] == "kept", workers

@@ -87,7 +87,8 @@ NAMES = [
     ),
     # Ampere bf16 / fp16
     (
-        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8>(cutlass_80_"
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8>("
+        "cutlass_80_"
         "tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8::Params)",
         "gemm",
         TC,
@@ -125,7 +126,11 @@ NAMES = [
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention", TC),
     ("fmha_cutlassB_bf16_aligned_128x128_k128_sm80", "attention", TC),
     ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", "attention", FP32),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0", "attention", TC),
+    (
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0",
+        "attention",
+        TC,
+    ),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x", "attention", TC),
     (
         "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
@@ -207,7 +212,11 @@ def test_what_counts_as_fp32_matrix_work() -> None:
     assert classify(NAMES[10][0]).fp32_matrix and "ffma" in NAMES[10][0]
     # ... bf16 GEMMs, nvjet and fused attention on an H100 are not; nor is an elementwise bf16
     # kernel Tensor Core work, nor is a GEMM whose name shows neither.
-    for name in (NAMES[19][0], "nvjet_tst_128x96_64x7_4x1_v_bz_bias_TNT", "fmha_cutlassF_bf16_aligned_64x128_rf_sm80"):
+    for name in (
+        NAMES[19][0],
+        "nvjet_tst_128x96_64x7_4x1_v_bz_bias_TNT",
+        "fmha_cutlassF_bf16_aligned_64x128_rf_sm80",
+    ):
         assert classify(name).tensor_core and not classify(name).fp32_matrix
     assert not classify(NAMES[-5][0]).tensor_core
     assert not classify("attn_fwd").fp32_matrix and not classify(NAMES[-6][0]).fp32_matrix

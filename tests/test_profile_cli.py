@@ -9,6 +9,8 @@ from pathlib import Path
 
 from conftest import EXAMPLES, SCRIPTS, load_report, processes_running, run_cli
 
+from trainadvisor.compare import KEEP_MIN_SPEEDUP
+
 RUN_KEYS = {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"}
 
 
@@ -35,11 +37,12 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     )
     evidence = {e["measurement"]: e["value"] for e in finding["evidence"]}
     assert evidence["num_workers"] == 0 and evidence["batch_size"] == 64
-    assert evidence["data_wait_pct"] > 50
+    # each batch reads 64 samples at 1 ms of latency: at least 64 ms of data wait per step
+    assert evidence["data_wait_ms_per_step"] >= 64.0
     assert evidence["dataloader_call_site"].endswith("slow_input_mnist.py:56")
     assert report["applied_fixes"] == ["dataloader-workers"]
-    assert report["speedup"] > 2.0
-    assert report["comparison"]["speedup_low"] > 1.0
+    # kept means: 5% faster or more, and the slow windows after beat the fast ones before
+    assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
     trials = report["fix_outcomes"][0]["trials"]
     assert trials[0]["label"] == "num_workers=2"
     site = next(iter(trials[0]["overrides"]["loaders"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_a_rule_is_not_evaluated_without_its_measurements(tmp_path: Path) -> Non
     assert engine.evaluate_rule(rule, {"data_wait_pct": 90.0}) is None  # message needs more
     # A level whose measurements are missing does not hold; the next level is tried.
     two = engine.load_rule(write_rule(tmp_path, condition="b > 1", message="a={a}"))
-    two.levels.insert(0, engine.Level("high", "c > 1", two.levels[0].tree, {"c"}))
+    two.levels.insert(0, engine.Level("high", "c > 1", ast.parse("c > 1", mode="eval"), {"c"}))
     assert engine.evaluate_rule(two, {"a": 1, "b": 2}).severity == "medium"  # type: ignore[union-attr]
 
 

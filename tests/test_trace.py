@@ -15,6 +15,7 @@ from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.errors import UsageError
 
 TB = SHARED_TRACES / "tb_plugin"
+ALEXNET = "hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
 # The TensorBoard plugin's own figures for its samples (../shared/traces/tb_plugin/SOURCE.md).
 EXPECTED_FILE = TB / "EXPECTED_tb_profiler_overview.json"
 EXPECTED = json.loads(EXPECTED_FILE.read_text())["files"] if EXPECTED_FILE.is_file() else {}
@@ -53,7 +54,7 @@ def test_copies_and_syncs_match_hta_counts() -> None:
     # HTA counts 75 cudaStreamSynchronize: 45 are inside blocking pageable copies' own copy ops.
     assert queue.syncs["item"] == 945 and (queue.syncs["stream_sync"], queue.syncs["copy_sync"]) == (30, 45)
     assert (queue.rank, queue.world_size, len(queue.steps)) == (0, 16, 5)
-    alexnet = analyze_trace(shared_trace("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"))
+    alexnet = analyze_trace(shared_trace(ALEXNET))
     assert (alexnet.h2d_pageable, alexnet.syncs["copy_sync"]) == (16, 16)
     assert not alexnet.steps_marked and len(alexnet.steps) == 1  # no ProfilerStep: one window
 
@@ -79,7 +80,8 @@ def test_rocm_trace() -> None:
 
 
 def test_a_bare_event_array_and_an_uncompressed_file(tmp_path: Path) -> None:
-    events = json.loads(gzip.decompress((shared_trace("hta/trace_filter/sampled_rank-0.json.gz")).read_bytes()))[
+    source = shared_trace("hta/trace_filter/sampled_rank-0.json.gz")
+    events = json.loads(gzip.decompress(source.read_bytes()))[
         "traceEvents"
     ]
     path = tmp_path / "bare.json"
@@ -236,8 +238,14 @@ def test_fp32_ffma_gemms_on_an_a100_are_flagged(tmp_path: Path) -> None:
 
     source = shared_trace("tb_plugin/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz")
     trace = json.loads(gzip.decompress(source.read_bytes()))
-    ffma = "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas"
-    conv = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw_tilesize128x128x8_stage3_warpsize2x2x1_g1_ffma_t1r1s1_execute_kernel__5x_cudnn"
+    ffma = (
+        "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_"
+        "execute_kernel__5x_cublas"
+    )
+    conv = (
+        "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nchw_tilesize128x128x8_stage3_warpsize2x2x1_g1_"
+        "ffma_t1r1s1_execute_kernel__5x_cudnn"
+    )
     for event in trace["traceEvents"]:
         if str(event.get("cat", "")).lower() == "kernel":
             name = event["name"]

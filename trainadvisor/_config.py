@@ -4,6 +4,7 @@ process never imports it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -25,3 +26,8 @@ class ChildConfig:
     with_stack: bool = False  # record Python stacks in the trace (the call-sites run)
     # where the child names the GPU it trains on, for the parent's NVML sampler ({rank} in it)
     device_file: str | None = None
+
+
+def failed_write_file(result_file: str | Path) -> Path:
+    """Where the child says why it could not save its result (beside the result file)."""
+    return Path(f"{result_file}.error")

@@ -12,9 +12,7 @@ from __future__ import annotations
 import gzip
 import inspect
 import json
-import multiprocessing
 import os
-import pickle
 import platform
 import shutil
 import sys
@@ -25,11 +23,11 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import _serial
-from trainadvisor._config import ChildConfig
+from trainadvisor._config import ChildConfig, failed_write_file
 from trainadvisor.measure import gpu, loaders, switches
 from trainadvisor.model import DeviceInfo, LoaderInfo, RawRun, StepRecord
 
@@ -238,6 +236,10 @@ class Recorder:
             _serial.save_json(self.result, Path(self.config.result_file))
         except Exception as exc:  # report it, let training go on
             print(f"[trainadvisor] could not record the measurements: {exc!r}", file=sys.stderr)
+            try:  # a line for the parent, which would otherwise see only a missing result
+                failed_write_file(self.config.result_file).write_text(f"{type(exc).__name__}: {exc}")
+            except OSError:
+                pass
 
     def _collect(self, status: str, exit_code: int | None, error: str | None) -> RawRun:
         if self.profiler is not None:
@@ -287,7 +289,9 @@ def start_profiler(profile_steps: int, with_stack: bool = False) -> torch.profil
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     profiler = torch.profiler.profile(
         activities=activities,
-        schedule=torch.profiler.schedule(wait=0, warmup=PROFILER_WARMUP_STEPS, active=profile_steps, repeat=1),
+        schedule=torch.profiler.schedule(
+            wait=0, warmup=PROFILER_WARMUP_STEPS, active=profile_steps, repeat=1
+        ),
         with_stack=with_stack,
     )
     profiler.start()

@@ -39,19 +39,21 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import _hooks, engine, fixes
-from trainadvisor.measure import gpu
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
+from trainadvisor.errors import UsageError
+from trainadvisor.measure import gpu
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.model import SCHEMA_VERSION, FixOutcome, RawRun, Report, StepRecord
-from trainadvisor.pipeline import ProfileOptions, check_out_dir, reproduce_command
-from trainadvisor.report import terminal_summary, write_report
+from trainadvisor.pipeline import ProfileOptions, reproduce_command
+from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import rules_dir, templates_dir
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_OUT = Path("trainadvisor-report")
+OUT_OPTION = "advise(out=...)"  # how errors name the report folder
 _open_window: Advisor | None = None  # the advisor whose window runs in this process
 _announced: set[Path] = set()  # report folders already announced in this process
 
@@ -100,6 +102,11 @@ class Advisor:
             # Under `trainadvisor profile`, which measures this script already (and a second
             # profiler session in one process can crash torch).
             self.active = False
+            return
+        try:
+            check_out_dir(self.out, OUT_OPTION)  # a folder that cannot be the report: say so now
+        except UsageError as exc:
+            self._fail(exc)
             return
         if self.out not in _announced:
             _announced.add(self.out)
@@ -279,7 +286,7 @@ class Advisor:
         ):
             self._cleanup()
             return
-        check_out_dir(self.out)
+        check_out_dir(self.out, OUT_OPTION)
         trace_rel = "traces/advise/trainadvisor.pt.trace.json.gz"
         profiler, sampler = self.profiler, self.sampler
         self.profiler = None

@@ -105,11 +105,13 @@ def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
     })  # fmt: skip
     for key, pct in analysis.breakdown_pct.items():
         values[f"{key}_pct"] = pct
+    # A measurement is a number or absent: the iterator's class tells 0 workers apart from some,
+    # not how many (a multi-process loader is its own measurement).
     iterators = analysis.loader_iterators
     if iterators == ["_SingleProcessDataLoaderIter"]:
         values["num_workers"] = 0
     elif iterators:
-        values["num_workers"] = "1 or more"
+        values["multiprocess_loader"] = True
     return {k: v for k, v in values.items() if v is not None}
 
 

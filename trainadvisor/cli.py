@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -68,6 +68,7 @@ def main() -> None:
 
 
 @main.command(
+    "profile",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog=EXIT_CODES,
 )
@@ -171,7 +172,7 @@ def profile_command(
         run_to_end=run_to_end,
         apply_fixes=not no_fix,
     )
-    try:
+    def work() -> int:
         report = profile(options, _echo)
         write_report(report, out_dir, templates_dir())
         click.echo(terminal_summary(report, out_dir))
@@ -181,24 +182,9 @@ def profile_command(
                 f"{script} failed: {raw.error}. What was measured before it failed is "
                 f"in {out_dir / 'report.html'}"
             )
-    except TrainAdvisorError as exc:
-        click.echo(f"trainadvisor: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
-        sys.exit(130)
-    except Exception as exc:  # a defect of ours: one line for the user, the details on request
-        if os.environ.get("TRAINADVISOR_DEBUG"):
-            raise
-        click.echo(
-            f"trainadvisor: internal error: {type(exc).__name__}: {exc}. Please report it; "
-            "set TRAINADVISOR_DEBUG=1 to see the traceback.",
-            err=True,
-        )
-        sys.exit(1)
+        return 0
 
-
-main.add_command(profile_command, name="profile")
+    _run(work)
 
 
 def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:
@@ -237,10 +223,9 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
       trainadvisor analyze --out report/ ./log/resnet50/
     """
     from trainadvisor.analyze import analyze as run_analysis
-    from trainadvisor.pipeline import check_out_dir
-    from trainadvisor.report import analysis_summary, report_json
+    from trainadvisor.report import analysis_summary, check_out_dir, report_json
 
-    try:
+    def work() -> int:
         check_out_dir(out_dir)
         report, analyses = run_analysis(
             list(paths), list(rule_dirs), ["trainadvisor", "analyze", *map(str, paths)]
@@ -249,19 +234,33 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
         click.echo(
             report_json(report) if as_json else analysis_summary(report, analyses, out_dir), nl=not as_json
         )
-    except TrainAdvisorError as exc:
-        click.echo(f"trainadvisor: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        return 0
+
+    _run(work)
 
 
-def _guarded(work: Callable[[], int]) -> None:
-    """Run a command: our errors as one line with their exit code, defects as one line too."""
+def _run(work: Callable[[], int]) -> NoReturn:
+    """The one error boundary of every command: trainadvisor's own errors as one line with
+    their exit code; a file that cannot be read or written (no space left, a folder that is a
+    file) as a usage problem; Ctrl-C as 130; a defect of ours as one line and exit 1, its
+    traceback with TRAINADVISOR_DEBUG=1."""
     try:
         code = work()
     except TrainAdvisorError as exc:
         click.echo(f"trainadvisor: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
+        sys.exit(130)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(
+            f"trainadvisor: error: {exc.strerror or exc} while writing or reading{where}; free space, "
+            "fix the permissions or choose another --out",
+            err=True,
+        )
+        sys.exit(UsageError.exit_code)
+    except Exception as exc:  # a defect of ours: one line for the user, the details on request
         if os.environ.get("TRAINADVISOR_DEBUG"):
             raise
         click.echo(
@@ -317,7 +316,7 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
 
     def work() -> int:
         from trainadvisor.merge import merge_reports
-        from trainadvisor.pipeline import check_out_dir
+        from trainadvisor.report import check_out_dir
 
         dirs = [f.parent if f.name == "report.json" else f for f in folders]
         if len(dirs) > 1 and out_dir is None:
@@ -332,7 +331,7 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
         click.echo(terminal_summary(saved, target))
         return 0
 
-    _guarded(work)
+    _run(work)
 
 
 @main.command(
@@ -389,7 +388,7 @@ def compare(max_regression: float, output: str, which: str, base: Path, head: Pa
         click.echo(comparison_json(result) if output == "json" else comparison_markdown(result), nl=False)
         return 1 if result.regressed else 0
 
-    _guarded(work)
+    _run(work)
 
 
 if __name__ == "__main__":

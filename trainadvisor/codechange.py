@@ -195,8 +195,8 @@ def fix_diff(script: Path, fix: str, settings: dict[str, Any]) -> str | None:
     try:
         before = script.read_text()
         after = _changed(script, before, fix, settings)
-    except Exception:  # unreadable, unparsable, or no safe place: the report goes on without a diff
-        return None
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, _NoPlace):
+        return None  # unreadable, unparsable, or no safe place: the report goes on without a diff
     return _diff(script, before, after) if after is not None and after != before else None
 
 

@@ -103,15 +103,15 @@ def _eval(node: ast.AST, values: dict[str, Any]) -> Any:
         return (not value) if isinstance(node.op, ast.Not) else -value
     if isinstance(node, ast.BinOp):
         return _ARITH[type(node.op)](_eval(node.left, values), _eval(node.right, values))
-    if isinstance(node, ast.Compare):
-        left = _eval(node.left, values)
-        for op, right_node in zip(node.ops, node.comparators):
-            right = _eval(right_node, values)
-            if not _COMPARE[type(op)](left, right):
-                return False
-            left = right
-        return True
-    raise RuleError(f"cannot evaluate {type(node).__name__}")
+    # `_check` admitted nothing else: what is left is a comparison chain
+    compare: ast.Compare = node  # type: ignore[assignment]
+    left = _eval(compare.left, values)
+    for op, right_node in zip(compare.ops, compare.comparators):
+        right = _eval(right_node, values)
+        if not _COMPARE[type(op)](left, right):
+            return False
+        left = right
+    return True
 
 
 class _Formatter(string.Formatter):
@@ -203,19 +203,36 @@ def load_rules(folders: list[Path]) -> list[Rule]:
 # ---- evaluation ----
 
 
+def _holds(rule: Rule, level: Level, values: dict[str, Any]) -> bool:
+    """Whether a level's condition holds; one that cannot be computed over the measurements
+    (a number compared with text, a division by zero) is the rule file's error, named as such."""
+    if not level.names <= values.keys():
+        return False
+    try:
+        return bool(_eval(level.tree, values))
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        raise RuleError(
+            f"{rule.path}: condition {level.condition!r} cannot be evaluated ({exc}); fix or remove the rule"
+        ) from None
+
+
 def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
     if any(name not in values for name in rule.requires):
         return None
-    level = next(
-        (lv for lv in rule.levels if lv.names <= values.keys() and _eval(lv.tree, values)), None
-    )  # fmt: skip
+    level = next((lv for lv in rule.levels if _holds(rule, lv, values)), None)
     if level is None:
         return None
+    try:
+        message = render_message(rule.message, values)
+    except (TypeError, ValueError) as exc:
+        raise RuleError(
+            f"{rule.path}: its message cannot be written ({exc}); fix the rule's message"
+        ) from None
     return Finding(
         rule=rule.id,
         title=rule.title,
         severity=level.severity,
-        message=render_message(rule.message, values),
+        message=message,
         evidence=[Evidence(e.measurement, e.label, values.get(e.measurement), e.unit) for e in rule.evidence],
         fixes=list(rule.fixes),
         recommendation=rule.recommendation,

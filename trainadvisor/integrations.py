@@ -30,6 +30,32 @@ def _base_class(places: tuple[tuple[str, str], ...], missing: str) -> type:
     raise MissingDependencyError(missing)
 
 
+_classes: dict[str, type] = {}  # each callback class, built once from its framework's base
+
+
+def _callback_class(name: str, base: type, methods: dict[str, Any]) -> type:
+    """One class per framework for the whole process (isinstance sees one type), registered in
+    this module under `name`, where pickle looks for it."""
+    if name not in _classes:
+        cls = type(name, (base,), {**methods, "__module__": __name__, "__qualname__": name})
+        _classes[name] = globals()[name] = cls
+    return _classes[name]
+
+
+def _set_up(callback: Any, factory: Any, options: tuple[Any, ...]) -> None:
+    """The state of a callback: its advisor, and the factory call that made it."""
+    callback._factory, callback._options = factory, options
+    warmup, steps, out, rules = options
+    callback.advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
+
+
+def _reduce(self: Any) -> tuple[Any, tuple[Any, ...]]:
+    """Pickled as the factory call that made it (Lightning's `ddp_spawn` pickles callbacks into
+    new processes; an advisor holds threads and hooks that cannot travel, so each process builds
+    its own)."""
+    return self._factory, self._options
+
+
 def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance of
     warmup: int = 5, steps: int = 20, out: str | Path | None = None, rules: list[str | Path] | None = None
 ) -> Any:
@@ -39,26 +65,29 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
         "LightningAdvisor needs PyTorch Lightning: pip install lightning (or pytorch-lightning)",
     )
 
-    class _LightningAdvisor(base):  # type: ignore[valid-type,misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
+    def init(self: Any, *options: Any) -> None:
+        base.__init__(self)
+        _set_up(self, LightningAdvisor, options)
 
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            self.advisor.call_started((batch,))
+    def on_train_batch_start(self: Any, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.advisor.call_started((batch,))
 
-        def on_train_batch_end(
-            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-        ) -> None:
-            self.advisor.call_ended(outputs)
+    def on_train_batch_end(
+        self: Any, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.advisor.call_ended(outputs)
 
-        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            self.advisor.__exit__(None, None, None)
+    def on_train_end(self: Any, trainer: Any, pl_module: Any) -> None:
+        self.advisor.__exit__(None, None, None)
 
-        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-            self.advisor.close()
+    def on_exception(self: Any, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.advisor.close()
 
-    return _LightningAdvisor()
+    methods = {
+        "__init__": init, "__reduce__": _reduce, "on_train_batch_start": on_train_batch_start,
+        "on_train_batch_end": on_train_batch_end, "on_train_end": on_train_end, "on_exception": on_exception,
+    }  # fmt: skip
+    return _callback_class("LightningAdvisorCallback", base, methods)(warmup, steps, out, rules)
 
 
 def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instance of
@@ -70,20 +99,23 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
         "HuggingFaceAdvisor needs transformers: pip install transformers",
     )
 
-    class _HuggingFaceAdvisor(base):  # type: ignore[valid-type,misc]
-        def __init__(self) -> None:
-            self.advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
+    def init(self: Any, *options: Any) -> None:
+        _set_up(self, HuggingFaceAdvisor, options)
 
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.advisor.call_started()
+    def on_step_begin(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.advisor.call_started()
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.advisor.call_ended()
+    def on_step_end(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.advisor.call_ended()
 
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.advisor.__exit__(None, None, None)
+    def on_train_end(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.advisor.__exit__(None, None, None)
 
-    return _HuggingFaceAdvisor()
+    methods = {
+        "__init__": init, "__reduce__": _reduce, "on_step_begin": on_step_begin, "on_step_end": on_step_end,
+        "on_train_end": on_train_end,
+    }  # fmt: skip
+    return _callback_class("HuggingFaceAdvisorCallback", base, methods)(warmup, steps, out, rules)
 
 
 __all__ = ["HuggingFaceAdvisor", "LightningAdvisor"]

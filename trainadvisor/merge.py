@@ -27,8 +27,7 @@ def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
         for stats in report.baseline.ranks:  # type: ignore[union-attr]
             ranks.setdefault(stats.rank, stats)
     baseline = merged.baseline
-    if baseline is None:  # every report here has a baseline with ranks (checked above)
-        raise UsageError("the reports to merge have no measured run")
+    assert baseline is not None  # every report here has a baseline with ranks (checked above)
     baseline.ranks = [ranks[rank] for rank in sorted(ranks)]
     values = named_measurements(baseline)
     merged.findings = engine.evaluate(engine.load_rules([rules_dir(), *rule_dirs]), values)

@@ -19,6 +19,7 @@ from trainadvisor.compare import compare, judge_trial, loss_check, verdict
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
 from trainadvisor.model import SCHEMA_VERSION, FixOutcome, PlannedFix, RawRun, Report, Run, Trial
+from trainadvisor.report import check_out_dir
 from trainadvisor.resources import rules_dir
 
 MAX_TRIALS_PER_FIX = 8
@@ -78,17 +79,6 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
     if options.timeout_s is not None:
         command += ["--timeout", f"{options.timeout_s:g}"]
     return [*command, *options.torchrun, str(options.script), *options.args]
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Refuse to write into a folder of the user's that is not an earlier report."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir}: exists and is not a folder; choose another --out")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "report.json").exists():
-        raise UsageError(
-            f"--out {out_dir}: the folder has files and is not a trainadvisor report; "
-            "choose an empty or new folder so nothing of yours is overwritten"
-        )
 
 
 def _spec(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
@@ -181,7 +171,8 @@ def loss_noise(options: ProfileOptions, baseline: Run, echo: Echo) -> float | No
     once more; None when that run does not complete or records no comparable loss. A CPU run is
     not repeated: its arithmetic is deterministic, and the tolerances stay as they are."""
     echo("trainadvisor: running the baseline's seeded steps again to measure the GPU's loss noise")
-    spec = _spec(options, "noise", profile=False, show_output=False, timeout_s=max(60.0, 5 * baseline.raw.wall_s))
+    timeout_s = max(60.0, 5 * baseline.raw.wall_s)
+    spec = _spec(options, "noise", profile=False, show_output=False, timeout_s=timeout_s)
     raw = measure(spec)
     if raw.status != "window_complete":
         return None
@@ -385,7 +376,7 @@ def _tune_all(
                     planned.fix,
                     planned.rule,
                     "no_gain",
-                    "no candidate was at least 5% faster than the baseline",
+                    fixes.no_gain(fix),
                     {},
                     trials,
                 )

@@ -5,6 +5,7 @@ the short terminal diagnosis. Pure: a Report in, text out."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import jinja2
 
 from trainadvisor import _serial
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps, window_samples
+from trainadvisor.errors import UsageError
 from trainadvisor.model import GpuSample, HostSample, LossCheck, Report, Run
 
 COLORS = {
@@ -248,11 +250,39 @@ def report_json(report: Report) -> str:
     return json.dumps(_serial.to_plain(report), indent=1, allow_nan=False) + "\n"
 
 
+def check_out_dir(out_dir: Path, option: str = "--out") -> None:
+    """Refuse a report folder that cannot be one: under a file, a file itself, or a folder of the
+    user's that is not an earlier report (nothing of theirs is overwritten). `option` names
+    where the folder came from, for the message."""
+    for folder in (out_dir, *out_dir.parents):
+        if folder.exists() and not folder.is_dir():
+            where = "exists and is not a folder" if folder == out_dir else f"is inside {folder}, a file"
+            raise UsageError(f"{option} {out_dir}: {where}; choose another {option}")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "report.json").exists():
+        raise UsageError(
+            f"{option} {out_dir}: the folder has files and is not a trainadvisor report; "
+            "choose an empty or new folder so nothing of yours is overwritten"
+        )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write beside the file, then rename over it: a reader (or an interruption) never sees a
+    half-written report."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def write_report(report: Report, out_dir: Path, templates: Path) -> None:
+    """report.json, report.md and report.html, each written atomically (JSON first: the other
+    two are renderings of it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(report_json(report))
-    (out_dir / "report.md").write_text(render_markdown(report, templates))
-    (out_dir / "report.html").write_text(render_html(report, templates))
+    _write_atomically(out_dir / "report.json", report_json(report))
+    _write_atomically(out_dir / "report.md", render_markdown(report, templates))
+    _write_atomically(out_dir / "report.html", render_html(report, templates))
 
 
 def load_report(out_dir: Path) -> Report:

@@ -62,6 +62,7 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 
 
 def total(a: Intervals) -> float:
+    """Length covered by `a`."""
     return sum(end - start for start, end in a)
 
 

@@ -528,10 +528,10 @@ def _sites(c: _Collector, where: list[tuple[Any, float]]) -> list[str]:
 
 
 def _overlap_pct(communication: iv.Intervals, compute: iv.Intervals) -> float | None:
-    total = sum(end - start for start, end in communication)
+    total = iv.total(communication)
     if not total:
         return None
-    return 100.0 * sum(end - start for start, end in iv.intersect(communication, compute)) / total
+    return 100.0 * iv.total(iv.intersect(communication, compute)) / total
 
 
 def _summarize(

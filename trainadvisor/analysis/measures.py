@@ -14,10 +14,6 @@ from trainadvisor.analysis.kineto import TraceAnalysis
 _AMD = ("AMD", "Radeon", "Instinct")
 
 
-def _per_step(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
 def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
     """What one trace tells, per step where it is a count (counts from the host-side steps)."""
     steps = a.steps
@@ -102,7 +98,7 @@ def memory_measurements(allocated: int | None, reserved: int | None, total: int 
 
 
 def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
-    """The torch state the child read at the window (see `_hooks.runtime_facts`)."""
+    """The torch state the child read at the window (see `measure.gpu.torch_facts`)."""
     table = {k: v for k, v in runtime.items() if not isinstance(v, dict) and v is not None}
     memory = runtime.get("cuda_memory") or {}
     if memory:

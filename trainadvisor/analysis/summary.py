@@ -109,6 +109,7 @@ def summarize(raw: RawRun) -> Run:
         per_step = {"data_wait": data, "h2d_copy": h2d, "compute": max(mean - data - h2d, 0.0)}
     mean_ms = total_ms / len(steps) if steps else 0.0
     samples = [s.samples for s in steps]
+    gpu_ms = [s.gpu_ms for s in steps if s.gpu_ms is not None]  # CUDA events, on a GPU
     return Run(
         label=raw.label,
         steps=len(steps),
@@ -123,7 +124,7 @@ def summarize(raw: RawRun) -> Run:
         breakdown_ms_per_step=per_step,
         window_steps_per_s=window_throughputs(raw),
         raw=raw,
-        gpu_step_time_ms=stats(gpu_ms) if (gpu_ms := [s.gpu_ms for s in steps if s.gpu_ms is not None]) else None,
+        gpu_step_time_ms=stats(gpu_ms) if gpu_ms else None,
     )
 
 

@@ -41,6 +41,14 @@ REGISTRY: dict[str, Fix] = {
 }  # fmt: skip
 
 
+NO_GAIN = "no candidate was at least 5% faster than the baseline"
+
+
+def no_gain(fix: Fix) -> str:
+    """Why none of a fix's measured candidates was kept, in the terms of what it improves."""
+    return str(getattr(fix, "no_gain", NO_GAIN))
+
+
 def goal(fix_id: str) -> str:
     """throughput (kept when confirmed faster) or memory (recommended from its own trials)."""
     return getattr(REGISTRY.get(fix_id), "goal", "throughput")

@@ -33,6 +33,7 @@ class BatchSize:
     id = "batch-size"
     metric = "samples_per_s"
     loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
+    no_gain = "no batch size gave at least 5% more samples per second than the baseline's"
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if not values.get("cuda_used"):

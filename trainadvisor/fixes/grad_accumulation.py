@@ -35,6 +35,10 @@ class GradAccumulation:
     metric = "peak_reserved_bytes"
     goal = "memory"
     loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
+    no_gain = (
+        f"no candidate lowered peak reserved memory by {MIN_RELIEF:.0%} at {MIN_SPEED:.0%} of the "
+        "baseline's speed or better"
+    )
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if not values.get("cuda_used"):

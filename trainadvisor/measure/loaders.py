@@ -19,6 +19,7 @@ from trainadvisor.model import LoaderInfo
 _WORKER_ONLY = ("persistent_workers", "prefetch_factor")
 _PACKAGE = str(Path(__file__).parent.parent)  # trainadvisor/
 
+
 def call_site() -> str:
     """file:line of the first frame outside torch and trainadvisor: the user's DataLoader call."""
     frame = inspect.currentframe()
@@ -106,7 +107,11 @@ def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> Non
     if not wanted:
         return
     workers = int(wanted.get("num_workers", args.get("num_workers", 0)))
-    refused = _unpicklable(args) if workers > 0 and _start_method(args.get("multiprocessing_context")) != "fork" else None
+    refused = (
+        _unpicklable(args)
+        if workers > 0 and _start_method(args.get("multiprocessing_context")) != "fork"
+        else None
+    )
     if wanted.get("pin_memory") and not torch.cuda.is_available():
         wanted = {k: v for k, v in wanted.items() if k != "pin_memory"}
     elif wanted.get("pin_memory"):
@@ -123,5 +128,3 @@ def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> Non
     info.pin_memory = bool(args.get("pin_memory", False))
     info.persistent_workers = bool(args.get("persistent_workers", False))
     info.prefetch_factor = args.get("prefetch_factor")
-
-

@@ -10,14 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import IO, Any
 
 import trainadvisor
 from trainadvisor import _serial
-from trainadvisor._config import ChildConfig
+from trainadvisor._config import ChildConfig, failed_write_file
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.model import GpuSample, HostSample, RawRun
 
@@ -114,7 +114,8 @@ def measure(spec: RunSpec) -> RawRun:
     suffix = ".rank{rank}" if spec.torchrun else ""
     result_file = work / f"{spec.label}{suffix}.result.json"
     device_file = work / f"{spec.label}{suffix}.device.json"
-    for stale in [*work.glob(f"{spec.label}*.result.json"), *work.glob(f"{spec.label}*.device.json")]:
+    stale_files = ("result.json", "result.json.error", "device.json")
+    for stale in [path for suffix in stale_files for path in work.glob(f"{spec.label}*.{suffix}")]:
         stale.unlink()
     trace_rel = f"traces/{spec.label}/trainadvisor{suffix}.pt.trace.json.gz" if spec.profile else None
     if trace_rel:
@@ -272,8 +273,14 @@ def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | Non
             note = raw.error if raw.error and raw.error.startswith("stopped by trainadvisor") else None
             raw.status, raw.error = "script_failed", f"{killed}; {note}" if note else killed
         return raw
+    failed_write = failed_write_file(result_file)
     if killed:
         error = killed
+    elif failed_write.exists():
+        error = (
+            f"trainadvisor could not save the measurements in the script's process "
+            f"({failed_write.read_text().strip()}); the script's own exit code was {returncode}"
+        )
     elif returncode < 0:
         error = f"the script was killed by signal {signal.Signals(-returncode).name}"
     else:

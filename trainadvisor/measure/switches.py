@@ -97,7 +97,9 @@ def install_step_control(recorder: Patcher, scaler: Any, accumulate: int) -> Non
                 recorder.optimizer_step(optimizer)  # a skipped update still ends the training step
             return result
 
-        def controlled_zero_grad(_optimizer: torch.optim.Optimizer, *zero_args: Any, **zero_kwargs: Any) -> None:
+        def controlled_zero_grad(
+            _optimizer: torch.optim.Optimizer, *zero_args: Any, **zero_kwargs: Any
+        ) -> None:
             if calls[0] % accumulate == 0:
                 zero_grad(*zero_args, **zero_kwargs)
 

@@ -119,7 +119,9 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> SimpleNamespace:
 
 def _field(handle: SimpleNamespace, name: str) -> None:
     _check()
-    if name in getattr(handle, "unsupported", []) or (name == "utilisation" and handle.uuid.startswith("MIG-")):
+    if name in getattr(handle, "unsupported", []) or (
+        name == "utilisation" and handle.uuid.startswith("MIG-")
+    ):
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
 
@@ -130,7 +132,9 @@ def nvmlDeviceGetUtilizationRates(handle: SimpleNamespace) -> SimpleNamespace:
 
 def nvmlDeviceGetMemoryInfo(handle: SimpleNamespace) -> SimpleNamespace:
     _field(handle, "memory")
-    return SimpleNamespace(used=int(handle.used), total=int(handle.total), free=int(handle.total - handle.used))
+    return SimpleNamespace(
+        used=int(handle.used), total=int(handle.total), free=int(handle.total - handle.used)
+    )
 
 
 def nvmlDeviceGetPowerUsage(handle: SimpleNamespace) -> int:

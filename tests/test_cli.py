@@ -1,0 +1,101 @@
+"""The command line's one error boundary, through click's CliRunner: commands, exit codes and
+one-line messages for user mistakes."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import DATA, EXAMPLES, shared_trace
+
+from trainadvisor.cli import main
+
+
+def _run(*args: str | Path) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_help_lists_each_command_once_by_its_name() -> None:
+    code, output = _run("--help")
+    commands = output.split("Commands:")[1].split()
+    assert code == 0 and [c for c in commands if c in ("analyze", "compare", "profile", "report")] == [
+        "analyze", "compare", "profile", "report",
+    ]  # fmt: skip
+    assert "profile-command" not in output
+
+
+@pytest.mark.parametrize("command", ["analyze", "report", "profile"])
+def test_an_out_folder_under_a_file_is_a_usage_error(tmp_path: Path, command: str) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    target = {"analyze": shared_trace("hta/trace_filter/sampled_rank-0.json.gz"), "report": DATA / "report",
+              "profile": EXAMPLES / "small_batch.py"}[command]  # fmt: skip
+    code, output = _run(command, "--out", afile / "sub", target)
+    assert code == 2, output
+    assert output.strip().splitlines() == [
+        f"trainadvisor: error: --out {afile / 'sub'}: is inside {afile}, a file; choose another --out"
+    ]
+    assert afile.read_text() == "mine"
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_report_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(DATA / "report", tmp_path / "r")
+    before = (tmp_path / "r" / "report.json").read_text()
+    original = Path.write_text
+
+    def full(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self.parent == tmp_path / "r":
+            original(self, text[: len(text) // 2])  # what the disk took before it filled
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return original(self, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", full)
+    code, output = _run("report", tmp_path / "r")
+    assert code == 2
+    [line] = output.strip().splitlines()
+    assert line.startswith("trainadvisor: error: No space left on device while writing or reading ")
+    assert line.endswith("; free space, fix the permissions or choose another --out")
+    monkeypatch.undo()
+    assert (tmp_path / "r" / "report.json").read_text() == before  # never half-written
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["SOURCE.md", "report.json"]
+
+
+def test_a_user_rule_that_cannot_be_evaluated_names_its_file(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    rule = (Path(__file__).parent.parent / "rules" / "data-stall.toml").read_text()
+    rule = rule.replace('id = "data-stall"', 'id = "my-rule"').replace(
+        'condition = "data_wait_pct >= 20"', "condition = \"data_wait_pct >= 'twenty'\""
+    )
+    (rules / "my-rule.toml").write_text(rule)
+    code, output = _run("report", "--out", tmp_path / "o", "--rules", rules, DATA / "report", DATA / "report")
+    assert code == 2 and "a report folder was given twice" in output
+    code, output = _run(
+        "analyze", "--out", tmp_path / "a", "--rules", rules, shared_trace("tb_plugin/resnet50_num_workers_0")
+    )
+    assert code == 2, output
+    assert output.strip() == (
+        f"trainadvisor: error: {rules / 'my-rule.toml'}: condition \"data_wait_pct >= 'twenty'\" cannot be "
+        "evaluated ('>=' not supported between instances of 'float' and 'str'); fix or remove the rule"
+    )
+
+
+def test_a_user_rule_over_num_workers_runs_on_traces_of_multi_process_loaders(tmp_path: Path) -> None:
+    """analyze used to set num_workers to the text "1 or more", and `num_workers < 2` raised."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    rule = (Path(__file__).parent.parent / "rules" / "data-stall.toml").read_text()
+    rule = rule.replace('id = "data-stall"', 'id = "few-workers"').replace(
+        'condition = "data_wait_pct >= 20"', 'condition = "num_workers < 2"'
+    )
+    (rules / "few-workers.toml").write_text(rule)
+    code, output = _run(
+        "analyze", "--out", tmp_path / "a", "--rules", rules, shared_trace("tb_plugin/resnet50_num_workers_4")
+    )
+    assert code == 0, output
