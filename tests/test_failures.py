@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import errno
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLES, load_report, processes_running
 
 from trainadvisor import _hooks, _serial, fixes
 from trainadvisor.measure.runner import RunSpec, _result
@@ -37,4 +41,33 @@ def test_a_memory_fix_without_gain_is_explained_in_memory_terms() -> None:
         "no candidate lowered peak reserved memory by 10% at 80% of the baseline's speed or better"
     )
     assert fixes.no_gain(fixes.REGISTRY["tf32"]) == "no candidate was at least 5% faster than the baseline"
-    assert fixes.no_gain(fixes.REGISTRY["batch-size"]).startswith("no batch size gave at least 5% more samples")
+    assert fixes.no_gain(fixes.REGISTRY["batch-size"]).startswith(
+        "no batch size gave at least 5% more samples"
+    )
+
+
+def test_sigterm_while_fixes_are_measured_keeps_the_baseline_report(tmp_path: Path) -> None:
+    """What Slurm and Kubernetes send: the run stops at once, every process of it goes, and the
+    report saved after the baseline's diagnosis stays, saying what was not measured."""
+    out = tmp_path / "r"
+    command = [
+        sys.executable, "-m", "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(out),
+        str(EXAMPLES / "slow_input_mnist.py"), "--samples", "20000",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "measuring fix dataloader-workers" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert "trainadvisor: interrupted; the script and its workers were stopped" in rest
+    report = load_report(out)
+    assert [f["rule"] for f in report["findings"]] == ["data-stall"]
+    [outcome] = report["fix_outcomes"]
+    assert outcome["status"] == "not_run" and report["after"] is None
+    assert report["notes"][-1].startswith("The run was interrupted")
+    assert processes_running("slow_input_mnist.py") == []

@@ -47,7 +47,7 @@ from trainadvisor.measure.sampling import Sampler
 from trainadvisor.model import SCHEMA_VERSION, FixOutcome, RawRun, Report, StepRecord
 from trainadvisor.pipeline import ProfileOptions, reproduce_command
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
-from trainadvisor.resources import rules_dir, templates_dir
+from trainadvisor.resources import templates_dir
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -337,9 +337,8 @@ class Advisor:
         trace = attach_trace(raw, self.out, script)
         run = summarize(raw)
         run.trace = trace
-        values = named_measurements(run)
-        findings = engine.evaluate(engine.load_rules([rules_dir(), *self.rule_dirs]), values)
-        plan = fixes.plan(findings, values)
+        diagnosis = engine.diagnose(named_measurements(run), engine.rules_for(self.rule_dirs))
+        plan = fixes.plan(diagnosis.findings, diagnosis.values)
         command = self._profile_command(script)
         restart = f"measure it with: {' '.join(command)}" if command else _NO_SCRIPT
         outcomes = [
@@ -359,13 +358,9 @@ class Advisor:
             script=str(script) if script else "<in-process>",
             environment=raw.device,
             baseline=run,
-            after=None,
-            findings=findings,
+            findings=diagnosis.findings,
             plan=plan,
             fix_outcomes=outcomes,
-            applied_fixes=[],
-            speedup=None,
-            comparison=None,
             notes=notes,
             elapsed_s=time.monotonic() - self._started,
         )

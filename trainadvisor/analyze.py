@@ -16,7 +16,6 @@ from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.analysis.summary import stats, window_throughputs
 from trainadvisor.errors import UsageError
 from trainadvisor.model import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
-from trainadvisor.resources import rules_dir
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -138,13 +137,13 @@ def compare_ranks(analyses: list[TraceAnalysis]) -> RankComparison | None:
 def analyze(
     paths: list[Path], rule_dirs: list[Path], command: list[str]
 ) -> tuple[Report, list[TraceAnalysis]]:
-    rules = engine.load_rules([rules_dir(), *rule_dirs])
+    rules = engine.rules_for(rule_dirs)
     analyses = [analyze_trace(path) for path in find_traces(paths)]
     runs = [to_run(a) for a in analyses]
     findings: list[Finding] = []
     notes: list[str] = []
     for analysis, run in zip(analyses, runs):
-        for finding in engine.evaluate(rules, measurements(analysis, run)):
+        for finding in engine.diagnose(measurements(analysis, run), rules).findings:
             if len(analyses) > 1:
                 finding.message = f"{run.label}: {finding.message}"
             findings.append(finding)
@@ -163,13 +162,7 @@ def analyze(
         script=", ".join(a.path for a in analyses),
         environment=runs[0].raw.device,
         baseline=runs[0],
-        after=None,
         findings=sorted(findings, key=lambda f: engine.SEVERITIES.index(f.severity)),
-        plan=[],
-        fix_outcomes=[],
-        applied_fixes=[],
-        speedup=None,
-        comparison=None,
         notes=notes,
         traces=[to_plain(a) for a in analyses],
         ranks=to_plain(ranks),

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from trainadvisor import __version__
-from trainadvisor.errors import ScriptFailedError, TrainAdvisorError, UsageError
+from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
+from trainadvisor.model import Report
 from trainadvisor.report import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -173,8 +176,22 @@ def profile_command(
         apply_fixes=not no_fix,
     )
     def work() -> int:
-        report = profile(options, _echo)
-        write_report(report, out_dir, templates_dir())
+        saved: list[Report] = []
+
+        def save(report: Report) -> None:  # each stage's report, as it finishes
+            write_report(report, out_dir, templates_dir())
+            saved[:] = [report]
+
+        try:
+            report = profile(options, _echo, save)
+        except (KeyboardInterrupt, Terminated):
+            if saved:  # say in the report that it stopped, then exit as interrupted
+                note = (
+                    "The run was interrupted: fixes marked not run or unconfirmed were not "
+                    "measured to the end."
+                )
+                write_report(replace(saved[0], notes=[*saved[0].notes, note]), out_dir, templates_dir())
+            raise
         click.echo(terminal_summary(report, out_dir))
         raw = report.baseline.raw if report.baseline is not None else None
         if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
@@ -244,14 +261,15 @@ def _run(work: Callable[[], int]) -> NoReturn:
     their exit code; a file that cannot be read or written (no space left, a folder that is a
     file) as a usage problem; Ctrl-C as 130; a defect of ours as one line and exit 1, its
     traceback with TRAINADVISOR_DEBUG=1."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         code = work()
     except TrainAdvisorError as exc:
         click.echo(f"trainadvisor: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as exc:
         click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
-        sys.exit(130)
+        sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
     except OSError as exc:
         where = f" {exc.filename}" if exc.filename else ""
         click.echo(
@@ -269,7 +287,13 @@ def _run(work: Callable[[], int]) -> NoReturn:
             err=True,
         )
         sys.exit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
 
 
 def _load(path: Path) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainadvisor.errors import RuleError
 from trainadvisor.model import Evidence, Finding
+from trainadvisor.resources import rules_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -246,3 +247,21 @@ def evaluate(rules: list[Rule], values: dict[str, Any]) -> list[Finding]:
     """Findings, most severe first."""
     findings = [f for rule in rules if (f := evaluate_rule(rule, values)) is not None]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What the rules found in one set of named measurements (a run, a trace, merged ranks)."""
+
+    values: dict[str, Any]
+    findings: list[Finding]
+
+
+def rules_for(user_dirs: list[Path]) -> list[Rule]:
+    """The shipped rules, then the user's folders (a user rule replaces the shipped one of its id)."""
+    return load_rules([rules_dir(), *user_dirs])
+
+
+def diagnose(values: dict[str, Any], rules: list[Rule]) -> Diagnosis:
+    """The diagnosis stage of every command: profile, @advise, analyze and the multi-node merge."""
+    return Diagnosis(values, evaluate(rules, values))

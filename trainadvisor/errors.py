@@ -39,3 +39,12 @@ class MissingDependencyError(TrainAdvisorError, ImportError):
     install."""
 
     exit_code = 2
+
+
+class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
+    """SIGTERM (what Slurm and Kubernetes send) reached trainadvisor: unwind as Ctrl-C does, so
+    every child process is stopped and the report of what was measured is kept."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum

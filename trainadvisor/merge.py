@@ -11,7 +11,6 @@ from trainadvisor import engine
 from trainadvisor.analysis.summary import named_measurements
 from trainadvisor.errors import UsageError
 from trainadvisor.model import RankStats, Report
-from trainadvisor.resources import rules_dir
 
 
 def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
@@ -29,8 +28,7 @@ def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
     baseline = merged.baseline
     assert baseline is not None  # every report here has a baseline with ranks (checked above)
     baseline.ranks = [ranks[rank] for rank in sorted(ranks)]
-    values = named_measurements(baseline)
-    merged.findings = engine.evaluate(engine.load_rules([rules_dir(), *rule_dirs]), values)
+    merged.findings = engine.diagnose(named_measurements(baseline), engine.rules_for(rule_dirs)).findings
     # Fixes are measured on one node only (see pipeline): nothing of them is merged.
     merged.plan, merged.fix_outcomes, merged.applied_fixes = [], [], []
     merged.after, merged.comparison, merged.speedup = None, None, None

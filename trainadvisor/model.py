@@ -8,9 +8,25 @@ Every class here is a dataclass of plain values, saved as JSON (see `_serial`)."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA_VERSION = 1
+
+# The words a report uses, in one place.
+Severity = Literal["high", "medium", "low"]
+# A run of the script: the window measured | the script ended first (maybe before the window was
+# full) | it raised or exited non-zero | a requested DataLoader override could not be applied.
+RunStatus = Literal["window_complete", "script_ended", "script_failed", "refused"]
+# A candidate setting's run: measured | its override refused | the run failed | the loss changed.
+TrialStatus = Literal["measured", "refused", "failed", "changed_training"]
+# A fix: kept (confirmed faster, training unchanged) | recommended (a memory fix, from its own
+# runs) | no_gain | changed_training | refused | failed | not_applicable | unconfirmed (chosen by
+# its trials; the run ended before the confirmation run) | not_run (the run ended before its
+# trials) | needs_restart (@advise: measured only by the `profile` command it names).
+FixStatus = Literal[
+    "kept", "recommended", "no_gain", "changed_training", "refused", "failed", "not_applicable",
+    "unconfirmed", "not_run", "needs_restart",
+]  # fmt: skip
 
 
 # ---- what one child process measured (written by the child, completed by the parent) ----
@@ -96,7 +112,7 @@ class RawRun:
     requested DataLoader override could not be applied, so the run was stopped)."""
 
     label: str
-    status: str
+    status: RunStatus
     exit_code: int | None
     error: str | None
     warmup_steps: int
@@ -141,7 +157,7 @@ class RankStats:
     """One rank of a torchrun run, summarised (see analysis.ranks)."""
 
     rank: int
-    status: str
+    status: RunStatus
     error: str | None
     steps: int
     step_time_ms_mean: float | None
@@ -186,7 +202,7 @@ class Evidence:
 class Finding:
     rule: str
     title: str
-    severity: str
+    severity: Severity
     message: str
     evidence: list[Evidence]
     fixes: list[str]
@@ -215,7 +231,7 @@ class Trial:
 
     label: str
     overrides: dict[str, Any]
-    status: str  # measured | failed | refused
+    status: TrialStatus
     steps_per_s: float | None
     reason: str | None
     raw: RawRun | None = None
@@ -252,7 +268,7 @@ class Comparison:
 class FixOutcome:
     fix: str
     rule: str
-    status: str  # kept | no_gain | changed_training | refused | failed | not_applicable
+    status: FixStatus
     reason: str
     settings: dict[str, Any]
     trials: list[Trial]
@@ -262,18 +278,22 @@ class FixOutcome:
 
 @dataclass
 class Report:
+    """Everything a report shows. Written as each stage of `profile` finishes (after the
+    baseline's diagnosis, after each fix's trials, after confirmation), so a run that is
+    interrupted leaves the report of what it measured; fixes it did not get to are `not_run`."""
+
     schema_version: int
     command: list[str]
     script: str
     environment: DeviceInfo | None
     baseline: Run | None
-    after: Run | None
     findings: list[Finding]
-    plan: list[PlannedFix]
-    fix_outcomes: list[FixOutcome]
-    applied_fixes: list[str]
-    speedup: float | None
-    comparison: Comparison | None
+    after: Run | None = None
+    plan: list[PlannedFix] = field(default_factory=list)
+    fix_outcomes: list[FixOutcome] = field(default_factory=list)
+    applied_fixes: list[str] = field(default_factory=list)
+    speedup: float | None = None
+    comparison: Comparison | None = None
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     traces: list[Any] = field(default_factory=list)  # analyze: each trace's measurements

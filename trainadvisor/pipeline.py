@@ -18,9 +18,18 @@ from trainadvisor.codechange import fix_diff
 from trainadvisor.compare import compare, judge_trial, loss_check, verdict
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
-from trainadvisor.model import SCHEMA_VERSION, FixOutcome, PlannedFix, RawRun, Report, Run, Trial
+from trainadvisor.model import (
+    SCHEMA_VERSION,
+    Comparison,
+    FixOutcome,
+    FixStatus,
+    PlannedFix,
+    RawRun,
+    Report,
+    Run,
+    Trial,
+)
 from trainadvisor.report import check_out_dir
-from trainadvisor.resources import rules_dir
 
 MAX_TRIALS_PER_FIX = 8
 # A loss tolerance is at least this many times the loss noise between two identical GPU runs.
@@ -230,93 +239,182 @@ def tune(
     return trials
 
 
-def profile(options: ProfileOptions, echo: Echo) -> Report:
+Save = Callable[[Report], None]
+
+
+@dataclass(frozen=True)
+class _Diagnosed:
+    """The baseline and what the rules found in it: the stage every later one starts from."""
+
+    baseline: Run
+    diagnosis: engine.Diagnosis
+    plan: list[PlannedFix]
+    notes: list[str]
+
+
+def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Report:
+    """baseline -> diagnosis -> each fix's trials -> confirmation, each stage's report handed to
+    `save` as it finishes (an interruption leaves the report of what was measured); returns the
+    last."""
     started = time.monotonic()
-    if not options.script.is_file():
-        raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
-    rules = engine.load_rules([rules_dir(), *options.rule_dirs])
-    check_out_dir(options.out_dir)
+    keep = save or (lambda _report: None)
+    rules = _prepare(options)
     echo(
         f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
         f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)"
     )
     baseline = _measure_run(_spec(options, "baseline", stop_after_window=not options.run_to_end))
     _check_steps(baseline.raw, options)
-    notes: list[str] = []
+    diagnosed = _diagnose_baseline(options, rules, baseline, echo)
+    blocked = _why_no_fixes(options, baseline)
+    if blocked is not None or not options.apply_fixes:
+        report = _report(options, diagnosed, started, _not_tried(diagnosed.plan), extra_notes=[blocked])
+        keep(report)
+        return report
+    keep(_report(options, diagnosed, started, _not_tried(diagnosed.plan)))
+    noise_rel = None
+    notes = []
+    if diagnosed.diagnosis.values.get("cuda_used") and any(p.applicable for p in diagnosed.plan):
+        noise_rel = loss_noise(options, baseline, echo)
+        notes.append(_noise_note(noise_rel))
+    outcomes = _not_tried(diagnosed.plan)
+    for i, planned in enumerate(diagnosed.plan):
+        if planned.applicable:
+            outcomes[i] = _tune_fix(planned, diagnosed, options, echo, noise_rel)
+            keep(_report(options, diagnosed, started, outcomes, extra_notes=notes, noise_rel=noise_rel))
+    report = _confirm(options, diagnosed, started, outcomes, notes, noise_rel, echo)
+    keep(report)
+    return report
+
+
+def _prepare(options: ProfileOptions) -> list[engine.Rule]:
+    """What can be refused before anything runs: the script, the rules, the report folder."""
+    if not options.script.is_file():
+        raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
+    rules = engine.rules_for(options.rule_dirs)
+    check_out_dir(options.out_dir)
+    return rules
+
+
+def _diagnose_baseline(
+    options: ProfileOptions, rules: list[engine.Rule], baseline: Run, echo: Echo
+) -> _Diagnosed:
+    """The rules over the baseline; when a finding names lines of code, the baseline's trace
+    measurements gain the call sites of a separate run traced with Python stacks."""
+    notes = []
     if 0 < baseline.steps < options.steps:
         notes.append(f"The script ended after {baseline.steps} of the {options.steps} timed steps.")
-    values = named_measurements(baseline)
-    findings = engine.evaluate(rules, values)
-    if any(f.rule in SITE_RULES for f in findings) and baseline.raw.status != "script_failed":
+    diagnosis = engine.diagnose(named_measurements(baseline), rules)
+    if any(f.rule in SITE_RULES for f in diagnosis.findings) and baseline.raw.status != "script_failed":
         sites = _call_sites(options, baseline, echo)
         if sites:
-            baseline.trace.update(sites)
-            values = named_measurements(baseline)
-            findings = engine.evaluate(rules, values)
+            baseline = replace(baseline, trace={**baseline.trace, **sites})
+            diagnosis = engine.diagnose(named_measurements(baseline), rules)
             notes.append(
                 "The lines named for syncs and host-made tensors come from a separate run of "
                 f"{SITE_STEPS} steps traced with Python stacks (traces/sites/), kept apart because "
                 "the Python tracer slows the host."
             )
-    plan = fixes.plan(findings, values)
-    noise_rel: float | None = None
-    outcomes: list[FixOutcome] = []
-    after: Run | None = None
-    comparison = None
-    multi_node = any(option in ("--nnodes", "--node-rank") for option in options.torchrun)
+    return _Diagnosed(baseline, diagnosis, fixes.plan(diagnosis.findings, diagnosis.values), notes)
+
+
+def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
     if baseline.raw.status == "script_failed":
-        notes.append("The script failed, so no fix was tried.")
-    elif options.apply_fixes and multi_node:
-        notes.append(
+        return "The script failed, so no fix was tried."
+    if options.apply_fixes and any(option in ("--nnodes", "--node-rank") for option in options.torchrun):
+        return (
             "Fixes are not measured on several nodes: each node would choose its trials from its "
             "own ranks and start different runs against one rendezvous. Measure them on one node "
             "(--nproc-per-node) or apply them by hand."
         )
-    elif options.apply_fixes:
-        if values.get("cuda_used") and any(p.applicable for p in plan):
-            noise_rel = loss_noise(options, baseline, echo)
-            notes.append(_noise_note(noise_rel))
-        outcomes = _tune_all(plan, values, options, baseline, echo, noise_rel)
-        for outcome in outcomes:  # memory fixes trade speed for memory: not part of the speed run
-            if outcome.status == "kept" and fixes.goal(outcome.fix) == "memory":
-                outcome.status, outcome.reason = "recommended", "measured in its own run; " + outcome.chosen
-        kept = [o for o in outcomes if o.status == "kept"]
-        if kept:
-            echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
-            merged = fixes.merge_overrides([o.settings for o in kept])
-            after = _measure_run(_with_loader_overrides(options, "after", merged, show_output=False))
-            kept_fixes = [fixes.REGISTRY[o.fix] for o in kept]
-            comparison = compare(
-                baseline,
-                after,
-                max(tolerance(fix, noise_rel) for fix in kept_fixes),
-                per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
-            )
-            status, reason = verdict(comparison)
-            if after.raw.status != "window_complete":
-                status, reason = "failed", after.raw.error or "the confirmation run did not complete"
-            for outcome in kept:
-                outcome.status, outcome.reason = status, reason
-        for outcome in outcomes:  # what to change in the script to keep what was measured
-            if outcome.status in ("kept", "recommended"):
-                outcome.diff = fix_diff(options.script, outcome.fix, outcome.settings) or ""
+    return None
+
+
+def _not_tried(plan: list[PlannedFix]) -> list[FixOutcome]:
+    """Each planned fix before its trials: not applicable (and why), or not run yet."""
+    return [
+        FixOutcome(p.fix, p.rule, "not_applicable", p.reason, {}, [])
+        if not p.applicable
+        else FixOutcome(
+            p.fix, p.rule, "not_run", "not measured: the run ended before this fix's trials", {}, []
+        )
+        for p in plan
+    ]
+
+
+def _report(
+    options: ProfileOptions,
+    diagnosed: _Diagnosed,
+    started: float,
+    outcomes: list[FixOutcome],
+    after: Run | None = None,
+    comparison: Comparison | None = None,
+    extra_notes: list[str | None] | None = None,
+    noise_rel: float | None = None,
+) -> Report:
     return Report(
         schema_version=SCHEMA_VERSION,
         command=reproduce_command(options),
         script=str(options.script),
-        environment=baseline.raw.device,
-        baseline=baseline,
+        environment=diagnosed.baseline.raw.device,
+        baseline=diagnosed.baseline,
+        findings=diagnosed.diagnosis.findings,
         after=after,
-        findings=findings,
-        plan=plan,
+        plan=diagnosed.plan,
         fix_outcomes=outcomes,
         applied_fixes=[o.fix for o in outcomes if o.status == "kept"],
         speedup=comparison.speedup if comparison else None,
         comparison=comparison,
-        notes=notes,
+        notes=[*diagnosed.notes, *(n for n in extra_notes or [] if n)],
         elapsed_s=time.monotonic() - started,
         loss_noise_rel=noise_rel,
     )
+
+
+def _confirm(
+    options: ProfileOptions,
+    diagnosed: _Diagnosed,
+    started: float,
+    outcomes: list[FixOutcome],
+    notes: list[str],
+    noise_rel: float | None,
+    echo: Echo,
+) -> Report:
+    """The fixes chosen by their trials, measured together in one fresh run: kept only if that
+    run is faster and trains the same; each kept or recommended fix gets its code change."""
+    chosen = [o for o in outcomes if o.status == "unconfirmed"]
+    after, comparison = None, None
+    verdicts: dict[str, tuple[FixStatus, str]] = {}
+    if chosen:
+        echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
+        merged = fixes.merge_overrides([o.settings for o in chosen])
+        after = _measure_run(_with_loader_overrides(options, "after", merged, show_output=False))
+        kept_fixes = [fixes.REGISTRY[o.fix] for o in chosen]
+        comparison = compare(
+            diagnosed.baseline,
+            after,
+            max(tolerance(fix, noise_rel) for fix in kept_fixes),
+            per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
+        )
+        status, reason = verdict(comparison)
+        if after.raw.status != "window_complete":
+            status, reason = "failed", after.raw.error or "the confirmation run did not complete"
+        verdicts = {o.fix: (status, reason) for o in chosen}
+    final = [_final(options, o, verdicts) for o in outcomes]
+    return _report(options, diagnosed, started, final, after, comparison, notes, noise_rel)
+
+
+def _final(
+    options: ProfileOptions, outcome: FixOutcome, verdicts: dict[str, tuple[FixStatus, str]]
+) -> FixOutcome:
+    """The outcome as the report keeps it: the confirmation's verdict for a chosen fix, and the
+    change to the user's script for what is kept or recommended."""
+    if outcome.fix in verdicts:
+        status, reason = verdicts[outcome.fix]
+        outcome = replace(outcome, status=status, reason=reason)
+    if outcome.status in ("kept", "recommended"):
+        outcome = replace(outcome, diff=fix_diff(options.script, outcome.fix, outcome.settings) or "")
+    return outcome
 
 
 def _noise_note(noise_rel: float | None) -> str:
@@ -332,53 +430,27 @@ def _noise_note(noise_rel: float | None) -> str:
     )
 
 
-def _tune_all(
-    plan: list[PlannedFix],
-    values: dict[str, Any],
-    options: ProfileOptions,
-    baseline: Run,
-    echo: Echo,
-    noise_rel: float | None = None,
-) -> list[FixOutcome]:
-    outcomes = []
-    for planned in plan:
-        if not planned.applicable:
-            outcomes.append(FixOutcome(planned.fix, planned.rule, "not_applicable", planned.reason, {}, []))
-            continue
-        fix = fixes.REGISTRY[planned.fix]
-        echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
-        trials = tune(fix, values, options, baseline, echo, noise_rel)
-        chosen = fix.choose(trials, float(values.get(fix.metric) or 0.0))
-        if chosen is not None:
-            outcomes.append(
-                FixOutcome(
-                    planned.fix,
-                    planned.rule,
-                    "kept",
-                    "chosen by the trials",
-                    chosen.overrides,
-                    trials,
-                    fix.describe(chosen),
-                )
-            )
-            continue
-        blocked = next((t for t in trials if t.status != "measured"), None)
-        if blocked is not None and not any(t.status == "measured" for t in trials):
-            status = blocked.status  # refused | failed | changed_training
-            outcomes.append(
-                FixOutcome(
-                    planned.fix, planned.rule, status, f"{blocked.label}: {blocked.reason}", {}, trials
-                )
-            )
+def _tune_fix(
+    planned: PlannedFix, diagnosed: _Diagnosed, options: ProfileOptions, echo: Echo, noise_rel: float | None
+) -> FixOutcome:
+    """One fix's trials and what they decide: chosen (`unconfirmed` until the confirmation run,
+    or `recommended` for a memory fix, which is not part of the speed run), or why not."""
+    fix = fixes.REGISTRY[planned.fix]
+    values = diagnosed.diagnosis.values
+    echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
+    trials = tune(fix, values, options, diagnosed.baseline, echo, noise_rel)
+    chosen = fix.choose(trials, float(values.get(fix.metric) or 0.0))
+    if chosen is not None:
+        described = fix.describe(chosen)
+        if fixes.goal(planned.fix) == "memory":
+            status, reason = "recommended", "measured in its own run; " + described
         else:
-            outcomes.append(
-                FixOutcome(
-                    planned.fix,
-                    planned.rule,
-                    "no_gain",
-                    fixes.no_gain(fix),
-                    {},
-                    trials,
-                )
-            )
-    return outcomes
+            status, reason = "unconfirmed", "chosen by its trials; the run ended before the confirmation run"
+        return FixOutcome(planned.fix, planned.rule, status, reason, chosen.overrides, trials, described)
+    blocked = next((t for t in trials if t.status != "measured"), None)
+    if blocked is not None and not any(t.status == "measured" for t in trials):
+        # refused | failed | changed_training
+        return FixOutcome(
+            planned.fix, planned.rule, blocked.status, f"{blocked.label}: {blocked.reason}", {}, trials
+        )
+    return FixOutcome(planned.fix, planned.rule, "no_gain", fixes.no_gain(fix), {}, trials)
