@@ -351,3 +351,21 @@ def test_script_that_exits_non_zero(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert "exits.py failed: the script exited with code 4" in result.stderr
     assert load_report(tmp_path / "r")["baseline"]["steps"] == 4
+
+
+def test_a_loop_that_updates_parameters_by_hand_is_profiled(tmp_path: Path) -> None:
+    """No optimizer and no trainadvisor.step(): each backward() ends a step, and the report says so."""
+    result = run_cli(
+        "profile", "--warmup", "3", "--steps", "10", "--no-fix", "--out", tmp_path / "r",
+        SCRIPTS / "hand_sgd.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = load_report(tmp_path / "r")
+    assert report["baseline"]["raw"]["step_source"] == "backward" and report["baseline"]["steps"] == 10
+    assert report["baseline"]["raw"]["steps_seen"] == 3 + 10 + 1 + 10  # stopped after the window
+    assert any(
+        note.startswith("No torch.optim optimizer was built, so each backward() ended")
+        for note in report["notes"]
+    )
+    losses = [s["loss"] for s in report["baseline"]["raw"]["steps"]]
+    assert all(loss is not None for loss in losses) and losses[0] > losses[-1]  # it trains

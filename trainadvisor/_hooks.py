@@ -48,6 +48,10 @@ class Recorder:
         self.config = config
         self.steps_seen = 0
         self.manual = False
+        # What ends a step: the first optimizer's step(), trainadvisor.step(), or, in a loop with
+        # no torch.optim optimizer at all (parameters updated by hand), each backward().
+        self.step_source = "optimizer"
+        self.optimizers_built = 0
         self.first_optimizer: int | None = None
         self.in_window = False
         self.window_done = False
@@ -110,14 +114,37 @@ class Recorder:
             self.boundary()
 
     def manual_step(self) -> None:
-        if not self.manual and self.steps_seen and not self.in_window and not self.window_done:
-            # Optimizer steps were counted before the first trainadvisor.step(): count afresh,
-            # so a loop that does both is not counted twice.
+        if not self.manual:
+            # Optimizer steps (or backward calls) were counted before the first
+            # trainadvisor.step(): count afresh, so a loop that does both is not counted twice.
+            self.count_afresh()
+        self.manual = True
+        self.step_source = "trainadvisor.step()"
+        self.boundary()
+
+    def count_afresh(self) -> None:
+        if self.steps_seen and not self.in_window and not self.window_done:
+            if self.step_source == "backward" and self.loss is None and self.losses:
+                # backward() closed the step that ends now: it keeps that step's loss and batches
+                self.loss = self.losses[-1]
+                self.step_batches = [b for b in self.batch_fingerprints[-1:] if b]
             self.steps_seen = 0
             self.losses.clear()
             self.batch_fingerprints.clear()
-        self.manual = True
-        self.boundary()
+
+    def optimizer_built(self) -> None:
+        """A torch.optim optimizer exists: its steps, not backward(), end training steps."""
+        self.optimizers_built += 1
+        if self.step_source == "backward":
+            self.count_afresh()
+            self.step_source = "optimizer"
+
+    def backward_done(self) -> None:
+        """In a loop without any optimizer (and without trainadvisor.step()), a backward() of a
+        scalar ends the step."""
+        if not self.manual and not self.optimizers_built:
+            self.step_source = "backward"
+            self.boundary()
 
     def boundary(self) -> None:
         if self.in_window and len(self.records) + 1 == self.config.steps:
@@ -266,6 +293,7 @@ class Recorder:
             window_steps=self.config.steps,
             profile_steps=self.config.profile_steps,
             steps_seen=self.steps_seen,
+            step_source=self.step_source,
             steps=self.records,
             loaders=self.loaders,
             device=device_info(),
@@ -410,10 +438,21 @@ def install(config: ChildConfig) -> Recorder:
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         recorder.loss_candidate(self)
         if recorder.loss_transform is not None and self.numel() == 1 and self.requires_grad:
-            return original_backward(recorder.loss_transform(self), *args, **kwargs)
-        return original_backward(self, *args, **kwargs)
+            result = original_backward(recorder.loss_transform(self), *args, **kwargs)
+        else:
+            result = original_backward(self, *args, **kwargs)
+        if self.numel() == 1:
+            recorder.backward_done()
+        return result
 
     recorder.patch(torch.Tensor, "backward", backward)
+    original_optimizer_init = torch.optim.Optimizer.__dict__["__init__"]
+
+    def optimizer_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original_optimizer_init(self, *args, **kwargs)
+        recorder.optimizer_built()
+
+    recorder.patch(torch.optim.Optimizer, "__init__", optimizer_init)
 
     if config.non_blocking_h2d and torch.cuda.is_available():
         switches.install_non_blocking_copies(recorder)

@@ -136,6 +136,9 @@ class RawRun:
     # torch's state read in the child at the window: flags, optimizer, CUDA memory statistics
     runtime: dict[str, Any] = field(default_factory=dict)
     ended_unix_s: float | None = None  # when the child last wrote this (its failure, say)
+    # what ended each step: "optimizer" (the first torch.optim optimizer's step()),
+    # "trainadvisor.step()", or "backward" (a loop without any optimizer)
+    step_source: str = "optimizer"
     rank: int | None = None  # under torchrun: this run's global rank
     ranks: list[RawRun] = field(default_factory=list)  # under torchrun: every rank's run
 

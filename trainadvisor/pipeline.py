@@ -41,8 +41,9 @@ SITE_KEYS = ("sync_site", "sync_sites", "cpu_tensor_site", "cpu_tensor_sites")
 SITE_STEPS = 3
 
 STEP_MARKING_HELP = (
-    "trainadvisor finds steps through torch.optim optimizers' step() (global optimizer hooks). "
-    "If your loop does not call optimizer.step(), add `import trainadvisor` and call "
+    "trainadvisor finds steps through torch.optim optimizers' step() (global optimizer hooks), "
+    "or, where no optimizer is built, through backward(). If your loop does neither, add "
+    "`import trainadvisor` and call "
     "`trainadvisor.step()` once at the end of every training step; outside trainadvisor the "
     "call does nothing."
 )
@@ -302,6 +303,11 @@ def _diagnose_baseline(
     """The rules over the baseline; when a finding names lines of code, the baseline's trace
     measurements gain the call sites of a separate run traced with Python stacks."""
     notes = []
+    if baseline.raw.step_source == "backward":
+        notes.append(
+            "No torch.optim optimizer was built, so each backward() ended a training step (a loop "
+            "that updates its parameters by hand); call trainadvisor.step() to mark steps yourself."
+        )
     if 0 < baseline.steps < options.steps:
         notes.append(f"The script ended after {baseline.steps} of the {options.steps} timed steps.")
     diagnosis = engine.diagnose(named_measurements(baseline), rules)
