@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainadvisor import _hooks
+from trainadvisor.measure import hooks
 
 
 def step_time_us(loader: DataLoader, weight: torch.Tensor, optimizer: torch.optim.Optimizer) -> float:
@@ -45,7 +45,7 @@ def main() -> None:
         # A window of one step after one warmup step: every measured step comes after the window,
         # as in a --run-to-end run. (Warmup and window steps also fingerprint their batches and
         # keep their losses: tens of microseconds more, for a few dozen steps.)
-        config = _hooks.ChildConfig(
+        config = hooks.ChildConfig(
             label="bench",
             result_file=str(Path(tmp) / "r.json"),
             trace_file=None,
@@ -57,7 +57,7 @@ def main() -> None:
         )
         for _ in range(args.rounds):  # alternate, so drift of the machine hits both alike
             plain.append(step_time_us(loader, weight, optimizer))
-            recorder = _hooks.install(config)
+            recorder = hooks.install(config)
             hooked.append(step_time_us(loader, weight, optimizer))
             recorder.uninstall()
     cost_us = statistics.median(h - p for h, p in zip(hooked, plain))

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, load_report, processes_running
 
-from trainadvisor import _hooks, _serial, fixes
+from trainadvisor import _serial, fixes
+from trainadvisor.measure import hooks
 from trainadvisor.measure.runner import RunSpec, _result
 
 
@@ -20,7 +21,7 @@ def test_a_child_that_cannot_save_its_measurements_says_why(
 ) -> None:
     """Not "ended with exit code 0 before anything was recorded": the write's own error."""
     result_file = tmp_path / "baseline.result.json"
-    recorder = _hooks.Recorder(_hooks.ChildConfig("baseline", str(result_file), None, 0, 1, 0, True, None))
+    recorder = hooks.Recorder(hooks.ChildConfig("baseline", str(result_file), None, 0, 1, 0, True, None))
 
     def full(*_: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -8,6 +8,7 @@ import gzip
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,10 @@ from conftest import EXAMPLES, ROOT, load_report, run_cli
 
 from trainadvisor import fixes
 from trainadvisor.analysis.summary import attach_trace
-from trainadvisor.compare import loss_check
 from trainadvisor.fixes.batch_size import BatchSize
+from trainadvisor.judge import loss_check
 from trainadvisor.measure.runner import RunSpec, measure
-from trainadvisor.model import LoaderInfo, RawRun, Trial
+from trainadvisor.records import LoaderInfo, Overrides, RawRun, Trial
 
 GPU = {
     "cuda_used": True, "dataloader_call_site": "train.py:12", "batch_size": 32, "pin_memory": False,
@@ -71,7 +72,7 @@ def test_why_a_fix_cannot_be_tried(fix_id: str, change: dict[str, Any], reason: 
 
 
 def _trial(size: int, samples_per_s: float | None, status: str = "measured", peak_pct: float = 50.0) -> Trial:
-    overrides = {"loaders": {"train.py:12": {"batch_size": size}}, "non_blocking_h2d": False, "runtime": {}}
+    overrides = Overrides({"train.py:12": {"batch_size": size}})
     raw = RawRun("t", "window_complete", 0, None, 5, 20, 0, 25, [], [], None)
     raw.runtime = {"cuda_memory": {"peak_reserved_bytes": int(peak_pct * 1e7), "total_bytes": int(1e9)}}
     raw.loaders = [
@@ -95,9 +96,9 @@ def test_batch_size_search_doubles_while_it_pays_and_stops_at_oom_or_memory() ->
     assert fix.next_candidate(GPU, full) is None
     capped = [_trial(s, 1000.0 * 1.5**i) for i, s in enumerate((64, 128, 256, 512), start=1)]
     assert fix.next_candidate(GPU, capped) is None  # 16x the original batch is the limit
-    assert fix.choose(flat, 1000.0) is flat[1]
-    assert fix.choose([_trial(64, 1040.0)], 1000.0) is None  # < 5% more samples/s
-    assert fix.describe(flat[1]) == (
+    assert fix.choose(flat, {"samples_per_s": 1000.0}) is flat[1]
+    assert fix.choose([_trial(64, 1040.0)], {"samples_per_s": 1000.0}) is None  # < 5% more samples/s
+    assert fix.describe(flat[1], GPU) == (
         "batch_size=128 (from 32): scale the learning rate by 4 (linear rule, SGD) or 2 "
         "(square-root rule, Adam) and warm it up"
     )
@@ -105,31 +106,29 @@ def test_batch_size_search_doubles_while_it_pays_and_stops_at_oom_or_memory() ->
 
 def test_pin_memory_pins_the_loader_that_fed_the_steps_and_copies_without_blocking() -> None:
     setting = fixes.REGISTRY["pin-memory"].next_candidate(GPU, [])
-    assert setting.overrides == {
-        "loaders": {"train.py:12": {"pin_memory": True}}, "non_blocking_h2d": True, "runtime": {},
-    }  # fmt: skip
+    assert setting.overrides == Overrides({"train.py:12": {"pin_memory": True}}, non_blocking_h2d=True)
     assert fixes.REGISTRY["pin-memory"].next_candidate(GPU, [setting]) is None  # one candidate
 
 
 def test_switch_fixes_try_once_and_keep_only_a_gain() -> None:
     amp = fixes.REGISTRY["amp"]
     setting = amp.next_candidate(GPU, [])
-    assert setting is not None and setting.overrides["runtime"] == {"amp": "bf16"}
+    assert setting is not None and setting.overrides.runtime == {"amp": "bf16"}
     fp16 = amp.next_candidate({**GPU, "bf16_supported": False, "optimizers": 1}, [])
-    assert fp16 is not None and fp16.overrides["runtime"] == {"amp": "fp16"}  # with a GradScaler
+    assert fp16 is not None and fp16.overrides.runtime == {"amp": "fp16"}  # with a GradScaler
     trial = Trial(setting.label, setting.overrides, "measured", 12.0, None)
     assert amp.next_candidate(GPU, [trial]) is None
-    assert amp.choose([trial], 10.0) is trial
-    assert amp.choose([trial], 11.5) is None  # 4% is not a reliable gain
+    assert amp.choose([trial], {"steps_per_s": 10.0}) is trial
+    assert amp.choose([trial], {"steps_per_s": 11.5}) is None  # 4% is not a reliable gain
     assert fixes.merge_overrides(
-        [setting.overrides, fixes.REGISTRY["tf32"].next_candidate(GPU, []).overrides]
-    )["runtime"] == {"amp": "bf16", "tf32": True}  # type: ignore[union-attr]
+        [setting.overrides, fixes.REGISTRY["tf32"].next_candidate(GPU, []).overrides]  # type: ignore[union-attr]
+    ).runtime == {"amp": "bf16", "tf32": True}
 
 
 def _run(out: Path, label: str, runtime: dict[str, Any]) -> RawRun:
     spec = RunSpec(
         label=label, script=EXAMPLES / "small_batch.py", args=["--epochs", "1"], out_dir=out,
-        warmup=2, steps=10, show_output=False, runtime_overrides=runtime,
+        warmup=2, steps=10, show_output=False, overrides=Overrides(runtime=runtime),
     )  # fmt: skip
     return measure(spec)
 
@@ -228,7 +227,7 @@ def test_examples_run_on_cpu(script: str, args: list[str]) -> None:
 def _accumulation_trial(k: int, peak_bytes: int, steps_per_s: float) -> Trial:
     setting = fixes.REGISTRY["grad-accumulation"].next_candidate(MEMORY, [])
     assert setting is not None
-    overrides = {**setting.overrides, "runtime": {"grad_accumulation": k}}
+    overrides = replace(setting.overrides, runtime={"grad_accumulation": k})
     raw = RawRun("t", "window_complete", 0, None, 5, 20, 0, 25, [], [], None)
     raw.runtime = {"cuda_memory": {"peak_reserved_bytes": peak_bytes, "total_bytes": 40 * 10**9}}
     return Trial(f"k={k}", overrides, "measured", steps_per_s, None, raw)
@@ -251,19 +250,19 @@ def test_grad_accumulation_applies_only_where_the_loop_allows_it() -> None:
     assert fix.not_applicable({**MEMORY, "optimizers": 2}).startswith("the script steps several")  # type: ignore[union-attr]
     assert fix.not_applicable({**MEMORY, "batch_size": 63}).startswith("batch_size=63 is odd")  # type: ignore[union-attr]
     first = fix.next_candidate(MEMORY, [])
-    assert first is not None and first.overrides["loaders"] == {"train.py:12": {"batch_size": 32}}
-    assert first.overrides["runtime"] == {"grad_accumulation": 2}
+    assert first is not None and first.overrides.loaders == {"train.py:12": {"batch_size": 32}}
+    assert first.overrides.runtime == {"grad_accumulation": 2}
 
 
 def test_grad_accumulation_keeps_the_fewest_micro_batches_that_relieve_memory() -> None:
     fix = fixes.REGISTRY["grad-accumulation"]
     too_little = _accumulation_trial(2, 36 * 10**9, 9.5)  # -5%: not enough
-    assert fix.next_candidate(MEMORY, [too_little]).overrides["runtime"] == {"grad_accumulation": 4}  # type: ignore[union-attr]
+    assert fix.next_candidate(MEMORY, [too_little]).overrides.runtime == {"grad_accumulation": 4}  # type: ignore[union-attr]
     relieved = _accumulation_trial(4, 25 * 10**9, 8.5)
     assert fix.next_candidate(MEMORY, [too_little, relieved]) is None
-    assert fix.choose([too_little, relieved], 38e9) is relieved
-    assert fix.choose([_accumulation_trial(2, 20 * 10**9, 7.0)], 38e9) is None  # 70% of the speed
-    assert fix.describe(relieved) == "k=4: peak reserved 38.00 -> 25.00 GB at 0.85x the throughput"
+    assert fix.choose([too_little, relieved], MEMORY) is relieved
+    assert fix.choose([_accumulation_trial(2, 20 * 10**9, 7.0)], MEMORY) is None  # 70% of the speed
+    assert fix.describe(relieved, MEMORY) == "k=4: peak reserved 38.00 -> 25.00 GB at 0.85x the throughput"
     assert fixes.goal("grad-accumulation") == "memory" and fixes.goal("amp") == "throughput"
 
 
@@ -275,13 +274,14 @@ def test_gradient_accumulation_and_fp16_loss_scaling_run_for_real(tmp_path: Path
     accumulated = measure(
         RunSpec(
             "accum", EXAMPLES / "small_batch.py", args, tmp_path, 2, 10, show_output=False,
-            loader_overrides={plain.loaders[0].created_at: {"batch_size": 16}},
-            runtime_overrides={"grad_accumulation": 2},
+            overrides=Overrides(
+                {plain.loaders[0].created_at: {"batch_size": 16}}, runtime={"grad_accumulation": 2}
+            ),
         )
     )  # fmt: skip
     fp16 = measure(
         RunSpec("fp16", EXAMPLES / "small_batch.py", args, tmp_path, 2, 10, show_output=False,
-                runtime_overrides={"amp": "fp16"})
+                overrides=Overrides(runtime={"amp": "fp16"}))
     )  # fmt: skip
     assert plain.status == accumulated.status == fp16.status == "window_complete"
     assert accumulated.loaders[0].overrides_applied == {"batch_size": 16}

@@ -18,10 +18,9 @@ import pytest
 import torch
 from conftest import EXAMPLES, ROOT, SCRIPTS, load_report, run_cli
 
-from trainadvisor import _hooks
-from trainadvisor.measure import gpu, loaders, switches
+from trainadvisor.measure import gpu, hooks, loaders, switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
-from trainadvisor.model import LoaderInfo
+from trainadvisor.records import LoaderInfo, Overrides
 
 FAKES = ROOT / "tests" / "fakes"
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "uuid": "2f5e8c3a-0d1b-4b7e-9a55-0c1d2e3f4a5b"}
@@ -58,7 +57,7 @@ def test_a_gpu_run_measures_its_window_edges_memory_and_device(tmp_path: Path, f
     activity after one warmup step; NVML samples the GPU the child named, by UUID."""
     spec = RunSpec(
         "gpu", EXAMPLES / "small_batch.py", ["--epochs", "1", "--device", "cpu"], tmp_path / "out",
-        warmup=3, steps=8, show_output=False, non_blocking_h2d=True,
+        warmup=3, steps=8, show_output=False, overrides=Overrides(non_blocking_h2d=True),
     )  # fmt: skip
     raw = measure(spec)
     assert raw.status == "window_complete", raw.error
@@ -156,7 +155,7 @@ def test_every_torchrun_rank_names_its_own_gpu(tmp_path: Path) -> None:
 
 
 class _Recorder:
-    """What the switches need of `_hooks.Recorder`: patches it undoes."""
+    """What the switches need of `hooks.Recorder`: patches it undoes."""
 
     def __init__(self) -> None:
         self.loss_transform: Any = None
@@ -216,7 +215,7 @@ def test_fp16_with_a_scheduler_and_clipping_runs_under_profile_trials(tmp_path: 
     norms = tmp_path / "norms.txt"
     spec = RunSpec(
         "fp16", SCRIPTS / "scheduled_clipped.py", ["--norms", str(norms)], tmp_path,
-        warmup=2, steps=5, show_output=False, runtime_overrides={"amp": "fp16"},
+        warmup=2, steps=5, show_output=False, overrides=Overrides(runtime={"amp": "fp16"}),
     )  # fmt: skip
     raw = measure(spec)
     assert raw.status == "window_complete", raw.error
@@ -259,14 +258,14 @@ def test_batches_in_any_mapping_or_sequence_are_counted() -> None:
     """Hugging Face's BatchEncoding is a UserDict, not a dict."""
     Batch = namedtuple("Batch", "inputs labels")
     batch = UserDict({"input_ids": torch.zeros(8, 5), "extra": [torch.ones(8), (torch.ones(8),)]})
-    assert len(list(_hooks.batch_tensors(batch))) == 3
-    assert len(list(_hooks.batch_tensors(Batch(torch.ones(4), torch.ones(4))))) == 2
-    assert list(_hooks.batch_tensors("text")) == []
+    assert len(list(hooks.batch_tensors(batch))) == 3
+    assert len(list(hooks.batch_tensors(Batch(torch.ones(4), torch.ones(4))))) == 2
+    assert list(hooks.batch_tensors("text")) == []
 
 
 def test_a_recorded_batch_in_a_user_dict_counts_its_samples_and_fingerprint(tmp_path: Path) -> None:
-    config = _hooks.ChildConfig("t", str(tmp_path / "r.json"), None, 0, 5, 0, False, None)
-    recorder = _hooks.Recorder(config)
+    config = hooks.ChildConfig("t", str(tmp_path / "r.json"), None, 0, 5, 0, False, None)
+    recorder = hooks.Recorder(config)
     recorder.in_window = True
     recorder.data_wait(0.001, UserDict({"input_ids": torch.arange(12).reshape(6, 2)}))
     assert (
@@ -278,7 +277,7 @@ def test_a_recorded_batch_in_a_user_dict_counts_its_samples_and_fingerprint(tmp_
 
 def test_the_patched_tensor_methods_are_inherited_ones_and_come_back() -> None:
     """`Tensor.to`/`.cuda` live on torch._C.TensorBase; patching them read `Tensor.__dict__`."""
-    recorder = _hooks.Recorder(_hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None))
+    recorder = hooks.Recorder(hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None))
     switches.install_non_blocking_copies(recorder)
     assert "to" in torch.Tensor.__dict__ and "cuda" in torch.Tensor.__dict__
     recorder.uninstall()
@@ -291,7 +290,7 @@ def test_only_a_dataloader_batch_is_copied_without_blocking(monkeypatch: pytest.
     # Spies on the boundary (the CPU build has no working .cuda()), installed before the patch.
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: seen.append(("to", k)) or self)
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: seen.append(("cuda", k)) or self)
-    recorder = _hooks.Recorder(_hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None))
+    recorder = hooks.Recorder(hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None))
     switches.install_non_blocking_copies(recorder)
     batch, own = torch.ones(2), torch.ones(2)
     batch._trainadvisor_batch = True  # type: ignore[attr-defined]
@@ -306,8 +305,8 @@ def test_only_a_dataloader_batch_is_copied_without_blocking(monkeypatch: pytest.
 
 
 def test_data_wait_marks_pinned_batches_for_non_blocking_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = _hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None, non_blocking_h2d=True)
-    recorder = _hooks.Recorder(config)
+    config = hooks.ChildConfig("t", "r.json", None, 0, 1, 0, False, None, Overrides(non_blocking_h2d=True))
+    recorder = hooks.Recorder(config)
     pinned, pageable = torch.ones(2), torch.ones(2)
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: self is pinned)  # no GPU: nothing pins
     recorder.data_wait(0.0, (pinned, pageable))

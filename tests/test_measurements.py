@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from trainadvisor.analysis.summary import named_measurements, percentile, stats, summarize
-from trainadvisor.compare import compare, judge_trial, loss_change, loss_check, verdict
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
-from trainadvisor.model import DeviceInfo, Finding, LoaderInfo, RawRun, StepRecord, Trial
+from trainadvisor.judge import compare, judge_trial, loss_change, loss_check, verdict
+from trainadvisor.records import DeviceInfo, Finding, LoaderInfo, Overrides, RawRun, StepRecord, Trial
 
 
 def raw(
@@ -181,9 +181,7 @@ def trial(
     loader = {"num_workers": workers, "persistent_workers": True}
     if prefetch:
         loader["prefetch_factor"] = prefetch
-    return Trial(
-        f"w{workers}", {"loaders": {"0": loader}, "non_blocking_h2d": False}, status, steps_per_s, None
-    )
+    return Trial(f"w{workers}", Overrides({"0": loader}), status, steps_per_s, None)
 
 
 def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
@@ -191,11 +189,7 @@ def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
     values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0}
     first = fix.next_candidate(values, [])
     assert first.label == "num_workers=2"
-    assert first.overrides == {
-        "loaders": {"train.py:12": {"num_workers": 2, "persistent_workers": True}},
-        "non_blocking_h2d": False,
-        "runtime": {},
-    }
+    assert first.overrides == Overrides({"train.py:12": {"num_workers": 2, "persistent_workers": True}})
     assert fix.next_candidate(values, [trial(2, 20.0)]).label == "num_workers=4"
     # 8 workers gained less than 10% over 4: the search stops doubling and tries prefetch at 4.
     done = [trial(2, 20.0), trial(4, 35.0), trial(8, 36.0)]
@@ -213,21 +207,20 @@ def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
 def test_worker_choice_prefers_the_simpler_setting_within_noise() -> None:
     fix = DataLoaderWorkers()
     trials = [trial(2, 20.0), trial(4, 35.0), trial(4, 36.0, prefetch=4)]
-    assert fix.choose(trials, 10.0) is trials[1]  # prefetch gained < 5%
+    baseline = {"steps_per_s": 10.0}
+    assert fix.choose(trials, baseline) is trials[1]  # prefetch gained < 5%
     trials[2].steps_per_s = 40.0
-    assert fix.choose(trials, 10.0) is trials[2]
-    assert fix.choose([trial(2, 10.4)], 10.0) is None  # < 5% over the baseline
-    assert fix.describe(trials[2]) == "num_workers=4, persistent_workers=True, prefetch_factor=4"
+    assert fix.choose(trials, baseline) is trials[2]
+    assert fix.choose([trial(2, 10.4)], baseline) is None  # < 5% over the baseline
+    assert fix.describe(trials[2], baseline) == "num_workers=4, persistent_workers=True, prefetch_factor=4"
 
 
 def test_cuda_runs_also_pin_memory_and_copy_without_blocking() -> None:
     values = {"dataloader_call_site": "t.py:3", "num_workers": 0, "cpu_count": 8, "cuda_used": True}
     setting = DataLoaderWorkers().next_candidate(values, [])
-    assert setting.overrides == {
-        "loaders": {"t.py:3": {"num_workers": 2, "persistent_workers": True, "pin_memory": True}},
-        "non_blocking_h2d": True,
-        "runtime": {},
-    }
+    assert setting.overrides == Overrides(
+        {"t.py:3": {"num_workers": 2, "persistent_workers": True, "pin_memory": True}}, non_blocking_h2d=True
+    )
 
 
 def test_plan_lists_each_fix_once_with_why_it_cannot_apply() -> None:
@@ -243,13 +236,11 @@ def test_plan_lists_each_fix_once_with_why_it_cannot_apply() -> None:
 def test_merge_overrides() -> None:
     merged = merge_overrides(
         [
-            {"loaders": {"0": {"num_workers": 4}}, "non_blocking_h2d": False},
-            {"loaders": {"0": {"pin_memory": True}, "1": {"num_workers": 2}}, "non_blocking_h2d": True},
-            {"loaders": {}, "non_blocking_h2d": False, "runtime": {"tf32": True}},
+            Overrides({"0": {"num_workers": 4}}),
+            Overrides({"0": {"pin_memory": True}, "1": {"num_workers": 2}}, non_blocking_h2d=True),
+            Overrides(runtime={"tf32": True}),
         ]
     )
-    assert merged == {
-        "loaders": {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}},
-        "non_blocking_h2d": True,
-        "runtime": {"tf32": True},
-    }
+    assert merged == Overrides(
+        {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}}, True, {"tf32": True}
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import EXAMPLES, SCRIPTS, load_report, processes_running, run_cli
 
-from trainadvisor.compare import KEEP_MIN_SPEEDUP
+from trainadvisor.judge import KEEP_MIN_SPEEDUP
 
 RUN_KEYS = {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"}
 

@@ -108,7 +108,7 @@ def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
 
 
 def test_the_loss_sentence_states_the_tolerance_it_was_held_to() -> None:
-    from trainadvisor.model import LossCheck
+    from trainadvisor.records import LossCheck
     from trainadvisor.report import loss_sentence
 
     amp = LossCheck(25, 0.031, 0.0129, 0.05, True, same_batches=True)

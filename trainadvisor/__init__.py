@@ -30,7 +30,7 @@ def step() -> None:
     Needed only when the script does not step a `torch.optim` optimizer (steps are found through
     the optimizers' global step hooks otherwise). Once called, optimizer steps are no longer
     counted, so a step is never counted twice. Outside a trainadvisor run this is a no-op."""
-    from trainadvisor import _hooks
+    from trainadvisor.measure import hooks
 
-    if _hooks.ACTIVE is not None:
-        _hooks.ACTIVE.manual_step()
+    if hooks.ACTIVE is not None:
+        hooks.ACTIVE.manual_step()

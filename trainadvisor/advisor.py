@@ -38,14 +38,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from trainadvisor import _hooks, engine, fixes
+from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.errors import UsageError
-from trainadvisor.measure import gpu
+from trainadvisor.measure import gpu, hooks
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
-from trainadvisor.model import SCHEMA_VERSION, FixOutcome, RawRun, Report, StepRecord
-from trainadvisor.pipeline import ProfileOptions, reproduce_command
+from trainadvisor.profile import ProfileOptions, reproduce_command
+from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report, StepRecord
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -73,7 +73,7 @@ class Advisor:
             raise ValueError("advise: warmup and steps must be at least 1")
         self.warmup, self.steps = warmup, steps
         self.profile_steps = min(PROFILE_STEPS, steps)
-        self.traced_steps = _hooks.PROFILER_WARMUP_STEPS + self.profile_steps  # after the timed ones
+        self.traced_steps = hooks.PROFILER_WARMUP_STEPS + self.profile_steps  # after the timed ones
         self.gpu = gpu.GpuWindow()
         self.device: int | None = None  # the GPU the step's losses were on
         self.out = Path(out) if out is not None else DEFAULT_OUT
@@ -98,7 +98,7 @@ class Advisor:
         self.optimizer_ids: set[int] = set()
         self._undo: list[Callable[[], None]] = []
         self._started = time.monotonic()
-        if _hooks.ACTIVE is not None:
+        if hooks.ACTIVE is not None:
             # Under `trainadvisor profile`, which measures this script already (and a second
             # profiler session in one process can crash torch).
             self.active = False
@@ -123,7 +123,7 @@ class Advisor:
         try:
             self.call_start = time.perf_counter()
             if self._in_window():
-                tensors = list(_hooks.batch_tensors([args, kwargs or {}]))
+                tensors = list(hooks.batch_tensors([args, kwargs or {}]))
                 if tensors and tensors[0].dim() > 0:
                     self.samples = int(tensors[0].shape[0])
         except Exception as exc:
@@ -233,7 +233,7 @@ class Advisor:
         self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
 
     def _start_profiler(self) -> None:
-        self.profiler = _hooks.start_profiler(self.profile_steps)
+        self.profiler = hooks.start_profiler(self.profile_steps)
 
     def _cleanup(self) -> None:
         """Stop the profiler and the sampler thread and undo the patches: torch as it was. Each
@@ -293,7 +293,7 @@ class Advisor:
         if profiler is not None:
             profiler.stop()
             (self.out / trace_rel).parent.mkdir(parents=True, exist_ok=True)
-            _hooks.export_trace(profiler, self.out / trace_rel)
+            hooks.export_trace(profiler, self.out / trace_rel)
         if sampler is not None:
             sampler.stop()
             self.sampler = None
@@ -319,7 +319,7 @@ class Advisor:
             steps_seen=self.calls,
             steps=self.records,
             loaders=[],
-            device=_hooks.device_info(),
+            device=hooks.device_info(),
             window_start_unix_s=self.window_start_unix_s,
             losses=[*([None] * self.warmup), *losses],
             trace_file=trace_rel if profiler is not None else None,
@@ -344,7 +344,7 @@ class Advisor:
         outcomes = [
             FixOutcome(
                 p.fix, p.rule, "needs_restart" if p.applicable else "not_applicable",
-                restart if p.applicable else p.reason, {}, [],
+                restart if p.applicable else p.reason, Overrides(), [],
             )
             for p in plan
         ]  # fmt: skip

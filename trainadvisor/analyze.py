@@ -15,7 +15,7 @@ from trainadvisor.analysis.kineto import TraceAnalysis, analyze_trace
 from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.analysis.summary import stats, window_throughputs
 from trainadvisor.errors import UsageError
-from trainadvisor.model import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
+from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 

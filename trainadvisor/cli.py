@@ -14,7 +14,7 @@ import click
 
 from trainadvisor import __version__
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
-from trainadvisor.model import Report
+from trainadvisor.records import Report
 from trainadvisor.report import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -160,7 +160,7 @@ def profile_command(
     Example:
       trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
     """
-    from trainadvisor.pipeline import ProfileOptions, profile
+    from trainadvisor.profile import ProfileOptions, profile
 
     options = ProfileOptions(
         torchrun=torchrun_options(nproc_per_node, launcher),
@@ -175,6 +175,7 @@ def profile_command(
         run_to_end=run_to_end,
         apply_fixes=not no_fix,
     )
+
     def work() -> int:
         saved: list[Report] = []
 
@@ -403,7 +404,7 @@ def compare(max_regression: float, output: str, which: str, base: Path, head: Pa
     """
 
     def work() -> int:
-        from trainadvisor.regression import compare_reports, comparison_json, comparison_markdown
+        from trainadvisor.compare import compare_reports, comparison_json, comparison_markdown
 
         try:
             result = compare_reports(_load(base), _load(head), max_regression, which)

@@ -1,22 +1,23 @@
-"""The change a kept fix asks of the user's script, as a unified diff against the script itself.
+"""Editing the user's script for a fix's code change (each fix's `code_change` says what to
+edit; `fixes.code_diff` turns it into a unified diff against the script itself).
 
 The source is parsed with libcst (a concrete syntax tree: comments, spacing and layout are kept)
 and only the call a fix is about is changed: the `DataLoader(...)` at the call site the run
 recorded, or the torch optimizer's constructor; switches that are set once (TF32, cuDNN
-autotuning) go after the script's imports. A fix whose change has no single place in the code
-(autocast around the forward pass, gradient accumulation) gets no diff: its finding carries the
-code to write. Pure: reads the script, returns text."""
+autotuning) go after the script's imports. Pure: text in, text out."""
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-_OPTIMIZERS = {"Adam", "AdamW", "SGD", "Adagrad"}
+if TYPE_CHECKING:
+    from trainadvisor.records import Overrides
+
 # DataLoader's positional parameters, in order (an argument given by position is replaced there)
 _DATALOADER_POSITIONS = (
     "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
@@ -24,7 +25,7 @@ _DATALOADER_POSITIONS = (
 )  # fmt: skip
 
 
-class _NoPlace(Exception):
+class NoPlace(Exception):
     """The call cannot be changed safely (`**kwargs`, an explicit conflicting argument)."""
 
 
@@ -42,7 +43,7 @@ def _with_keywords(call: cst.Call, keywords: dict[str, Any], positions: tuple[st
     trailing comma, and the line break after it, stay at the end)."""
     args = list(call.args)
     if any(a.star for a in args):
-        raise _NoPlace("the call passes *args or **kwargs")
+        raise NoPlace("the call passes *args or **kwargs")
     positional = [i for i, a in enumerate(args) if a.keyword is None]
     for key, value in keywords.items():
         expression = cst.parse_expression(repr(value))
@@ -141,7 +142,7 @@ def _names_in(node: cst.CSTNode) -> list[cst.Name]:
     return []
 
 
-def _edit_calls(
+def edit_calls(
     source: str,
     names: set[str],
     line: int | None,
@@ -155,8 +156,11 @@ def _edit_calls(
     return changed.code if editor.changed else None
 
 
-def _after_imports(source: str, lines: list[str]) -> str:
-    """`lines` as statements after the module's last top-level import."""
+def after_imports(source: str, lines: list[str]) -> str:
+    """`lines` as statements after the module's last top-level import (with `import torch`
+    first when the script has no such line: the statements need the name)."""
+    if "import torch\n" not in source:
+        lines = ["import torch", *lines]
     module = cst.parse_module(source)
     body = list(module.body)
     last = max(
@@ -168,7 +172,7 @@ def _after_imports(source: str, lines: list[str]) -> str:
     return module.with_changes(body=[*body[: last + 1], *new, *body[last + 1 :]]).code
 
 
-def _diff(path: Path, before: str, after: str) -> str:
+def unified_diff(path: Path, before: str, after: str) -> str:
     name = path.name
     return "".join(
         difflib.unified_diff(
@@ -177,50 +181,16 @@ def _diff(path: Path, before: str, after: str) -> str:
     )
 
 
-def _tf32_lines(source: str) -> list[str]:
-    """TF32 in the API the script already uses: torch >= 2.9's `fp32_precision` (mixing it with
-    the legacy `allow_tf32` flags makes torch raise when the flags are read), else the legacy
-    flags, which every torch version reads."""
-    if "fp32_precision" in source:
-        return [
-            'torch.backends.cuda.matmul.fp32_precision = "tf32"',
-            'torch.backends.cudnn.conv.fp32_precision = "tf32"',
-        ]
-    return ["torch.backends.cuda.matmul.allow_tf32 = True", "torch.backends.cudnn.allow_tf32 = True"]
-
-
-def fix_diff(script: Path, fix: str, settings: dict[str, Any]) -> str | None:
-    """The unified diff that makes `script` do what the kept `fix` did at run time, or None when
-    the fix has no single place in the code (or the script cannot be read or parsed)."""
-    try:
-        before = script.read_text()
-        after = _changed(script, before, fix, settings)
-    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, _NoPlace):
-        return None  # unreadable, unparsable, or no safe place: the report goes on without a diff
-    return _diff(script, before, after) if after is not None and after != before else None
-
-
-def _changed(script: Path, source: str, fix: str, settings: dict[str, Any]) -> str | None:
-    runtime = settings.get("runtime", {})
-    if settings.get("loaders"):
-        edited: str | None = source
-        for site, keywords in settings["loaders"].items():
-            file, _, line = site.rpartition(":")
-            if Path(file).resolve() != script.resolve() or not line.isdigit() or edited is None:
-                return None  # the DataLoader is built in another file
-            edited = _edit_calls(edited, {"DataLoader"}, int(line), keywords, _DATALOADER_POSITIONS)
-        if edited is not None and settings.get("non_blocking_h2d"):
-            edited = cst.parse_module(edited).visit(_BatchCopyEditor()).code
-        return edited
-    if runtime.get("fused_optimizer"):
-        return _edit_calls(
-            source, _OPTIMIZERS, None, {"fused": True}, conflicts=("fused", "foreach", "differentiable")
-        )
-    lines = []
-    if runtime.get("tf32"):
-        lines += _tf32_lines(source)
-    if runtime.get("cudnn_benchmark"):
-        lines.append("torch.backends.cudnn.benchmark = True")
-    if lines and "import torch\n" not in source:
-        lines.insert(0, "import torch")  # the flags need the name `torch`
-    return _after_imports(source, lines) if lines else None
+def loader_change(source: str, script: Path, overrides: Overrides) -> str | None:
+    """The DataLoader(...) calls the overrides name (by call site) with their arguments set, and
+    `non_blocking=True` on the loop's copies of its batches when asked; None when a loader is
+    built in another file."""
+    edited: str | None = source
+    for site, keywords in overrides.loaders.items():
+        file, _, line = site.rpartition(":")
+        if Path(file).resolve() != script.resolve() or not line.isdigit() or edited is None:
+            return None  # the DataLoader is built in another file
+        edited = edit_calls(edited, {"DataLoader"}, int(line), keywords, _DATALOADER_POSITIONS)
+    if edited is not None and overrides.non_blocking_h2d:
+        edited = cst.parse_module(edited).visit(_BatchCopyEditor()).code
+    return edited

@@ -1,184 +1,170 @@
-"""Before/after: speedup with its spread over windows, and whether training stayed the same.
-Pure functions over measured runs."""
+"""`trainadvisor compare BASE HEAD`: two saved reports, metric by metric, with run-to-run noise
+taken into account, and a verdict a CI job can gate on. Pure: reads reports, returns data."""
 
 from __future__ import annotations
 
-import math
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
-from trainadvisor.analysis.summary import main_loader, percentile
-from trainadvisor.model import Comparison, LossCheck, RawRun, Run
-
-# With the same batches (same fingerprints) in both runs, the loss of each step must agree to
-# this relative difference: fixes that only change how batches are loaded give bit-identical
-# losses on the same machine, and the tolerance leaves room for non-deterministic kernels only.
-LOSS_TOLERANCE_REL = 1e-4
-# With different batches (random augmentation drawn from per-worker generators) single steps
-# cannot be compared; the mean loss over the shared steps must agree to this.
-MEAN_LOSS_TOLERANCE_REL = 0.10
-
-# A change is kept when the slow windows after it (10th percentile of window throughput) beat
-# the fast windows before it (90th percentile) and throughput gains at least this much.
-KEEP_MIN_SPEEDUP = 1.05
-
-# A trial whose window repeats batches this much more often than the baseline's hands workers
-# the same samples (an IterableDataset that does not shard by worker).
-REPEATED_BATCHES_MARGIN = 0.10
+from trainadvisor._serial import to_plain
+from trainadvisor.analysis.summary import named_measurements, percentile
+from trainadvisor.records import Report, Run
 
 
-def _same(a: float, b: float) -> bool:
-    """Non-finite losses match only their own kind (NaN with NaN, +inf with +inf)."""
-    if math.isfinite(a) and math.isfinite(b):
-        return True
-    return (math.isnan(a) and math.isnan(b)) or a == b
+@dataclass
+class MetricChange:
+    name: str
+    label: str
+    unit: str
+    better: str  # "higher" | "lower"
+    base: float
+    head: float
+    change_pct: float  # (head - base) / base
+    noise_pct: float | None  # the runs' own window-to-window spread, where measured
+    verdict: str  # better | worse | within noise | unchanged
 
 
-def _same_batches(baseline: RawRun, after: RawRun, shared: int) -> bool | None:
-    pairs = [
-        (b, a)
-        for b, a in zip(baseline.batch_fingerprints[:shared], after.batch_fingerprints[:shared])
-        if b is not None and a is not None
-    ]
-    return all(b == a for b, a in pairs) if pairs else None
+@dataclass
+class ReportComparison:
+    base: str
+    head: str
+    run: str  # which run of each report: baseline | after
+    max_regression_pct: float
+    throughput_change_pct: float | None
+    throughput_range_pct: tuple[float, float] | None  # slow/fast windows of head vs base
+    regressed: bool
+    verdict: str
+    metrics: list[MetricChange] = field(default_factory=list)
 
 
-def loss_check(baseline: RawRun, after: RawRun, tolerance_rel: float = LOSS_TOLERANCE_REL) -> LossCheck:
-    """Compare the loss of every step both runs recorded (same index, same seed). A fix that
-    changes arithmetic (tf32, autocast) passes a looser `tolerance_rel`; with different batches
-    the tolerance is at least MEAN_LOSS_TOLERANCE_REL."""
-    shared = min(len(baseline.losses), len(after.losses))
-    before_losses, after_losses = baseline.losses[:shared], after.losses[:shared]
-    pairs = [(b, a) for b, a in zip(before_losses, after_losses) if b is not None and a is not None]
-    same_batches = _same_batches(baseline, after, shared)
-    check = LossCheck(
-        steps_compared=len(pairs),
-        max_abs_diff=None,
-        max_rel_diff=None,
-        tolerance_rel=max(MEAN_LOSS_TOLERANCE_REL, tolerance_rel) if same_batches is False else tolerance_rel,
-        equivalent=None,
-        same_batches=same_batches,
-        baseline=before_losses,
-        after=after_losses,
-    )
-    if not pairs:
-        return check
-    if not all(_same(b, a) for b, a in pairs):
-        check.max_abs_diff = check.max_rel_diff = math.inf
-        check.equivalent = False
-        return check
-    finite = [(b, a) for b, a in pairs if math.isfinite(b)]
-    if not finite:  # every compared step diverged alike
-        check.max_abs_diff = check.max_rel_diff = 0.0
-        check.equivalent = True
-        return check
-    check.max_abs_diff = max(abs(a - b) for b, a in finite)
-    check.max_rel_diff = max(abs(a - b) / max(abs(b), 1e-12) for b, a in finite)
-    mean_b = sum(b for b, _ in finite) / len(finite)
-    mean_a = sum(a for _, a in finite) / len(finite)
-    check.mean_rel_diff = abs(mean_a - mean_b) / max(abs(mean_b), 1e-12)
-    measured = check.mean_rel_diff if same_batches is False else check.max_rel_diff
-    check.equivalent = measured <= check.tolerance_rel
-    return check
+# (measurement, label, unit, better)
+METRICS = (
+    ("steps_per_s", "Throughput", "steps/s", "higher"),
+    ("samples_per_s", "Throughput", "samples/s", "higher"),
+    ("step_time_ms_median", "Step time (median)", "ms", "lower"),
+    ("step_time_ms_p90", "Step time (p90)", "ms", "lower"),
+    ("data_wait_pct", "Data wait", "% of step", "lower"),
+    ("gpu_busy_pct", "GPU busy", "% of step", "higher"),
+    ("peak_reserved_bytes", "Peak reserved GPU memory", "bytes", "lower"),
+)
+UNCHANGED_PCT = 0.5  # a change smaller than this is "unchanged" whatever the noise
 
 
-def loss_change(check: LossCheck) -> str:
-    """Why a loss check failed, in words."""
-    if check.max_rel_diff == math.inf:
-        return "the loss diverged (NaN or infinite) in one run but not in the other"
-    if check.same_batches is False:
-        return (
-            f"the mean loss of the same steps changed by {100 * (check.mean_rel_diff or 0):.3g}% "
-            f"(tolerance {100 * check.tolerance_rel:.3g}%, the batches differ between runs)"
-        )
-    return (
-        f"the loss of the same steps changed by up to {100 * (check.max_rel_diff or 0):.3g}% "
-        f"(tolerance {100 * check.tolerance_rel:.3g}%)"
-    )
+def pick_run(report: Report, which: str) -> Run:
+    run = report.after if which == "after" else report.baseline
+    if run is None:
+        raise ValueError(f"the report of {report.script} has no '{which}' run")
+    return run
 
 
-def _pct(values: list[float], pct: float) -> float:
-    return percentile(values, pct) or 0.0
+def _spread_pct(run: Run) -> float | None:
+    """Half the distance between the slow (10th percentile) and fast (90th) windows, as a share
+    of the median window: the run's own noise."""
+    windows = run.window_steps_per_s
+    if len(windows) < 2:
+        return None
+    low, mid, high = (percentile(windows, p) or 0.0 for p in (10, 50, 90))
+    return 100.0 * (high - low) / 2 / mid if mid else None
 
 
-def compare(
-    baseline: Run, after: Run, tolerance_rel: float = LOSS_TOLERANCE_REL, per_sample: bool = False
-) -> Comparison:
-    """Speedup of throughput (after / baseline steps per second, or samples per second when the
-    batch size changed); its range sets the slow (10th percentile) windows of one run against
-    the fast (90th percentile) windows of the other."""
-    before_w, after_w = baseline.window_steps_per_s, after.window_steps_per_s
-    speedup = low = high = None
-    if (
-        per_sample
-        and baseline.samples_per_s
-        and after.samples_per_s
-        and baseline.steps_per_s
-        and after.steps_per_s
-    ):
-        # Windows in samples per second: each run's steps/s windows times its samples per step.
-        before_w = [w * baseline.samples_per_s / baseline.steps_per_s for w in before_w]
-        after_w = [w * after.samples_per_s / after.steps_per_s for w in after_w]
-        speedup = after.samples_per_s / baseline.samples_per_s
-    elif baseline.steps_per_s and after.steps_per_s:
-        speedup = after.steps_per_s / baseline.steps_per_s
-    if before_w and after_w:
-        low = _pct(after_w, 10) / _pct(before_w, 90)
-        high = _pct(after_w, 90) / _pct(before_w, 10)
-    return Comparison(
-        speedup=speedup,
-        speedup_low=low,
-        speedup_high=high,
-        windows=min(len(before_w), len(after_w)),
-        loss_check=loss_check(baseline.raw, after.raw, tolerance_rel),
-    )
-
-
-def verdict(comparison: Comparison) -> tuple[str, str]:
-    """(status, reason) of fixes measured together by `comparison`:
-    kept | no_gain | changed_training."""
-    if comparison.loss_check.equivalent is False:
-        return "changed_training", loss_change(comparison.loss_check)
-    if comparison.speedup is None or comparison.speedup_low is None:
-        return "no_gain", "the rerun measured no complete window to compare"
-    spread = f"{comparison.speedup:.2f}x (range {comparison.speedup_low:.2f}-{comparison.speedup_high:.2f}x)"
-    if comparison.speedup < KEEP_MIN_SPEEDUP or comparison.speedup_low <= 1.0:
-        return "no_gain", f"measured {spread}: not a reliable gain"
-    return "kept", f"measured {spread}"
-
-
-def repeated_batches(raw: RawRun) -> tuple[int, int]:
-    """(steps in the window whose batches repeat an earlier step's in the window, steps with
-    fingerprinted batches)."""
-    seen: set[str] = set()
-    repeats = counted = 0
-    for step in raw.steps:
-        fingerprint = raw.batch_fingerprints[step.index] if step.index < len(raw.batch_fingerprints) else None
-        if fingerprint is None:
+def compare_reports(
+    base: Report, head: Report, max_regression_pct: float = 5.0, which: str = "baseline"
+) -> ReportComparison:
+    base_run, head_run = pick_run(base, which), pick_run(head, which)
+    base_values, head_values = named_measurements(base_run), named_measurements(head_run)
+    spreads = [s for s in (_spread_pct(base_run), _spread_pct(head_run)) if s is not None]
+    noise = max(spreads) if spreads else None
+    metrics = []
+    for name, label, unit, better in METRICS:
+        b, h = base_values.get(name), head_values.get(name)
+        if not isinstance(b, (int, float)) or not isinstance(h, (int, float)) or isinstance(b, bool) or not b:
             continue
-        counted += 1
-        repeats += fingerprint in seen
-        seen.add(fingerprint)
-    return repeats, counted
-
-
-def judge_trial(
-    baseline: RawRun, trial: RawRun, tolerance_rel: float = LOSS_TOLERANCE_REL
-) -> tuple[str, str | None]:
-    """Whether a candidate's run counts: (measured | refused | failed | changed_training, why)."""
-    refused = [loader.override_refused for loader in trial.loaders if loader.override_refused]
-    if refused:
-        return "refused", refused[0]
-    if trial.status != "window_complete":
-        return "failed", trial.error or f"the run ended before the window ({trial.status})"
-    loader = main_loader(trial)
-    if loader is not None and loader.iterable_dataset:
-        (before, before_n), (now, now_n) = repeated_batches(baseline), repeated_batches(trial)
-        if now_n and now / now_n > (before / before_n if before_n else 0.0) + REPEATED_BATCHES_MARGIN:
-            return "changed_training", (
-                f"{now} of {now_n} batches in the window repeated an earlier batch: an "
-                "IterableDataset that does not split its data by worker "
-                "(torch.utils.data.get_worker_info()) hands every worker the same samples"
+        change = 100.0 * (h - b) / b
+        improved = change > 0 if better == "higher" else change < 0
+        timing = name in ("steps_per_s", "samples_per_s", "step_time_ms_median", "step_time_ms_p90")
+        if abs(change) < UNCHANGED_PCT:
+            verdict = "unchanged"
+        elif timing and noise is not None and abs(change) <= noise:
+            verdict = "within noise"
+        else:
+            verdict = "better" if improved else "worse"
+        metrics.append(
+            MetricChange(
+                name, label, unit, better, float(b), float(h), change, noise if timing else None, verdict
             )
-    check = loss_check(baseline, trial, tolerance_rel)
-    if check.equivalent is False:
-        return "changed_training", loss_change(check)
-    return "measured", None
+        )
+    throughput = next((m for m in metrics if m.name == "steps_per_s"), None)
+    window_range = None
+    if base_run.window_steps_per_s and head_run.window_steps_per_s:
+        bw, hw = base_run.window_steps_per_s, head_run.window_steps_per_s
+        window_range = (
+            100.0 * ((percentile(hw, 10) or 0.0) / (percentile(bw, 90) or 1.0) - 1),
+            100.0 * ((percentile(hw, 90) or 0.0) / (percentile(bw, 10) or 1.0) - 1),
+        )
+    regressed = False
+    if head_run.raw.status != "window_complete":
+        # A head that no longer runs its window is the worst regression of all.
+        regressed = True
+        verdict = (
+            f"the head's run did not complete ({head_run.raw.status.replace('_', ' ')}: {head_run.raw.error})"
+        )
+    elif throughput is None:
+        verdict = "no throughput in one of the reports: nothing to gate on"
+    elif throughput.change_pct < -max_regression_pct and throughput.verdict == "worse":
+        regressed = True
+        verdict = (
+            f"regression: throughput {throughput.change_pct:+.1f}% (more than the allowed "
+            f"-{max_regression_pct:g}%, beyond the runs' noise of ±{noise or 0:.1f}%)"
+        )
+    elif throughput.change_pct < -max_regression_pct:
+        verdict = (
+            f"throughput {throughput.change_pct:+.1f}%, but within the runs' noise "
+            f"(±{noise or 0:.1f}%): not counted as a regression; rerun with more --steps"
+        )
+    else:
+        verdict = f"no regression: throughput {throughput.change_pct:+.1f}% ({throughput.verdict})"
+    return ReportComparison(
+        base=base.script, head=head.script, run=which, max_regression_pct=max_regression_pct,
+        throughput_change_pct=throughput.change_pct if throughput else None,
+        throughput_range_pct=window_range, regressed=regressed, verdict=verdict, metrics=metrics,
+    )  # fmt: skip
+
+
+def _value(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{value / 1e9:.2f} GB"
+    return f"{value:,.1f}"
+
+
+def comparison_markdown(c: ReportComparison) -> str:
+    mark = "❌" if c.regressed else "✅"
+    lines = [
+        f"### {mark} trainadvisor compare: {c.verdict}",
+        "",
+        f"Base `{c.base}` vs head `{c.head}` ({c.run} runs; regression gate: "
+        f"throughput more than {c.max_regression_pct:g}% lower, beyond noise).",
+        "",
+        "| metric | base | head | change | noise | verdict |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for m in c.metrics:
+        unit = "" if m.unit == "bytes" else f" {m.unit}"
+        noise = f"±{m.noise_pct:.1f}%" if m.noise_pct is not None else ""
+        lines.append(
+            f"| {m.label}{unit} | {_value(m.base, m.unit)} | {_value(m.head, m.unit)} | "
+            f"{m.change_pct:+.1f}% | {noise} | {m.verdict} |"
+        )
+    if c.throughput_range_pct is not None:
+        low, high = c.throughput_range_pct
+        lines += [
+            "",
+            f"Throughput window range: {low:+.1f}% to {high:+.1f}% "
+            "(head's slow/fast windows against base's fast/slow).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_json(c: ReportComparison) -> str:
+    data: dict[str, Any] = to_plain(c)
+    return json.dumps(data, indent=1) + "\n"

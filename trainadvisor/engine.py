@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.errors import RuleError
-from trainadvisor.model import Evidence, Finding
+from trainadvisor.records import Evidence, Finding
 from trainadvisor.resources import rules_dir
 
 if sys.version_info >= (3, 11):

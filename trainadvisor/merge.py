@@ -10,7 +10,7 @@ from pathlib import Path
 from trainadvisor import engine
 from trainadvisor.analysis.summary import named_measurements
 from trainadvisor.errors import UsageError
-from trainadvisor.model import RankStats, Report
+from trainadvisor.records import RankStats, Report
 
 
 def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
@@ -29,7 +29,7 @@ def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
     assert baseline is not None  # every report here has a baseline with ranks (checked above)
     baseline.ranks = [ranks[rank] for rank in sorted(ranks)]
     merged.findings = engine.diagnose(named_measurements(baseline), engine.rules_for(rule_dirs)).findings
-    # Fixes are measured on one node only (see pipeline): nothing of them is merged.
+    # Fixes are measured on one node only (see `profile`): nothing of them is merged.
     merged.plan, merged.fix_outcomes, merged.applied_fixes = [], [], []
     merged.after, merged.comparison, merged.speedup = None, None, None
     merged.notes.append(

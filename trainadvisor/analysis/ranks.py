@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from trainadvisor.analysis.summary import timed_steps
-from trainadvisor.model import RankStats, RawRun
+from trainadvisor.records import RankStats, RawRun
 
 
 def _mean(values: list[float]) -> float | None:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analysis.measures import runtime_measurements, trace_measurements
-from trainadvisor.model import LoaderInfo, RawRun, Run, Stats, StepRecord
+from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, StepRecord
 
 T = TypeVar("T")
 

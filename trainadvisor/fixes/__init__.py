@@ -1,36 +1,26 @@
-"""Fixes: what a rule proposes, turned into settings the rerun applies without editing the
-script. A fix is a search policy over candidate settings; the pipeline measures each candidate
-and hands the results back (`next_candidate`), then `choose` picks the one to keep. Policies
-are pure: only the pipeline runs processes."""
+"""Fixes: what a rule proposes, turned into settings a run applies without editing the script.
+Each fix is one module here (see `common.Fix`): when it applies, its candidate settings and its
+choice among their measured trials, its run-time switch, and its code change. Adding a fix means
+one module, its entry in REGISTRY, one rule file listing it and one case in the tests. Policies
+are pure: only `profile` runs processes."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
+import libcst as cst
+
+from trainadvisor.fixes.amp import Amp
 from trainadvisor.fixes.batch_size import BatchSize
+from trainadvisor.fixes.common import NO_GAIN, Fix, Setting
+from trainadvisor.fixes.cudnn_benchmark import CudnnBenchmark
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation, peak_reserved
-from trainadvisor.fixes.switches import Amp, CudnnBenchmark, FusedOptimizer, PinMemory, Tf32
-from trainadvisor.model import Finding, PlannedFix, Trial
-
-
-class Fix(Protocol):
-    id: str
-    metric: str  # what a candidate must improve: steps_per_s, samples_per_s, peak_reserved_bytes
-    loss_tolerance_rel: float  # how far the loss may move for training to count as the same
-
-    def not_applicable(self, values: dict[str, Any]) -> str | None:
-        """Why the fix cannot be tried on this run, or None."""
-
-    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Any:
-        """The next setting to measure given the trials so far, or None when done."""
-
-    def choose(self, trials: list[Trial], baseline: float) -> Trial | None:
-        """The trial worth keeping (baseline: the baseline's `metric`), or None when none is."""
-
-    def describe(self, trial: Trial) -> str:
-        """The chosen settings in words, e.g. 'num_workers=8, persistent_workers=True'."""
-
+from trainadvisor.fixes.pin_memory import PinMemory
+from trainadvisor.fixes.tf32 import Tf32
+from trainadvisor.records import Finding, Overrides, PlannedFix, Trial, merge_overrides
 
 REGISTRY: dict[str, Fix] = {
     fix.id: fix
@@ -40,18 +30,18 @@ REGISTRY: dict[str, Fix] = {
     )
 }  # fmt: skip
 
-
-NO_GAIN = "no candidate was at least 5% faster than the baseline"
+__all__ = ["NO_GAIN", "REGISTRY", "Fix", "Overrides", "Setting", "merge_overrides"]
 
 
 def no_gain(fix: Fix) -> str:
     """Why none of a fix's measured candidates was kept, in the terms of what it improves."""
-    return str(getattr(fix, "no_gain", NO_GAIN))
+    return fix.no_gain
 
 
 def goal(fix_id: str) -> str:
     """throughput (kept when confirmed faster) or memory (recommended from its own trials)."""
-    return getattr(REGISTRY.get(fix_id), "goal", "throughput")
+    fix = REGISTRY.get(fix_id)
+    return fix.goal if fix is not None else "throughput"
 
 
 def trial_value(trial: Trial, metric: str) -> float | None:
@@ -80,12 +70,20 @@ def plan(findings: list[Finding], values: dict[str, Any]) -> list[PlannedFix]:
     return list(planned.values())
 
 
-def merge_overrides(settings: list[dict[str, Any]]) -> dict[str, Any]:
-    """The overrides of several kept fixes as one rerun configuration."""
-    merged: dict[str, Any] = {"loaders": {}, "non_blocking_h2d": False, "runtime": {}}
-    for overrides in settings:
-        for index, loader in overrides.get("loaders", {}).items():
-            merged["loaders"].setdefault(index, {}).update(loader)
-        merged["non_blocking_h2d"] |= bool(overrides.get("non_blocking_h2d"))
-        merged["runtime"].update(overrides.get("runtime", {}))
-    return merged
+def install(recorder: Any, overrides: Overrides) -> None:
+    """Every fix's run-time switch that these overrides ask for, in the script's process."""
+    for fix in REGISTRY.values():
+        fix.install(recorder, overrides)
+
+
+def code_diff(script: Path, fix_id: str, overrides: Overrides) -> str | None:
+    """The unified diff that makes `script` do what the kept fix did at run time, or None when
+    the fix has no single place in the code, or the script cannot be read or parsed."""
+    from trainadvisor import codechange
+
+    try:
+        before = script.read_text()
+        after = REGISTRY[fix_id].code_change(before, script, overrides)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, codechange.NoPlace):
+        return None  # unreadable, unparsable, or no safe place: the report goes on without a diff
+    return codechange.unified_diff(script, before, after) if after is not None and after != before else None

@@ -11,11 +11,13 @@ window (the batches differ)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
-from trainadvisor.compare import KEEP_MIN_SPEEDUP, MEAN_LOSS_TOLERANCE_REL
-from trainadvisor.fixes.common import NO_GPU, Setting, cuda_memory, overrides
-from trainadvisor.model import Trial
+from trainadvisor import codechange
+from trainadvisor.fixes.common import NO_GPU, Fix, Setting, cuda_memory, overrides
+from trainadvisor.judge import KEEP_MIN_SPEEDUP, MEAN_LOSS_TOLERANCE_REL
+from trainadvisor.records import Overrides, Trial
 
 STEP_GAIN = 1.10
 MAX_FACTOR = 16
@@ -29,7 +31,7 @@ def _peak_reserved_pct(trial: Trial) -> float | None:
     return 100.0 * memory["peak_reserved_bytes"] / memory["total_bytes"]
 
 
-class BatchSize:
+class BatchSize(Fix):
     id = "batch-size"
     metric = "samples_per_s"
     loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
@@ -46,7 +48,7 @@ class BatchSize:
 
     @staticmethod
     def _size(trial: Trial) -> int:
-        return int(next(iter(trial.overrides["loaders"].values()))["batch_size"])
+        return int(trial.overrides.loader()["batch_size"])
 
     def _setting(self, values: dict[str, Any], size: int) -> Setting:
         return Setting(
@@ -69,14 +71,18 @@ class BatchSize:
             return None
         return self._setting(values, 2 * size)
 
-    def choose(self, trials: list[Trial], baseline: float) -> Trial | None:
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         measured = [t for t in trials if t.status == "measured" and t.samples_per_s]
         if not measured:
             return None
         best = max(measured, key=lambda t: t.samples_per_s or 0.0)
+        baseline = float(values.get(self.metric) or 0.0)
         return best if (best.samples_per_s or 0.0) >= KEEP_MIN_SPEEDUP * baseline else None
 
-    def describe(self, trial: Trial) -> str:
+    def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        return codechange.loader_change(source, script, overrides)
+
+    def describe(self, trial: Trial, values: dict[str, Any]) -> str:
         size = self._size(trial)
         changed = [
             lo for lo in (trial.raw.loaders if trial.raw else []) if "batch_size" in lo.overrides_applied

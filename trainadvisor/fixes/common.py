@@ -1,31 +1,89 @@
-"""What every fix shares: a candidate setting, and the measured facts of a trial it reads."""
+"""What every fix shares: a candidate setting, the measured facts of a trial it reads, and the
+shape of a one-setting fix (`Switch`). A fix is one module in this package: when it applies, its
+candidates and its choice, its run-time switch (`install`, run in the script's process before
+the script starts; torch is imported there only) and its code change (`code_change`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trainadvisor.model import Trial
+from trainadvisor.judge import KEEP_MIN_SPEEDUP, LOSS_TOLERANCE_REL
+from trainadvisor.records import Overrides, Trial
 
 NO_GPU = "the run used no GPU, and this fix only changes GPU work"
+NO_GAIN = "no candidate was at least 5% faster than the baseline"
 
 
 @dataclass
 class Setting:
-    """One candidate: what it is in words, and the overrides a run applies for it."""
+    """One candidate: what it is in words, and what a run changes to measure it."""
 
     label: str
-    overrides: dict[str, Any]
+    overrides: Overrides
 
 
 def overrides(
     loaders: dict[str, dict[str, Any]] | None = None, non_blocking_h2d: bool = False, **runtime: Any
-) -> dict[str, Any]:
-    """The overrides of a run: DataLoader arguments by call site, non-blocking copies of its
-    batches, and in-process switches (see `_hooks._install_runtime_overrides`)."""
-    return {"loaders": loaders or {}, "non_blocking_h2d": non_blocking_h2d, "runtime": runtime}
+) -> Overrides:
+    """DataLoader arguments by call site, non-blocking copies of its batches, in-process switches."""
+    return Overrides(loaders or {}, non_blocking_h2d, runtime)
 
 
 def cuda_memory(trial: Trial) -> dict[str, Any]:
     """The trial run's CUDA memory statistics ({} when not measured)."""
     return dict((trial.raw.runtime.get("cuda_memory") if trial.raw else None) or {})
+
+
+class Fix:
+    """The defaults of every fix: a throughput goal, no run-time switch of its own (DataLoader
+    arguments and non-blocking copies are applied by the measuring hooks for every fix), no code
+    change."""
+
+    id = ""
+    metric = "steps_per_s"  # what a candidate must improve: steps_per_s, samples_per_s, peak_reserved_bytes
+    goal = "throughput"  # or "memory": recommended from its own runs, not part of the speed run
+    loss_tolerance_rel = LOSS_TOLERANCE_REL  # how far the loss may move for training to count as the same
+    no_gain = NO_GAIN  # why no candidate was kept, in the terms of what the fix improves
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        """Why the fix cannot be tried on this run, or None."""
+        raise NotImplementedError
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        """The next setting to measure given the trials so far, or None when done."""
+        raise NotImplementedError
+
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        """The trial worth keeping (`values`: the baseline's measurements), or None."""
+        raise NotImplementedError
+
+    def describe(self, trial: Trial, values: dict[str, Any]) -> str:
+        """The chosen settings in words, e.g. 'num_workers=8, persistent_workers=True'."""
+        return trial.label
+
+    def install(self, recorder: Any, overrides: Overrides) -> None:
+        """The fix's switch in the script's process (`measure.hooks.Recorder` undoes it)."""
+
+    def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        """`source` changed to do at every run what the fix did at run time; None when the fix
+        has no single place in the code (its finding carries the code to write)."""
+        return None
+
+
+class Switch(Fix):
+    """One candidate; kept when it is at least KEEP_MIN_SPEEDUP faster."""
+
+    def setting(self, values: dict[str, Any]) -> Setting:
+        raise NotImplementedError
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        return None if trials else self.setting(values)
+
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+        baseline = float(values.get(self.metric) or 0.0)
+        if not measured or (measured[0].steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * baseline:
+            return None
+        return measured[0]

@@ -9,11 +9,13 @@ memory and makes the host-to-device copies of pinned batches non-blocking."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from trainadvisor.compare import KEEP_MIN_SPEEDUP, LOSS_TOLERANCE_REL
-from trainadvisor.fixes.common import Setting, overrides
-from trainadvisor.model import Trial
+from trainadvisor import codechange
+from trainadvisor.fixes.common import Fix, Setting, overrides
+from trainadvisor.judge import KEEP_MIN_SPEEDUP
+from trainadvisor.records import Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
 PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
@@ -24,10 +26,8 @@ def max_workers(cpu_count: int) -> int:
     return min(32, max(8, 4 * cpu_count))
 
 
-class DataLoaderWorkers:
+class DataLoaderWorkers(Fix):
     id = "dataloader-workers"
-    metric = "steps_per_s"
-    loss_tolerance_rel = LOSS_TOLERANCE_REL
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if "dataloader_call_site" not in values:
@@ -53,11 +53,11 @@ class DataLoaderWorkers:
 
     @staticmethod
     def _workers(trial: Trial) -> int:
-        return int(next(iter(trial.overrides["loaders"].values()))["num_workers"])
+        return int(trial.overrides.loader()["num_workers"])
 
     @staticmethod
     def _prefetch(trial: Trial) -> bool:
-        return "prefetch_factor" in next(iter(trial.overrides["loaders"].values()))
+        return "prefetch_factor" in trial.overrides.loader()
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         ceiling = max_workers(values.get("cpu_count", 1))
@@ -77,7 +77,8 @@ class DataLoaderWorkers:
         best = max(measured, key=lambda t: t.steps_per_s or 0.0)
         return self._setting(values, self._workers(best), PREFETCH)
 
-    def choose(self, trials: list[Trial], baseline_steps_per_s: float) -> Trial | None:
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        baseline_steps_per_s = float(values.get(self.metric) or 0.0)
         measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
         if not measured:
             return None
@@ -91,9 +92,11 @@ class DataLoaderWorkers:
             return None
         return best
 
-    def describe(self, trial: Trial) -> str:
-        loader = next(iter(trial.overrides["loaders"].values()))
-        parts = [f"{key}={value}" for key, value in loader.items()]
-        if trial.overrides.get("non_blocking_h2d"):
+    def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        return codechange.loader_change(source, script, overrides)
+
+    def describe(self, trial: Trial, values: dict[str, Any]) -> str:
+        parts = [f"{key}={value}" for key, value in trial.overrides.loader().items()]
+        if trial.overrides.non_blocking_h2d:
             parts.append("non_blocking=True host-to-device copies")
         return ", ".join(parts)

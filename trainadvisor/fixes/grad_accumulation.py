@@ -3,7 +3,7 @@
 The DataLoader's batch size is divided by `k` and the script's loop is left as it is: the loss
 is divided by `k` before backward, the optimizer applies its update on every `k`-th `step()`
 only, and `zero_grad()` clears gradients only after an update (see
-`_hooks._install_step_control`). So one trainadvisor step is still one update over the same
+`measure.switches.install_step_control`). So one trainadvisor step is still one update over the same
 number of samples. The step structure allows it only with one optimizer, no LR scheduler (it
 would step `k` times per update), and a batch size divisible by `k`; a loss that is a mean over
 the batch is assumed, and the loss check (mean over the window, the micro-batches differ from
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainadvisor.compare import MEAN_LOSS_TOLERANCE_REL
-from trainadvisor.fixes.common import NO_GPU, Setting, cuda_memory, overrides
-from trainadvisor.model import Trial
+from trainadvisor.fixes.common import NO_GPU, Fix, Setting, cuda_memory, overrides
+from trainadvisor.judge import MEAN_LOSS_TOLERANCE_REL
+from trainadvisor.records import Overrides, Trial
 
 MIN_RELIEF = 0.10  # peak reserved memory must drop by a tenth
 MIN_SPEED = 0.80  # and steps/s stay above 80% of the baseline's
@@ -30,7 +30,7 @@ def peak_reserved(trial: Trial) -> int | None:
     return int(value) if value is not None else None
 
 
-class GradAccumulation:
+class GradAccumulation(Fix):
     id = "grad-accumulation"
     metric = "peak_reserved_bytes"
     goal = "memory"
@@ -59,13 +59,7 @@ class GradAccumulation:
         size = int(values["batch_size"]) // k
         return Setting(
             f"{k} micro-batches of {size} (batch_size={size}, one update per {k})",
-            {
-                **overrides({values["dataloader_call_site"]: {"batch_size": size}}, grad_accumulation=k),
-                "baseline": {
-                    "peak_reserved_bytes": values["peak_reserved_bytes"],
-                    "steps_per_s": values.get("steps_per_s"),
-                },
-            },
+            overrides({values["dataloader_call_site"]: {"batch_size": size}}, grad_accumulation=k),
         )
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
@@ -75,30 +69,35 @@ class GradAccumulation:
         last = trials[-1]
         if len(trials) >= len(STEPS) or last.status != "measured":
             return None
-        if self._relieved(last) or int(values["batch_size"]) % STEPS[len(trials)]:
+        if self._relieved(last, values) or int(values["batch_size"]) % STEPS[len(trials)]:
             return None
         return self._setting(values, STEPS[len(trials)])
 
     @staticmethod
-    def _relieved(trial: Trial) -> bool:
-        baseline = trial.overrides["baseline"]
+    def _relieved(trial: Trial, values: dict[str, Any]) -> bool:
+        """Peak reserved memory a tenth lower than the baseline's, at 80% of its speed or more."""
         peak = peak_reserved(trial)
-        speed_ok = (
-            not baseline.get("steps_per_s")
-            or (trial.steps_per_s or 0.0) >= MIN_SPEED * baseline["steps_per_s"]
-        )
-        return peak is not None and peak <= (1 - MIN_RELIEF) * baseline["peak_reserved_bytes"] and speed_ok
+        speed = values.get("steps_per_s")
+        speed_ok = not speed or (trial.steps_per_s or 0.0) >= MIN_SPEED * speed
+        return peak is not None and peak <= (1 - MIN_RELIEF) * values["peak_reserved_bytes"] and speed_ok
 
-    def choose(self, trials: list[Trial], baseline: float) -> Trial | None:
-        fitting = [t for t in trials if t.status == "measured" and self._relieved(t)]
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        fitting = [t for t in trials if t.status == "measured" and self._relieved(t, values)]
         return fitting[0] if fitting else None  # the fewest micro-batches that relieve memory
 
-    def describe(self, trial: Trial) -> str:
-        baseline = trial.overrides["baseline"]
+    def describe(self, trial: Trial, values: dict[str, Any]) -> str:
         peak = peak_reserved(trial) or 0
         text = (
-            f"{trial.label}: peak reserved {baseline['peak_reserved_bytes'] / 1e9:.2f} -> {peak / 1e9:.2f} GB"
+            f"{trial.label}: peak reserved {values['peak_reserved_bytes'] / 1e9:.2f} -> {peak / 1e9:.2f} GB"
         )
-        if baseline.get("steps_per_s") and trial.steps_per_s:
-            text += f" at {trial.steps_per_s / baseline['steps_per_s']:.2f}x the throughput"
+        if values.get("steps_per_s") and trial.steps_per_s:
+            text += f" at {trial.steps_per_s / values['steps_per_s']:.2f}x the throughput"
         return text
+
+    def install(self, recorder: Any, overrides: Overrides) -> None:
+        """Micro-batches: the update on every k-th step() (with fp16, `amp` installs both)."""
+        k = int(overrides.runtime.get("grad_accumulation") or 1)
+        if k > 1 and overrides.runtime.get("amp") != "fp16":
+            from trainadvisor.measure import switches
+
+            switches.install_step_control(recorder, None, k)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from trainadvisor.model import LoaderInfo
+from trainadvisor.records import LoaderInfo
 
 # DataLoader arguments an override may set, and the values that need workers.
 _WORKER_ONLY = ("persistent_workers", "prefetch_factor")

@@ -11,15 +11,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 import trainadvisor
 from trainadvisor import _serial
-from trainadvisor._config import ChildConfig, failed_write_file
+from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
 from trainadvisor.measure.sampling import Sampler
-from trainadvisor.model import GpuSample, HostSample, RawRun
+from trainadvisor.records import GpuSample, HostSample, Overrides, RawRun
 
 # Once the window is written, the script is given this long to stop before it is killed
 # (a loop that catches BaseException would otherwise keep training).
@@ -41,9 +41,7 @@ class RunSpec:
     stop_after_window: bool = True
     profile: bool = True
     show_output: bool = True
-    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    non_blocking_h2d: bool = False
-    runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: Overrides = field(default_factory=Overrides)  # what the run changes to try a fix
     with_stack: bool = False  # trace Python stacks (for call sites; slows the host)
     # torch.distributed.run options (--nproc-per-node 2 ...): launch every rank through torchrun
     torchrun: list[str] = field(default_factory=list)
@@ -131,16 +129,14 @@ def measure(spec: RunSpec) -> RawRun:
         profile_steps=min(PROFILE_STEPS, spec.steps) if spec.profile else 0,
         stop_after_window=spec.stop_after_window,
         seed=spec.seed,
-        loader_overrides=spec.loader_overrides,
-        non_blocking_h2d=spec.non_blocking_h2d,
-        runtime_overrides=spec.runtime_overrides,
+        overrides=spec.overrides,
         with_stack=spec.with_stack,
         device_file=str(device_file.resolve()),
     )
     config_file = work / f"{spec.label}.config.json"
-    config_file.write_text(json.dumps(asdict(config)))
-    command = [sys.executable, "-m", "trainadvisor._child", str(config_file), str(spec.script)]
-    if spec.torchrun:  # torchrun's own process starts the ranks, each `python -m trainadvisor._child`
+    save_config(config, config_file)
+    command = [sys.executable, "-m", "trainadvisor.measure.child", str(config_file), str(spec.script)]
+    if spec.torchrun:  # torchrun's own process starts the ranks, each `python -m trainadvisor.measure.child`
         command = [sys.executable, "-m", "torch.distributed.run", *spec.torchrun, "--module", *command[2:]]
     log_rel = None if spec.show_output else f"logs/{spec.label}.log"
     log: IO[bytes] | None = None
@@ -176,11 +172,7 @@ def measure(spec: RunSpec) -> RawRun:
     )
     raw.wall_s = time.monotonic() - started
     raw.log_file = log_rel
-    raw.overrides = {
-        "loaders": spec.loader_overrides,
-        "non_blocking_h2d": spec.non_blocking_h2d,
-        "runtime": spec.runtime_overrides,
-    }
+    raw.overrides = spec.overrides
     attach_samples(raw, sampler)
     for run in [raw, *raw.ranks]:
         if run.trace_file and trace_rel:

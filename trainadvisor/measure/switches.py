@@ -1,7 +1,8 @@
-"""The in-process switches of the fixes, installed in the training process before the script
-runs: TF32 and cuDNN autotuning flags, autocast (bf16, or fp16 with an injected GradScaler),
-fused optimizers, gradient accumulation, and non-blocking copies of pinned DataLoader batches.
-Each is undone by the recorder's `uninstall` (torch as it was before)."""
+"""Run-time mechanisms that several fixes' switches share, installed in the training process
+before the script runs: autocast around outermost module calls (`amp`), the optimizer step
+control of fp16 loss scaling and gradient accumulation (`amp`, `grad-accumulation`), and
+non-blocking copies of pinned DataLoader batches (every fix that pins memory). Each is undone by
+the recorder's `uninstall` (torch as it was before)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,9 @@ from typing import Any, Protocol
 
 import torch
 
-from trainadvisor.measure import gpu
-
 
 class Patcher(Protocol):
-    """What a switch needs of the recorder (see `_hooks.Recorder`)."""
+    """What a switch needs of the recorder (see `measure.hooks.Recorder`)."""
 
     loss_transform: Callable[[torch.Tensor], torch.Tensor] | None
 
@@ -25,29 +24,6 @@ class Patcher(Protocol):
     def on_uninstall(self, undo: Callable[[], None]) -> None: ...
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None: ...
-
-
-def install_runtime_overrides(recorder: Patcher, overrides: dict[str, Any]) -> None:
-    """The switches of the fixes `tf32`, `cudnn-benchmark`, `amp`, `fused-optimizer` and
-    `grad-accumulation`."""
-    recorder.on_uninstall(apply_flags(overrides))
-    if overrides.get("amp"):
-        install_autocast(recorder, torch.bfloat16 if overrides["amp"] == "bf16" else torch.float16)
-    if overrides.get("fused_optimizer"):
-        install_fused_optimizers(recorder)
-    scaler = None
-    if overrides.get("amp") == "fp16":
-        scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
-    accumulate = int(overrides.get("grad_accumulation") or 1)
-    if scaler is not None or accumulate > 1:
-        install_step_control(recorder, scaler, accumulate)
-
-
-def apply_flags(overrides: dict[str, Any]) -> Callable[[], None]:
-    """TF32 and cuDNN autotuning as the overrides ask; returns what restores them."""
-    return gpu.switch_flags(
-        tf32=bool(overrides.get("tf32")), cudnn_benchmark=bool(overrides.get("cudnn_benchmark"))
-    )
 
 
 def _unscaled(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
@@ -184,22 +160,6 @@ def install_autocast(recorder: Patcher, dtype: torch.dtype) -> None:
         return _to_fp32(output, dtype)
 
     recorder.patch(torch.nn.Module, "__call__", call)
-
-
-def install_fused_optimizers(recorder: Patcher) -> None:
-    """Construct torch's Adam/AdamW/SGD/Adagrad with `fused=True` unless the script chose
-    `fused` or `foreach` itself."""
-    for name in gpu.FUSABLE:
-        cls = getattr(torch.optim, name)
-        original = cls.__dict__["__init__"]
-
-        def init(self: Any, params: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
-            explicit = any(key in kwargs for key in ("fused", "foreach")) or kwargs.get("differentiable")
-            if not explicit:
-                kwargs["fused"] = True
-            __original(self, params, *args, **kwargs)
-
-        recorder.patch(cls, "__init__", init)
 
 
 def install_non_blocking_copies(recorder: Patcher) -> None:

@@ -1,4 +1,4 @@
-"""Instrumentation installed inside the user's process (see `_child`).
+"""Instrumentation installed inside the user's process (see `measure.child`).
 
 Steps are found through torch's global optimizer step hook (or `trainadvisor.step()`); the
 DataLoader's iterator `__next__` is timed; the scalar `.backward()` is called on is kept as the
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import inspect
-import json
 import os
 import platform
 import shutil
@@ -26,10 +25,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from trainadvisor import _serial
-from trainadvisor._config import ChildConfig, failed_write_file
+from trainadvisor import _serial, fixes
 from trainadvisor.measure import gpu, loaders, switches
-from trainadvisor.model import DeviceInfo, LoaderInfo, RawRun, StepRecord
+from trainadvisor.measure.config import ChildConfig, failed_write_file
+from trainadvisor.records import DeviceInfo, LoaderInfo, RawRun, StepRecord
 
 ACTIVE: Recorder | None = None
 
@@ -193,8 +192,11 @@ class Recorder:
         return PROFILER_WARMUP_STEPS + self.config.profile_steps if self.config.profile_steps else 0
 
     def start_window(self) -> None:
-        if self.config.runtime_overrides:
-            _apply_flags(self.config.runtime_overrides)  # again, in case the script reset them
+        runtime = self.config.overrides.runtime
+        if runtime.get("tf32") or runtime.get("cudnn_benchmark"):  # again, in case the script reset them
+            gpu.switch_flags(
+                tf32=bool(runtime.get("tf32")), cudnn_benchmark=bool(runtime.get("cudnn_benchmark"))
+            )
         self.runtime = _flags(self)
         self.in_window = True
         self.window_start_unix_s = time.time()
@@ -229,7 +231,7 @@ class Recorder:
         if self.window_done:
             return
         tensors = list(batch_tensors(batch))
-        if self.config.non_blocking_h2d:
+        if self.config.overrides.non_blocking_h2d:
             for tensor in tensors:
                 if tensor.is_pinned():
                     tensor._trainadvisor_batch = True  # type: ignore[attr-defined]
@@ -306,7 +308,7 @@ class Recorder:
 
 
 def _flags(recorder: Recorder) -> dict[str, Any]:
-    return gpu.torch_facts(recorder.data_parallel_modules, recorder.config.runtime_overrides.get("amp"))
+    return gpu.torch_facts(recorder.data_parallel_modules, recorder.config.overrides.runtime.get("amp"))
 
 
 def start_profiler(profile_steps: int, with_stack: bool = False) -> torch.profiler.profile:
@@ -324,10 +326,6 @@ def start_profiler(profile_steps: int, with_stack: bool = False) -> torch.profil
     )
     profiler.start()
     return profiler
-
-
-def _apply_flags(overrides: dict[str, Any]) -> Callable[[], None]:
-    return switches.apply_flags(overrides)
 
 
 _SAMPLED = 4096  # elements of a tensor that enter its fingerprint
@@ -423,7 +421,7 @@ def install(config: ChildConfig) -> Recorder:
         call.pop("self")
         site = loaders.call_site()
         info = loaders.describe(call, len(recorder.loaders), site)
-        loaders.apply(call, dict(config.loader_overrides.get(site, {})), info)
+        loaders.apply(call, dict(config.overrides.loaders.get(site, {})), info)
         recorder.loaders.append(info)
         if info.override_refused:  # the run cannot measure what it was started for
             recorder.write("refused", 0, info.override_refused)
@@ -454,7 +452,7 @@ def install(config: ChildConfig) -> Recorder:
 
     recorder.patch(torch.optim.Optimizer, "__init__", optimizer_init)
 
-    if config.non_blocking_h2d and torch.cuda.is_available():
+    if config.overrides.non_blocking_h2d and torch.cuda.is_available():
         switches.install_non_blocking_copies(recorder)
 
     original_dp_init = torch.nn.DataParallel.__init__
@@ -465,13 +463,8 @@ def install(config: ChildConfig) -> Recorder:
             recorder.data_parallel_modules += 1
 
     recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
-    if config.runtime_overrides:
-        switches.install_runtime_overrides(recorder, config.runtime_overrides)
+    fixes.install(recorder, config.overrides)  # each fix's switch that the overrides ask for
     return recorder
 
 
-def load_config(path: str) -> ChildConfig:
-    return ChildConfig(**json.loads(Path(path).read_text()))
-
-
-__all__ = ["ACTIVE", "ChildConfig", "Recorder", "WindowComplete", "install", "load_config"]
+__all__ = ["ACTIVE", "ChildConfig", "Recorder", "WindowComplete", "install"]

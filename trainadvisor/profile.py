@@ -14,20 +14,21 @@ from trainadvisor import engine, fixes
 from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analysis.ranks import rank_stats
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
-from trainadvisor.codechange import fix_diff
-from trainadvisor.compare import compare, judge_trial, loss_check, verdict
 from trainadvisor.errors import NoStepsError, UsageError
+from trainadvisor.judge import compare, judge_trial, loss_check, verdict
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
-from trainadvisor.model import (
+from trainadvisor.records import (
     SCHEMA_VERSION,
     Comparison,
     FixOutcome,
     FixStatus,
+    Overrides,
     PlannedFix,
     RawRun,
     Report,
     Run,
     Trial,
+    merge_overrides,
 )
 from trainadvisor.report import check_out_dir
 
@@ -41,8 +42,8 @@ SITE_KEYS = ("sync_site", "sync_sites", "cpu_tensor_site", "cpu_tensor_sites")
 SITE_STEPS = 3
 
 STEP_MARKING_HELP = (
-    "trainadvisor finds steps through torch.optim optimizers' step() (global optimizer hooks), "
-    "or, where no optimizer is built, through backward(). If your loop does neither, add "
+    "trainadvisor finds steps through torch.optim optimizers' optimizer.step() (global optimizer "
+    "hooks), or, where no optimizer is built, through backward(). If your loop does neither, add "
     "`import trainadvisor` and call "
     "`trainadvisor.step()` once at the end of every training step; outside trainadvisor the "
     "call does nothing."
@@ -106,25 +107,18 @@ def _spec(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
     return replace(spec, **changes)  # type: ignore[arg-type]
 
 
-def _with_loader_overrides(
-    options: ProfileOptions, label: str, overrides: dict[str, Any], **changes: Any
-) -> RunSpec:
-    """A run with DataLoader overrides. Workers fill up to workers x prefetch_factor batches
-    while the first, slow steps run; consumed inside the window, that buffer would pass for
-    speed. So the warmup is lengthened by the buffer's depth and the window made at least three
-    times as long as it."""
-    buffered = sum(
-        int(loader.get("num_workers", 0)) * int(loader.get("prefetch_factor", 2))
-        for loader in overrides["loaders"].values()
-    )
+def _with_overrides(options: ProfileOptions, label: str, overrides: Overrides, **changes: Any) -> RunSpec:
+    """A run that tries a fix. Workers fill up to workers x prefetch_factor batches while the
+    first, slow steps run; consumed inside the window, that buffer would pass for speed. So the
+    warmup is lengthened by the buffer's depth and the window made at least three times as long
+    as it."""
+    buffered = overrides.buffered_batches()
     return _spec(
         options,
         label,
         warmup=options.warmup + buffered,
         steps=max(options.steps, 3 * buffered),
-        loader_overrides=overrides["loaders"],
-        non_blocking_h2d=overrides["non_blocking_h2d"],
-        runtime_overrides=overrides.get("runtime", {}),
+        overrides=overrides,
         **changes,
     )
 
@@ -213,7 +207,7 @@ def tune(
             break
         label = f"{fix.id}-{len(trials) + 1}"
         run = _measure_run(
-            _with_loader_overrides(
+            _with_overrides(
                 options,
                 label,
                 candidate.overrides,
@@ -339,10 +333,10 @@ def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
 def _not_tried(plan: list[PlannedFix]) -> list[FixOutcome]:
     """Each planned fix before its trials: not applicable (and why), or not run yet."""
     return [
-        FixOutcome(p.fix, p.rule, "not_applicable", p.reason, {}, [])
+        FixOutcome(p.fix, p.rule, "not_applicable", p.reason, Overrides(), [])
         if not p.applicable
         else FixOutcome(
-            p.fix, p.rule, "not_run", "not measured: the run ended before this fix's trials", {}, []
+            p.fix, p.rule, "not_run", "not measured: the run ended before this fix's trials", Overrides(), []
         )
         for p in plan
     ]
@@ -393,8 +387,8 @@ def _confirm(
     verdicts: dict[str, tuple[FixStatus, str]] = {}
     if chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
-        merged = fixes.merge_overrides([o.settings for o in chosen])
-        after = _measure_run(_with_loader_overrides(options, "after", merged, show_output=False))
+        merged = merge_overrides([o.settings for o in chosen])
+        after = _measure_run(_with_overrides(options, "after", merged, show_output=False))
         kept_fixes = [fixes.REGISTRY[o.fix] for o in chosen]
         comparison = compare(
             diagnosed.baseline,
@@ -419,7 +413,7 @@ def _final(
         status, reason = verdicts[outcome.fix]
         outcome = replace(outcome, status=status, reason=reason)
     if outcome.status in ("kept", "recommended"):
-        outcome = replace(outcome, diff=fix_diff(options.script, outcome.fix, outcome.settings) or "")
+        outcome = replace(outcome, diff=fixes.code_diff(options.script, outcome.fix, outcome.settings) or "")
     return outcome
 
 
@@ -445,9 +439,9 @@ def _tune_fix(
     values = diagnosed.diagnosis.values
     echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
     trials = tune(fix, values, options, diagnosed.baseline, echo, noise_rel)
-    chosen = fix.choose(trials, float(values.get(fix.metric) or 0.0))
+    chosen = fix.choose(trials, values)
     if chosen is not None:
-        described = fix.describe(chosen)
+        described = fix.describe(chosen, values)
         if fixes.goal(planned.fix) == "memory":
             status, reason = "recommended", "measured in its own run; " + described
         else:
@@ -457,6 +451,11 @@ def _tune_fix(
     if blocked is not None and not any(t.status == "measured" for t in trials):
         # refused | failed | changed_training
         return FixOutcome(
-            planned.fix, planned.rule, blocked.status, f"{blocked.label}: {blocked.reason}", {}, trials
+            planned.fix,
+            planned.rule,
+            blocked.status,
+            f"{blocked.label}: {blocked.reason}",
+            Overrides(),
+            trials,
         )
-    return FixOutcome(planned.fix, planned.rule, "no_gain", fixes.no_gain(fix), {}, trials)
+    return FixOutcome(planned.fix, planned.rule, "no_gain", fixes.no_gain(fix), Overrides(), trials)

@@ -3,9 +3,12 @@ process never imports it)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from trainadvisor import _serial
+from trainadvisor.records import Overrides
 
 
 @dataclass
@@ -18,11 +21,8 @@ class ChildConfig:
     profile_steps: int  # then traced with torch.profiler (its overhead would bias the timing)
     stop_after_window: bool
     seed: int | None
-    loader_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call site
-    non_blocking_h2d: bool = False
-    # Switches a fix sets inside the process: tf32, cudnn_benchmark, amp ("bf16"|"fp16"),
-    # fused_optimizer, grad_accumulation (see `measure.switches`).
-    runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    # what the run changes to try a fix: DataLoader arguments, non-blocking copies, switches
+    overrides: Overrides = field(default_factory=Overrides)
     with_stack: bool = False  # record Python stacks in the trace (the call-sites run)
     # where the child names the GPU it trains on, for the parent's NVML sampler ({rank} in it)
     device_file: str | None = None
@@ -31,3 +31,11 @@ class ChildConfig:
 def failed_write_file(result_file: str | Path) -> Path:
     """Where the child says why it could not save its result (beside the result file)."""
     return Path(f"{result_file}.error")
+
+
+def save_config(config: ChildConfig, path: Path) -> None:
+    path.write_text(json.dumps(_serial.to_plain(config)))
+
+
+def load_config(path: str | Path) -> ChildConfig:
+    return _serial.from_plain(ChildConfig, json.loads(Path(path).read_text()))  # type: ignore[no-any-return]

@@ -1,6 +1,6 @@
 """Entry point of the child process that runs the user's script under instrumentation:
 
-    python -m trainadvisor._child CONFIG.json SCRIPT [ARGS...]
+    python -m trainadvisor.measure.child CONFIG.json SCRIPT [ARGS...]
 
 The script runs as `__main__` with `sys.argv = [SCRIPT, *ARGS]` and `sys.path[0]` its folder,
 as `python SCRIPT ARGS` would run it. Exit codes: the script's own, or 0 once the profiled
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainadvisor import _hooks
+    from trainadvisor.measure import hooks
 
 
 def _seed(seed: int) -> None:
@@ -51,7 +51,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _record_when_stopped(recorder: _hooks.Recorder) -> None:
+def _record_when_stopped(recorder: hooks.Recorder) -> None:
     """When trainadvisor stops the run (a timeout, a hung rank), record how far it got first.
     Processes forked from this one (DataLoader workers) keep the default: they just end."""
     main_pid = os.getpid()
@@ -72,9 +72,10 @@ def _record_when_stopped(recorder: _hooks.Recorder) -> None:
 
 def main() -> int:
     config_path, script, *script_args = sys.argv[1:]
-    from trainadvisor import _hooks
+    from trainadvisor.measure import hooks
+    from trainadvisor.measure.config import load_config
 
-    config = _hooks.load_config(config_path)
+    config = load_config(config_path)
     # Under torchrun every rank runs this with the same config: each writes files of its own.
     rank = os.environ.get("RANK", "0")
     config.result_file = config.result_file.replace("{rank}", rank)
@@ -86,11 +87,11 @@ def main() -> int:
     sys.path[0] = str(Path(script).resolve().parent)
     if config.seed is not None:
         _seed(config.seed)
-    recorder = _hooks.install(config)
+    recorder = hooks.install(config)
     _record_when_stopped(recorder)
     try:
         runpy.run_path(script, run_name="__main__")
-    except _hooks.WindowComplete:
+    except hooks.WindowComplete:
         recorder.write("window_complete", 0, None)
         return 0
     except SystemExit as exc:

@@ -29,6 +29,47 @@ FixStatus = Literal[
 ]  # fmt: skip
 
 
+# ---- what a run changes in the script's process to try a fix ----
+
+
+@dataclass(frozen=True)
+class Overrides:
+    # DataLoader(...) arguments by the "file:line" of the call that built the loader
+    loaders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    non_blocking_h2d: bool = False  # copy the DataLoader's (pinned) batches without blocking
+    # switches by name: tf32, cudnn_benchmark (bool); amp ("bf16" | "fp16"); fused_optimizer
+    # (bool); grad_accumulation (micro-batches per update)
+    runtime: dict[str, Any] = field(default_factory=dict)
+
+    def merged(self, other: Overrides) -> Overrides:
+        """Both runs' changes in one (the confirmation run of several kept fixes)."""
+        loaders = {site: dict(arguments) for site, arguments in self.loaders.items()}
+        for site, arguments in other.loaders.items():
+            loaders.setdefault(site, {}).update(arguments)
+        return Overrides(
+            loaders, self.non_blocking_h2d or other.non_blocking_h2d, {**self.runtime, **other.runtime}
+        )
+
+    def buffered_batches(self) -> int:
+        """Batches the DataLoader workers hold ready (workers x prefetch_factor): consumed inside
+        a window, that buffer would pass for speed."""
+        return sum(
+            int(loader.get("num_workers", 0)) * int(loader.get("prefetch_factor", 2))
+            for loader in self.loaders.values()
+        )
+
+    def loader(self) -> dict[str, Any]:
+        """The arguments set on the one DataLoader a fix tunes ({} when none)."""
+        return next(iter(self.loaders.values()), {})
+
+
+def merge_overrides(all_overrides: list[Overrides]) -> Overrides:
+    merged = Overrides()
+    for overrides in all_overrides:
+        merged = merged.merged(overrides)
+    return merged
+
+
 # ---- what one child process measured (written by the child, completed by the parent) ----
 
 
@@ -130,7 +171,7 @@ class RawRun:
     host_samples: list[HostSample] = field(default_factory=list)
     gpu_samples: list[GpuSample] = field(default_factory=list)
     nvml_status: str = "not sampled"
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: Overrides = field(default_factory=Overrides)  # what this run changed to try a fix
     wall_s: float = 0.0
     log_file: str | None = None  # script output, when it was captured rather than shown
     # torch's state read in the child at the window: flags, optimizer, CUDA memory statistics
@@ -233,7 +274,7 @@ class Trial:
     """One candidate setting of a fix, run and measured."""
 
     label: str
-    overrides: dict[str, Any]
+    overrides: Overrides
     status: TrialStatus
     steps_per_s: float | None
     reason: str | None
@@ -273,7 +314,7 @@ class FixOutcome:
     rule: str
     status: FixStatus
     reason: str
-    settings: dict[str, Any]
+    settings: Overrides  # the kept (or recommended) fix's overrides; empty otherwise
     trials: list[Trial]
     chosen: str = ""  # the settings measured best, in words ("num_workers=8, ...")
     diff: str = ""  # the change to the user's script that makes the fix permanent (unified diff)
