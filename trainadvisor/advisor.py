@@ -44,10 +44,10 @@ from trainadvisor.errors import UsageError
 from trainadvisor.measure import gpu, hooks
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
-from trainadvisor.profile import ProfileOptions, reproduce_command
 from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report, StepRecord
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
+from trainadvisor.runs import ProfileOptions, reproduce_command
 
 P = ParamSpec("P")
 R = TypeVar("R")

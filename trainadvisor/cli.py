@@ -160,7 +160,8 @@ def profile_command(
     Example:
       trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
     """
-    from trainadvisor.profile import ProfileOptions, profile
+    from trainadvisor.profile import profile
+    from trainadvisor.runs import ProfileOptions
 
     options = ProfileOptions(
         torchrun=torchrun_options(nproc_per_node, launcher),

@@ -345,3 +345,8 @@ class Report:
     # profile on a GPU: how far the loss of the same seeded steps moved between two identical
     # runs (atomics-based kernels sum in varying order); loss tolerances are set above it
     loss_noise_rel: float | None = None
+
+
+def timed_steps(raw: RawRun) -> list[StepRecord]:
+    """The steps timed with clocks alone; the traced steps after them carry profiler overhead."""
+    return [s for s in raw.steps if not s.profiled]

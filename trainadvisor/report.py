@@ -15,9 +15,9 @@ from typing import Any
 import jinja2
 
 from trainadvisor import _serial
-from trainadvisor.analysis.summary import BREAKDOWN_KEYS, timed_steps, window_samples
+from trainadvisor.analysis.summary import BREAKDOWN_KEYS, window_samples
 from trainadvisor.errors import UsageError
-from trainadvisor.records import GpuSample, HostSample, LossCheck, Report, Run
+from trainadvisor.records import GpuSample, HostSample, LossCheck, Report, Run, timed_steps
 
 COLORS = {
     "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",

@@ -7,8 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trainadvisor.analysis.summary import timed_steps
-from trainadvisor.records import RankStats, RawRun
+from trainadvisor.records import RankStats, RawRun, timed_steps
 
 
 def _mean(values: list[float]) -> float | None:

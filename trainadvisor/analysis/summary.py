@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 
 from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analysis.measures import runtime_measurements, trace_measurements
-from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, StepRecord
+from trainadvisor.analysis.ranks import rank_measurements
+from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, timed_steps
 
 T = TypeVar("T")
 
@@ -75,11 +76,6 @@ def window_size(raw: RawRun) -> int:
     return max(WINDOW_STEPS, 2 * workers)
 
 
-def timed_steps(raw: RawRun) -> list[StepRecord]:
-    """The steps timed with clocks alone; the traced steps after them carry profiler overhead."""
-    return [s for s in raw.steps if not s.profiled]
-
-
 def window_throughputs(raw: RawRun) -> list[float]:
     """Steps per second in consecutive windows of `window_size` steps (a short tail is dropped
     unless it is the only window)."""
@@ -138,12 +134,6 @@ def main_loader(raw: RawRun) -> LoaderInfo | None:
     """The DataLoader that fed the profiled steps: the one that served most batches in the window."""
     used = [loader for loader in raw.loaders if loader.batches_in_window > 0]
     return max(used, key=lambda loader: loader.batches_in_window) if used else None
-
-
-def rank_measurements(stats: list[Any]) -> dict[str, Any]:
-    from trainadvisor.analysis.ranks import rank_measurements as measure_ranks
-
-    return measure_ranks(stats)
 
 
 def named_measurements(run: Run) -> dict[str, Any]:

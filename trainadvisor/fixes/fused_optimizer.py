@@ -11,7 +11,7 @@ from trainadvisor import codechange
 from trainadvisor.fixes.common import NO_GPU, Setting, Switch, overrides
 from trainadvisor.records import Overrides
 
-# Optimizers with a fused (single-kernel) implementation in torch (measure.gpu reads it too).
+# Optimizers with a fused (single-kernel) implementation in torch (the window's facts read it too).
 FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
 # Arguments of the script's own that a fused=True would contradict.
 _CHOSEN = ("fused", "foreach", "differentiable")

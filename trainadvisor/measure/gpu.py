@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-# Optimizers with a fused (single-kernel) implementation in torch.
-FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
+from trainadvisor.fixes.fused_optimizer import FUSABLE
+
 # AMD architectures with bf16 arithmetic in hardware (MI100 and newer CDNA, RDNA 3 and newer):
 # torch.cuda.is_bf16_supported() answers True on every HIP device.
 _ROCM_BF16 = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")

@@ -10,7 +10,6 @@ Outside the window the hooks cost about 10-20 us a step (benchmarks/hook_cost.py
 from __future__ import annotations
 
 import gzip
-import inspect
 import os
 import platform
 import shutil
@@ -22,8 +21,6 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import _serial, fixes
 from trainadvisor.measure import gpu, loaders, switches
@@ -90,6 +87,11 @@ class Recorder:
 
     def on_uninstall(self, undo: Callable[[], None]) -> None:
         self._undo.append(undo)
+
+    def refuse(self, reason: str) -> None:
+        """A DataLoader override this run was started for cannot be applied: record why, stop."""
+        self.write("refused", 0, reason)
+        raise WindowComplete()
 
     def uninstall(self) -> None:
         """Put back everything `install` changed: torch is as it was before."""
@@ -384,53 +386,19 @@ def install(config: ChildConfig) -> Recorder:
     global ACTIVE
     recorder = Recorder(config)
     ACTIVE = recorder
-    recorder._undo.append(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
+    recorder.on_uninstall(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
+    loaders.install(recorder, config.overrides.loaders, recorder.refuse)
+    _patch_autograd(recorder)
+    _patch_data_parallel(recorder)
+    if config.overrides.non_blocking_h2d and torch.cuda.is_available():
+        switches.install_non_blocking_copies(recorder)
+    fixes.install(recorder, config.overrides)  # each fix's switch that the overrides ask for
+    return recorder
 
-    original_next = _BaseDataLoaderIter.__next__
 
-    def timed_next(self: _BaseDataLoaderIter) -> Any:
-        t0 = time.perf_counter()
-        try:
-            batch = original_next(self)
-        except StopIteration:
-            recorder.data_wait_s += time.perf_counter() - t0
-            raise
-        recorder.data_wait(time.perf_counter() - t0, batch)
-        info_index = getattr(self, "_trainadvisor_loader", None)
-        if recorder.in_window and info_index is not None:
-            recorder.loaders[info_index].batches_in_window += 1
-        return batch
-
-    recorder.patch(_BaseDataLoaderIter, "__next__", timed_next)
-
-    original_get_iterator = DataLoader._get_iterator
-
-    def get_iterator(self: DataLoader) -> _BaseDataLoaderIter:
-        iterator = original_get_iterator(self)
-        iterator._trainadvisor_loader = getattr(self, "_trainadvisor_loader", None)  # type: ignore[attr-defined]
-        return iterator
-
-    recorder.patch(DataLoader, "_get_iterator", get_iterator)
-
-    original_init = DataLoader.__init__
-    signature = inspect.signature(original_init)
-
-    def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(self, *args, **kwargs)
-        call = dict(bound.arguments)
-        call.pop("self")
-        site = loaders.call_site()
-        info = loaders.describe(call, len(recorder.loaders), site)
-        loaders.apply(call, dict(config.overrides.loaders.get(site, {})), info)
-        recorder.loaders.append(info)
-        if info.override_refused:  # the run cannot measure what it was started for
-            recorder.write("refused", 0, info.override_refused)
-            raise WindowComplete()
-        original_init(self, **call)
-        self._trainadvisor_loader = info.index  # type: ignore[attr-defined]
-
-    recorder.patch(DataLoader, "__init__", init)
-
+def _patch_autograd(recorder: Recorder) -> None:
+    """backward(): the step's loss (and the fixes' loss transform); with no optimizer built,
+    the end of a step. Optimizer construction: an optimizer exists."""
     original_backward = torch.Tensor.backward
 
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -452,9 +420,8 @@ def install(config: ChildConfig) -> Recorder:
 
     recorder.patch(torch.optim.Optimizer, "__init__", optimizer_init)
 
-    if config.overrides.non_blocking_h2d and torch.cuda.is_available():
-        switches.install_non_blocking_copies(recorder)
 
+def _patch_data_parallel(recorder: Recorder) -> None:
     original_dp_init = torch.nn.DataParallel.__init__
 
     def data_parallel_init(self: torch.nn.DataParallel, *args: Any, **kwargs: Any) -> None:
@@ -463,8 +430,6 @@ def install(config: ChildConfig) -> Recorder:
             recorder.data_parallel_modules += 1
 
     recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
-    fixes.install(recorder, config.overrides)  # each fix's switch that the overrides ask for
-    return recorder
 
 
 __all__ = ["ACTIVE", "ChildConfig", "Recorder", "WindowComplete", "install"]

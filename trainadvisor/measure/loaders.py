@@ -1,5 +1,6 @@
-"""DataLoader construction inside the training process: where the user built each loader, what
-it was built with, and the overrides a fix asked for, applied only where they can work."""
+"""DataLoaders inside the training process: where the user built each loader, what it was built
+with, the overrides a fix asked for (applied only where they can work), and its iterator's
+`__next__` timed as the step's wait for data."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import inspect
 import multiprocessing
 import os
 import pickle
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor.records import LoaderInfo
 
@@ -128,3 +132,49 @@ def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> Non
     info.pin_memory = bool(args.get("pin_memory", False))
     info.persistent_workers = bool(args.get("persistent_workers", False))
     info.prefetch_factor = args.get("prefetch_factor")
+
+
+def install(recorder: Any, overrides: dict[str, dict[str, Any]], refuse: Callable[[str], None]) -> None:
+    """Every DataLoader built is recorded (where, with what) and given the overrides of its call
+    site (`refuse` ends the run when they cannot apply); its iterator's `__next__` is timed
+    (`recorder.data_wait`), and the batches it serves inside the window are counted."""
+    original_next = _BaseDataLoaderIter.__next__
+
+    def timed_next(self: _BaseDataLoaderIter) -> Any:
+        t0 = time.perf_counter()
+        try:
+            batch = original_next(self)
+        except StopIteration:
+            recorder.data_wait_s += time.perf_counter() - t0
+            raise
+        recorder.data_wait(time.perf_counter() - t0, batch)
+        info_index = getattr(self, "_trainadvisor_loader", None)
+        if recorder.in_window and info_index is not None:
+            recorder.loaders[info_index].batches_in_window += 1
+        return batch
+
+    recorder.patch(_BaseDataLoaderIter, "__next__", timed_next)
+    original_get_iterator = DataLoader._get_iterator
+
+    def get_iterator(self: DataLoader) -> _BaseDataLoaderIter:
+        iterator = original_get_iterator(self)
+        iterator._trainadvisor_loader = getattr(self, "_trainadvisor_loader", None)  # type: ignore[attr-defined]
+        return iterator
+
+    recorder.patch(DataLoader, "_get_iterator", get_iterator)
+    original_init = DataLoader.__init__
+    signature = inspect.signature(original_init)
+
+    def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        call = dict(signature.bind(self, *args, **kwargs).arguments)
+        call.pop("self")
+        site = call_site()
+        info = describe(call, len(recorder.loaders), site)
+        apply(call, dict(overrides.get(site, {})), info)
+        recorder.loaders.append(info)
+        if info.override_refused:  # the run cannot measure what it was started for
+            refuse(info.override_refused)
+        original_init(self, **call)
+        self._trainadvisor_loader = info.index  # type: ignore[attr-defined]
+
+    recorder.patch(DataLoader, "__init__", init)

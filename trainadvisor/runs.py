@@ -1,0 +1,101 @@
+"""What `profile` runs: its options, the command that repeats it, and the specification and
+measurement of one run of the script (baseline, trial or confirmation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trainadvisor.analysis.kineto import analyze_trace
+from trainadvisor.analysis.ranks import rank_stats
+from trainadvisor.analysis.summary import attach_trace, summarize
+from trainadvisor.measure.runner import RunSpec, measure
+from trainadvisor.records import Overrides, Run
+
+
+@dataclass
+class ProfileOptions:
+    script: Path
+    args: list[str]
+    out_dir: Path
+    warmup: int = 5
+    steps: int = 20
+    seed: int | None = 0
+    rule_dirs: list[Path] = field(default_factory=list)
+    run_to_end: bool = False
+    apply_fixes: bool = True
+    torchrun: list[str] = field(default_factory=list)  # torch.distributed.run options, if any
+    timeout_s: float | None = None  # the longest a run may take (a hung rank ends here)
+
+
+def reproduce_command(options: ProfileOptions) -> list[str]:
+    """The command line that repeats this run, every option spelled out."""
+    command = [
+        "trainadvisor",
+        "profile",
+        "--warmup",
+        str(options.warmup),
+        "--steps",
+        str(options.steps),
+        "--out",
+        str(options.out_dir),
+    ]
+    if options.seed is not None:
+        command += ["--seed", str(options.seed)]
+    for folder in options.rule_dirs:
+        command += ["--rules", str(folder)]
+    if options.run_to_end:
+        command.append("--run-to-end")
+    if not options.apply_fixes:
+        command.append("--no-fix")
+    if options.timeout_s is not None:
+        command += ["--timeout", f"{options.timeout_s:g}"]
+    return [*command, *options.torchrun, str(options.script), *options.args]
+
+
+def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
+    spec = RunSpec(
+        label=label,
+        script=options.script,
+        args=options.args,
+        out_dir=options.out_dir,
+        warmup=options.warmup,
+        steps=options.steps,
+        seed=options.seed,
+        torchrun=options.torchrun,
+        timeout_s=options.timeout_s,
+    )
+    return replace(spec, **changes)  # type: ignore[arg-type]
+
+
+def trial_spec(options: ProfileOptions, label: str, overrides: Overrides, **changes: Any) -> RunSpec:
+    """A run that tries a fix. Workers fill up to workers x prefetch_factor batches while the
+    first, slow steps run; consumed inside the window, that buffer would pass for speed. So the
+    warmup is lengthened by the buffer's depth and the window made at least three times as long
+    as it."""
+    buffered = overrides.buffered_batches()
+    return spec_for(
+        options,
+        label,
+        warmup=options.warmup + buffered,
+        steps=max(options.steps, 3 * buffered),
+        overrides=overrides,
+        **changes,
+    )
+
+
+def measure_run(spec: RunSpec) -> Run:
+    raw = measure(spec)
+    trace = attach_trace(raw, spec.out_dir, spec.script)
+    run = summarize(raw)
+    run.trace = trace
+    if raw.ranks:
+        communication = {}
+        for rank in raw.ranks:
+            if rank.trace_file and (spec.out_dir / rank.trace_file).is_file():
+                analysis = analyze_trace(spec.out_dir / rank.trace_file)
+                share = analysis.breakdown_pct.get("communication") if analysis.kernels else None
+                communication[rank.rank or 0] = (share, analysis.communication_overlap_pct)
+        run.ranks = rank_stats(raw, communication)
+    return run
