@@ -3,8 +3,9 @@ fixes applied and report the measured before/after.
 
 From the command line: `trainadvisor profile train.py [script args]`.
 
-In a training script that does not call `torch.optim` optimizers, mark each step with
-`trainadvisor.step()`; outside a trainadvisor run the call does nothing.
+Steps are found through `torch.optim` optimizers, or through backward() where the script builds
+none; a loop can also mark each step with `trainadvisor.step()`, which does nothing outside a
+trainadvisor run.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from trainadvisor.errors import UsageError
 from trainadvisor.measure import gpu, hooks
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
+from trainadvisor.measure.window import close_window
 from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report, StepRecord
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
@@ -298,16 +299,11 @@ class Advisor:
             sampler.stop()
             self.sampler = None
         self._cleanup()
-        self.runtime.update(gpu.optimizer_facts(self.optimizer))
-        if self.optimizer_ids:
-            self.runtime["optimizers"] = len(self.optimizer_ids)
-        if self.runtime.get("cuda_used"):
-            self.runtime["cuda_memory"] = self.gpu.memory()
-        losses = [float(loss.float().item()) if loss is not None else None for loss in self.pending_losses]
+        losses = close_window(
+            self.records, self.pending_losses, self.gpu, self.runtime, self.optimizer, len(self.optimizer_ids)
+        )
         for record, loss in zip(self.records, losses):
             record.loss = loss
-        for record, gpu_ms in zip(self.records, self.gpu.step_ms()):
-            record.gpu_ms = gpu_ms
         raw = RawRun(
             label="advise",
             status="window_complete",

@@ -25,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from trainadvisor import _serial, fixes
 from trainadvisor.measure import gpu, loaders, switches
 from trainadvisor.measure.config import ChildConfig, failed_write_file
+from trainadvisor.measure.window import close_window
 from trainadvisor.records import DeviceInfo, LoaderInfo, RawRun, StepRecord
 
 ACTIVE: Recorder | None = None
@@ -277,17 +278,12 @@ class Recorder:
             self.profiler.stop()
             export_trace(self.profiler, Path(str(self.config.trace_file)))
             self.profiler = None
-        # One host sync for all steps, after the window: the loop itself never waits for it.
-        losses = [float(loss.float().item()) if loss is not None else None for loss in self.losses]
+        losses = close_window(
+            self.records, self.losses, self.gpu, self.runtime, self.optimizer, len(self.optimizer_ids)
+        )
         for record in self.records:
             record.loss = losses[record.index]
-        for record, gpu_ms in zip(self.records, self.gpu.step_ms()):
-            record.gpu_ms = gpu_ms
         trace = self.config.trace_file
-        self.runtime.update(gpu.optimizer_facts(self.optimizer))
-        self.runtime["optimizers"] = len(self.optimizer_ids)
-        if self.runtime.get("cuda_used"):
-            self.runtime["cuda_memory"] = self.gpu.memory()
         return RawRun(
             label=self.config.label,
             status=status,
