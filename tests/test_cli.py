@@ -66,14 +66,19 @@ def test_a_full_disk_is_one_line_and_leaves_the_report_as_it_was(
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["SOURCE.md", "report.json"]
 
 
-def test_a_user_rule_that_cannot_be_evaluated_names_its_file(tmp_path: Path) -> None:
+def _user_rule(tmp_path: Path, rule_id: str, condition: str) -> Path:
+    """A folder holding the shipped data-stall rule under another id and condition."""
     rules = tmp_path / "rules"
     rules.mkdir()
     rule = (Path(__file__).parent.parent / "rules" / "data-stall.toml").read_text()
-    rule = rule.replace('id = "data-stall"', 'id = "my-rule"').replace(
-        'condition = "data_wait_pct >= 20"', "condition = \"data_wait_pct >= 'twenty'\""
-    )
-    (rules / "my-rule.toml").write_text(rule)
+    rule = rule.replace('id = "data-stall"', f'id = "{rule_id}"')
+    rule = rule.replace('condition = "data_wait_pct >= 20"', f'condition = "{condition}"')
+    (rules / f"{rule_id}.toml").write_text(rule)
+    return rules
+
+
+def test_a_user_rule_that_cannot_be_evaluated_names_its_file(tmp_path: Path) -> None:
+    rules = _user_rule(tmp_path, "my-rule", "data_wait_pct >= 'twenty'")
     code, output = _run("report", "--out", tmp_path / "o", "--rules", rules, DATA / "report", DATA / "report")
     assert code == 2 and "a report folder was given twice" in output
     code, output = _run(
@@ -88,13 +93,7 @@ def test_a_user_rule_that_cannot_be_evaluated_names_its_file(tmp_path: Path) -> 
 
 def test_a_user_rule_over_num_workers_runs_on_traces_of_multi_process_loaders(tmp_path: Path) -> None:
     """analyze used to set num_workers to the text "1 or more", and `num_workers < 2` raised."""
-    rules = tmp_path / "rules"
-    rules.mkdir()
-    rule = (Path(__file__).parent.parent / "rules" / "data-stall.toml").read_text()
-    rule = rule.replace('id = "data-stall"', 'id = "few-workers"').replace(
-        'condition = "data_wait_pct >= 20"', 'condition = "num_workers < 2"'
-    )
-    (rules / "few-workers.toml").write_text(rule)
+    rules = _user_rule(tmp_path, "few-workers", "num_workers < 2")
     code, output = _run(
         "analyze", "--out", tmp_path / "a", "--rules", rules, shared_trace("tb_plugin/resnet50_num_workers_4")
     )
