@@ -369,3 +369,14 @@ def test_a_loop_that_updates_parameters_by_hand_is_profiled(tmp_path: Path) -> N
     )
     losses = [s["loss"] for s in report["baseline"]["raw"]["steps"]]
     assert all(loss is not None for loss in losses) and losses[0] > losses[-1]  # it trains
+
+
+def test_a_diagnosis_only_run_reports_no_fix_outcome(tmp_path: Path) -> None:
+    result = run_cli(
+        "profile", "--warmup", "2", "--steps", "4", "--no-fix", "--out", tmp_path / "r",
+        EXAMPLES / "slow_input_mnist.py", "--samples", "2000", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = load_report(tmp_path / "r")
+    assert [f["rule"] for f in report["findings"]] == ["data-stall"]
+    assert report["fix_outcomes"] == [] and [p["fix"] for p in report["plan"]] == ["dataloader-workers"]

@@ -102,8 +102,8 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
     _check_steps(baseline.raw, options)
     diagnosed = _diagnose_baseline(options, rules, baseline, echo)
     blocked = _why_no_fixes(options, baseline)
-    if blocked is not None or not options.apply_fixes:
-        report = _report(options, diagnosed, started, _not_tried(diagnosed.plan), extra_notes=[blocked])
+    if blocked is not None or not options.apply_fixes:  # diagnosis only: no fix outcome to report
+        report = _report(options, diagnosed, started, [], extra_notes=[blocked])
         keep(report)
         return report
     keep(_report(options, diagnosed, started, _not_tried(diagnosed.plan)))
