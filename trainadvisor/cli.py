@@ -160,7 +160,6 @@ def profile_command(
     Example:
       trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
     """
-    from trainadvisor.profile import profile
     from trainadvisor.runs import ProfileOptions
 
     options = ProfileOptions(
@@ -176,34 +175,37 @@ def profile_command(
         run_to_end=run_to_end,
         apply_fixes=not no_fix,
     )
+    _run(lambda: _profile(options))
 
-    def work() -> int:
-        saved: list[Report] = []
 
-        def save(report: Report) -> None:  # each stage's report, as it finishes
-            write_report(report, out_dir, templates_dir())
-            saved[:] = [report]
+def _profile(options: Any) -> int:
+    """`profile` with each stage's report written as it finishes; interrupted, the last one is
+    kept and says so."""
+    from trainadvisor.profile import profile
 
-        try:
-            report = profile(options, _echo, save)
-        except (KeyboardInterrupt, Terminated):
-            if saved:  # say in the report that it stopped, then exit as interrupted
-                note = (
-                    "The run was interrupted: fixes marked not run or unconfirmed were not "
-                    "measured to the end."
-                )
-                write_report(replace(saved[0], notes=[*saved[0].notes, note]), out_dir, templates_dir())
-            raise
-        click.echo(terminal_summary(report, out_dir))
-        raw = report.baseline.raw if report.baseline is not None else None
-        if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
-            raise ScriptFailedError(
-                f"{script} failed: {raw.error}. What was measured before it failed is "
-                f"in {out_dir / 'report.html'}"
+    out_dir, saved = options.out_dir, []
+
+    def save(report: Report) -> None:
+        write_report(report, out_dir, templates_dir())
+        saved[:] = [report]
+
+    try:
+        report = profile(options, _echo, save)
+    except (KeyboardInterrupt, Terminated):
+        if saved:
+            note = (
+                "The run was interrupted: fixes marked not run or unconfirmed were not measured to the end."
             )
-        return 0
-
-    _run(work)
+            write_report(replace(saved[0], notes=[*saved[0].notes, note]), out_dir, templates_dir())
+        raise
+    click.echo(terminal_summary(report, out_dir))
+    raw = report.baseline.raw if report.baseline is not None else None
+    if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
+        raise ScriptFailedError(
+            f"{options.script} failed: {raw.error}. What was measured before it failed is "
+            f"in {out_dir / 'report.html'}"
+        )
+    return 0
 
 
 def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:

@@ -4,13 +4,14 @@ any process it started goes with it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -55,6 +56,18 @@ def _child_env() -> dict[str, str]:
     package_root = str(Path(trainadvisor.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), package_root) if p)
     return env
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (delivered when the block ends): starting and stopping a
+    child are not interrupted halfway."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
@@ -103,27 +116,48 @@ def _written(result_files: list[Path]) -> bool:
     return any(p.exists() if "*" not in p.name else any(p.parent.glob(p.name)) for p in result_files)
 
 
-def measure(spec: RunSpec) -> RawRun:
-    """Run the script once; never raises for the script's own failures (they are in the result).
-    Under torchrun every rank writes its own result and trace (`{rank}` in their names); the
-    run returned is the lowest rank's, with every rank's in `ranks`."""
+@dataclass
+class _Files:
+    """Where one run's child writes: its result, the GPU it trains on, its trace (`{rank}` in
+    their names under torchrun), and its log when its output is not shown."""
+
+    result: Path
+    device: Path
+    trace_rel: str | None  # relative to the report folder
+    log_rel: str | None
+
+
+def _prepare_files(spec: RunSpec) -> _Files:
+    """The run's file names, with whatever an earlier run of the same label left removed."""
     work = spec.out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
     suffix = ".rank{rank}" if spec.torchrun else ""
-    result_file = work / f"{spec.label}{suffix}.result.json"
-    device_file = work / f"{spec.label}{suffix}.device.json"
-    stale_files = ("result.json", "result.json.error", "device.json")
-    for stale in [path for suffix in stale_files for path in work.glob(f"{spec.label}*.{suffix}")]:
-        stale.unlink()
+    for kind in ("result.json", "result.json.error", "device.json"):
+        for stale in work.glob(f"{spec.label}*.{kind}"):
+            stale.unlink()
     trace_rel = f"traces/{spec.label}/trainadvisor{suffix}.pt.trace.json.gz" if spec.profile else None
     if trace_rel:
         (spec.out_dir / trace_rel).parent.mkdir(parents=True, exist_ok=True)
         for stale in (spec.out_dir / trace_rel).parent.glob("trainadvisor*.pt.trace.json.gz"):
             stale.unlink()  # left by an earlier report here
+    log_rel = None if spec.show_output else f"logs/{spec.label}.log"
+    if log_rel:
+        (spec.out_dir / log_rel).parent.mkdir(parents=True, exist_ok=True)
+    return _Files(
+        work / f"{spec.label}{suffix}.result.json",
+        work / f"{spec.label}{suffix}.device.json",
+        trace_rel,
+        log_rel,
+    )
+
+
+def _command(spec: RunSpec, files: _Files) -> list[str]:
+    """`python -m trainadvisor.measure.child CONFIG SCRIPT ARGS`, through torchrun when asked
+    (torchrun's own process then starts the ranks, each running the child module)."""
     config = ChildConfig(
         label=spec.label,
-        result_file=str(result_file.resolve()),
-        trace_file=str((spec.out_dir / trace_rel).resolve()) if trace_rel else None,
+        result_file=str(files.result.resolve()),
+        trace_file=str((spec.out_dir / files.trace_rel).resolve()) if files.trace_rel else None,
         warmup=spec.warmup,
         steps=spec.steps,
         profile_steps=min(PROFILE_STEPS, spec.steps) if spec.profile else 0,
@@ -131,52 +165,53 @@ def measure(spec: RunSpec) -> RawRun:
         seed=spec.seed,
         overrides=spec.overrides,
         with_stack=spec.with_stack,
-        device_file=str(device_file.resolve()),
+        device_file=str(files.device.resolve()),
     )
-    config_file = work / f"{spec.label}.config.json"
+    config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)
     command = [sys.executable, "-m", "trainadvisor.measure.child", str(config_file), str(spec.script)]
-    if spec.torchrun:  # torchrun's own process starts the ranks, each `python -m trainadvisor.measure.child`
+    if spec.torchrun:
         command = [sys.executable, "-m", "torch.distributed.run", *spec.torchrun, "--module", *command[2:]]
-    log_rel = None if spec.show_output else f"logs/{spec.label}.log"
-    log: IO[bytes] | None = None
-    if log_rel:
-        (spec.out_dir / log_rel).parent.mkdir(parents=True, exist_ok=True)
-        log = open(spec.out_dir / log_rel, "wb")
+    return [*command, *spec.args]
+
+
+def measure(spec: RunSpec) -> RawRun:
+    """Run the script once; never raises for the script's own failures (they are in the result).
+    Under torchrun every rank writes its own result and trace (`{rank}` in their names); the
+    run returned is the lowest rank's, with every rank's in `ranks`."""
+    files = _prepare_files(spec)
+    command = _command(spec, files)
+    log: IO[bytes] | None = open(spec.out_dir / files.log_rel, "wb") if files.log_rel else None
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [*command, *spec.args],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT if log else None,
-            env=_child_env(),
-            start_new_session=True,
-        )
-        sampler = Sampler(proc.pid, devices=_named_devices(device_file))
-        sampler.start()
+        with _signals_held():  # a Ctrl-C or SIGTERM now would leave a child no one stops
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT if log else None,
+                env=_child_env(),
+                start_new_session=True,
+            )
+            sampler = Sampler(proc.pid, devices=_named_devices(files.device))
+            sampler.start()
         try:
-            pattern = result_file.with_name(result_file.name.replace("{rank}", "*"))
-            killed = _wait(proc, spec, [pattern])
+            killed = _wait(proc, spec, [files.result.with_name(files.result.name.replace("{rank}", "*"))])
         finally:
-            sampler.stop()
-            _stop_group(proc)  # DataLoader workers or anything else the script left running
-            proc.wait()
+            with _signals_held():  # stopping must finish even when a signal interrupts the wait
+                sampler.stop()
+                _stop_group(proc)  # DataLoader workers or anything else the script left running
+                proc.wait()
     finally:
         if log:
             log.close()
-    raw = (
-        _ranks(result_file, spec, proc.returncode, killed)
-        if spec.torchrun
-        else _result(result_file, spec, proc.returncode, killed)
-    )
-    raw.wall_s = time.monotonic() - started
-    raw.log_file = log_rel
-    raw.overrides = spec.overrides
+    collect = _ranks if spec.torchrun else _result
+    raw = collect(files.result, spec, proc.returncode, killed)
+    raw.wall_s, raw.log_file, raw.overrides = time.monotonic() - started, files.log_rel, spec.overrides
     attach_samples(raw, sampler)
     for run in [raw, *raw.ranks]:
-        if run.trace_file and trace_rel:
-            run.trace_file = trace_rel.replace("{rank}", str(run.rank if run.rank is not None else 0))
+        if run.trace_file and files.trace_rel:
+            run.trace_file = files.trace_rel.replace("{rank}", str(run.rank if run.rank is not None else 0))
     return raw
 
 
