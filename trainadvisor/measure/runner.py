@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ STOP_GRACE_S = 15.0
 
 # Steps traced by torch.profiler after the timed window (fewer when the window is shorter).
 PROFILE_STEPS = 10
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass
@@ -60,14 +62,21 @@ def _child_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (delivered when the block ends): starting and stopping a
-    child are not interrupted halfway."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """SIGINT and SIGTERM put off until the block ends (then handled as they would have been):
+    starting and stopping a child are not interrupted halfway, which would leave a child no one
+    stops. Their handlers are swapped rather than the signal mask, which a child would inherit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in _HELD}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if received:
+            signal.raise_signal(received[0])
 
 
 def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
