@@ -155,13 +155,16 @@ class Advisor:
         return self.warmup <= self.calls < self.warmup + self.steps + self.traced_steps
 
     def _boundary(self, result: Any) -> None:
-        loss = _loss_of(result)
+        # The losses are read in the window only; the last warmup step's also names the GPU the
+        # window is timed on (a warmup call costs no more than that).
+        in_window, last_warmup = self._in_window(), self.calls + 1 == self.warmup
+        loss = _loss_of(result) if in_window or last_warmup else None
         if self.device is None and loss is not None and loss.device.type == "cuda":
             self.device = loss.device.index
         if self.calls + 1 == self.warmup + self.steps:
             self.gpu.sync()  # the last timed step ends when its GPU work does
         now = time.perf_counter()
-        if self._in_window():
+        if in_window:
             previous = self.last_end if self.last_end is not None else (self.call_start or now)
             # Between calls: the loop fetching the next batch. In a `with` block, DataLoader time.
             gap = (self.call_start - previous) if self.call_start is not None else self.data_wait_s
