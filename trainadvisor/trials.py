@@ -131,4 +131,4 @@ def tune_fix(
             Overrides(),
             trials,
         )
-    return FixOutcome(planned.fix, planned.rule, "no_gain", fixes.no_gain(fix), Overrides(), trials)
+    return FixOutcome(planned.fix, planned.rule, "no_gain", fix.no_gain, Overrides(), trials)

@@ -33,11 +33,6 @@ REGISTRY: dict[str, Fix] = {
 __all__ = ["NO_GAIN", "REGISTRY", "Fix", "Overrides", "Setting", "merge_overrides"]
 
 
-def no_gain(fix: Fix) -> str:
-    """Why none of a fix's measured candidates was kept, in the terms of what it improves."""
-    return fix.no_gain
-
-
 def goal(fix_id: str) -> str:
     """throughput (kept when confirmed faster) or memory (recommended from its own trials)."""
     fix = REGISTRY.get(fix_id)

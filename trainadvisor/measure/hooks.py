@@ -180,7 +180,13 @@ class Recorder:
                 self.profiler.step()
         elif not self.window_done and self.steps_seen == self.config.warmup:
             self.start_window()
-        if not self.device_announced and self.config.device_file and gpu.cuda_in_use():
+        # until the window ends (a CPU run would otherwise ask torch.cuda at every step)
+        if (
+            not self.device_announced
+            and not self.window_done
+            and self.config.device_file
+            and gpu.cuda_in_use()
+        ):
             self.announce_device()
         self.data_wait_s = 0.0
         self.samples = None
@@ -203,15 +209,18 @@ class Recorder:
         self.runtime = _flags(self)
         self.in_window = True
         self.window_start_unix_s = time.time()
-        self.gpu.start(self.device if self.device is not None else gpu.training_device(None))
+        self.gpu.start(self.training_device())
         self.window_t0 = time.perf_counter()
+
+    def training_device(self) -> int | None:
+        """The GPU the losses were on; the current device before any loss was seen."""
+        return self.device if self.device is not None else gpu.training_device(None)
 
     def announce_device(self) -> None:
         """Tell the parent's NVML sampler which GPU this process trains on (once CUDA is up)."""
         self.device_announced = True
-        device = self.device if self.device is not None else gpu.training_device(None)
         try:
-            gpu.announce_device(Path(str(self.config.device_file)), int(device or 0))
+            gpu.announce_device(Path(str(self.config.device_file)), int(self.training_device() or 0))
         except Exception as exc:  # sampling is a nicety: never break training for it
             print(f"[trainadvisor] could not name the GPU for sampling: {exc!r}", file=sys.stderr)
 
@@ -366,7 +375,7 @@ def batch_tensors(batch: Any) -> Any:
 
 
 def device_info() -> DeviceInfo:
-    cuda_used = torch.cuda.is_available() and torch.cuda.is_initialized()
+    cuda_used = gpu.cuda_in_use()
     return DeviceInfo(
         torch_version=torch.__version__,
         python_version=platform.python_version(),

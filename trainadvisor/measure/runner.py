@@ -230,13 +230,18 @@ def _named_devices(device_file: Path) -> Callable[[], dict[str, dict[str, Any]]]
     pattern = device_file.name.replace("{rank}", "*")
     prefix, _, suffix = device_file.name.partition("{rank}")
 
+    found: dict[str, dict[str, Any]] = {}
+    read: set[Path] = set()  # each file is read once: called every tick while the run lasts
+
     def named() -> dict[str, dict[str, Any]]:
-        found = {}
         for path in device_file.parent.glob(pattern):
+            if path in read:
+                continue
             try:
                 identity = json.loads(path.read_text())
             except (OSError, ValueError):  # being written: read it on the next tick
                 continue
+            read.add(path)
             gpu = f"GPU {identity.get('index')}"
             rank = path.name.removeprefix(prefix).removesuffix(suffix) if suffix else ""
             found[f"rank {rank} ({gpu})" if rank.isdigit() else gpu] = identity

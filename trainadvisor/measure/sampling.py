@@ -65,10 +65,10 @@ class Sampler:
                     nvml.add(label, identity)  # type: ignore[union-attr]
                 if nvml is not None:
                     self.gpu.extend(nvml.tick())
-                    self.nvml_status = nvml.status(len(self.gpu))
                 self._stop.wait(self.interval_s)
         finally:
-            if nvml is not None:
+            if nvml is not None:  # said once, when sampling ends (before stop() returns)
+                self.nvml_status = nvml.status(len(self.gpu))
                 nvml.close()
 
     def _process(self, pid: int) -> psutil.Process:
