@@ -265,14 +265,10 @@ def test_batches_in_any_mapping_or_sequence_are_counted() -> None:
 
 def test_a_recorded_batch_in_a_user_dict_counts_its_samples_and_fingerprint(tmp_path: Path) -> None:
     config = hooks.ChildConfig("t", str(tmp_path / "r.json"), None, 0, 5, 0, False, None)
-    recorder = hooks.Recorder(config)
-    recorder.in_window = True
+    recorder = hooks.Recorder(config)  # no warmup: the window measures from the first step
     recorder.data_wait(0.001, UserDict({"input_ids": torch.arange(12).reshape(6, 2)}))
-    assert (
-        recorder.samples == 6
-        and recorder.step_batches
-        and recorder.step_batches[0].startswith("(6, 2):int64")
-    )
+    window = recorder.window
+    assert window.samples == 6 and window.batches and window.batches[0].startswith("(6, 2):int64")
 
 
 def test_the_patched_tensor_methods_are_inherited_ones_and_come_back() -> None:

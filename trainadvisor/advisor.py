@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import os
 import sys
 import time
@@ -41,11 +42,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.errors import UsageError
-from trainadvisor.measure import gpu, hooks
+from trainadvisor.measure import gpu, hooks, loaders
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
-from trainadvisor.measure.window import close_window
-from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report, StepRecord
+from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
+from trainadvisor.records import SCHEMA_VERSION, FixOutcome, LoaderInfo, Overrides, RawRun, Report
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 from trainadvisor.runs import ProfileOptions, reproduce_command
@@ -69,34 +70,29 @@ class Advisor:
         out: str | Path | None = None,
         rules: list[str | Path] | None = None,
         echo: Callable[[str], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if warmup < 1 or steps < 1:
             raise ValueError("advise: warmup and steps must be at least 1")
         self.warmup, self.steps = warmup, steps
-        self.profile_steps = min(PROFILE_STEPS, steps)
-        self.traced_steps = hooks.PROFILER_WARMUP_STEPS + self.profile_steps  # after the timed ones
-        self.gpu = gpu.GpuWindow()
-        self.device: int | None = None  # the GPU the step's losses were on
+        self.clock = clock or Clock()
+        self.window = Window(
+            WindowPlan(warmup, steps, min(PROFILE_STEPS, steps)),
+            self.clock,
+            on_open=self._window_opens,
+            on_close=self._window_closes,
+            profiler=lambda _steps, _stack: self._start_profiler(),
+        )
         self.out = Path(out) if out is not None else DEFAULT_OUT
         self.rule_dirs = [Path(r) for r in rules or []]
         self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
         self.active = True  # False once the window is reported or the advisor failed
+        self.decorated = False  # steps are calls of a decorated function (their arguments: the batch)
         self.report: Report | None = None
         self.calls = 0  # steps ended so far
-        self.records: list[StepRecord] = []
-        self.losses: list[float | None] = []
-        self.pending_losses: list[torch.Tensor | None] = []
-        self.last_end: float | None = None
         self.call_start: float | None = None
-        self.window_t0 = 0.0
-        self.window_start_unix_s: float | None = None
-        self.data_wait_s = 0.0
-        self.samples: int | None = None
-        self.runtime: dict[str, Any] = {}
-        self.profiler: torch.profiler.profile | None = None
+        self.loaders: list[LoaderInfo] = []
         self.sampler: Sampler | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.optimizer_ids: set[int] = set()
         self._undo: list[Callable[[], None]] = []
         self._started = time.monotonic()
         if hooks.ACTIVE is not None:
@@ -116,17 +112,24 @@ class Advisor:
                 f"{self.out.resolve()} (advise(out=...) to choose)"
             )
 
+    @property
+    def traced_steps(self) -> int:
+        return self.window.plan.traced_steps
+
     # ---- the step boundaries (each guarded: an advisor error never reaches training) ----
 
     def call_started(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> None:
         if not self.active:
             return
         try:
-            self.call_start = time.perf_counter()
-            if self._in_window():
+            window = self.window
+            self.call_start = self.clock.perf_s()
+            if window.measuring:
+                # between calls: the loop fetching the next batch
+                window.add_data_wait(max(self.call_start - window.last_mark, 0.0))
                 tensors = list(hooks.batch_tensors([args, kwargs or {}]))
                 if tensors and tensors[0].dim() > 0:
-                    self.samples = int(tensors[0].shape[0])
+                    window.add_batch(int(tensors[0].shape[0]))
         except Exception as exc:
             self._fail(exc)
 
@@ -135,14 +138,24 @@ class Advisor:
         if not self.active:
             return
         try:
-            self._boundary(result)
+            window = self.window
+            # The losses are read in the window only; the last warmup step's also names the GPU
+            # the window is timed on (a warmup call costs no more than that).
+            if window.measuring or window.steps_done + 1 == self.warmup:
+                loss = _loss_of(result)
+                if loss is not None:
+                    window.set_loss(loss)
+            self.calls += 1
+            self.call_start = None
+            window.boundary()
         except Exception as exc:
             self._fail(exc)
 
     def call_failed(self) -> None:
         """The step raised: its timing is dropped, the next step starts now."""
         if self.active:
-            self.last_end, self.call_start = time.perf_counter(), None
+            self.window.restart_step()
+            self.call_start = None
 
     def step(self, loss: Any = None) -> None:
         """Mark the end of one training step in a `with advise()` block (optionally with its
@@ -151,49 +164,7 @@ class Advisor:
 
     # ---- the window ----
 
-    def _in_window(self) -> bool:
-        return self.warmup <= self.calls < self.warmup + self.steps + self.traced_steps
-
-    def _boundary(self, result: Any) -> None:
-        # The losses are read in the window only; the last warmup step's also names the GPU the
-        # window is timed on (a warmup call costs no more than that).
-        in_window, last_warmup = self._in_window(), self.calls + 1 == self.warmup
-        loss = _loss_of(result) if in_window or last_warmup else None
-        if self.device is None and loss is not None and loss.device.type == "cuda":
-            self.device = loss.device.index
-        if self.calls + 1 == self.warmup + self.steps:
-            self.gpu.sync()  # the last timed step ends when its GPU work does
-        now = time.perf_counter()
-        if in_window:
-            previous = self.last_end if self.last_end is not None else (self.call_start or now)
-            # Between calls: the loop fetching the next batch. In a `with` block, DataLoader time.
-            gap = (self.call_start - previous) if self.call_start is not None else self.data_wait_s
-            self.records.append(
-                StepRecord(
-                    index=self.calls,
-                    start_ms=(previous - self.window_t0) * 1e3,
-                    step_ms=(now - previous) * 1e3,
-                    data_wait_ms=max(gap, 0.0) * 1e3,
-                    samples=self.samples,
-                    profiled=self.profiler is not None,
-                )
-            )
-            self.pending_losses.append(loss)
-            if len(self.records) <= self.steps:
-                self.gpu.mark()
-            if self.profiler is not None:
-                self.profiler.step()
-        self.calls += 1
-        self.data_wait_s, self.samples, self.call_start = 0.0, None, None
-        if self.calls == self.warmup:
-            self._start_window()
-        elif self.calls == self.warmup + self.steps:
-            self._start_profiler()
-        elif self.calls == self.warmup + self.steps + self.traced_steps:
-            self._finish()
-        self.last_end = time.perf_counter()
-
-    def _start_window(self) -> None:
+    def _window_opens(self, window: Window) -> dict[str, Any]:
         global _open_window
         if _open_window is not None and _open_window is not self:
             # One window per process: a second profiler session in one process can crash torch
@@ -202,55 +173,63 @@ class Advisor:
             self.echo(
                 f"trainadvisor: another advisor is measuring ({_open_window.out}); this one stands down"
             )
-            return
+            return {}
         _open_window = self
         atexit.register(self.close)
-        self.runtime = gpu.torch_facts(None, None)
-        device = self.device if self.device is not None else gpu.training_device(None)
-        self.gpu.start(device)
-        self.window_t0, self.window_start_unix_s = time.perf_counter(), time.time()
+        device = window.device if window.device is not None else gpu.training_device(None)
         named = {f"GPU {device}": gpu.device_identity(device)} if device is not None else {}
         self.sampler = Sampler(os.getpid(), devices=lambda: named)
         self.sampler.start()
         self._time_loaders()
         self._undo.append(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
+        return gpu.torch_facts(_data_parallel_modules(), None)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if self.optimizer is None:
-            self.optimizer = optimizer
-        self.optimizer_ids.add(id(optimizer))
+        self.window.optimizer_stepped(optimizer, counted=True)
 
     def _time_loaders(self) -> None:
         """Time DataLoader `__next__` while the window runs (used by `with` blocks, where there
-        is no call to time around)."""
+        is no call to time around), and note each loader and the batches it serves."""
         original = _BaseDataLoaderIter.__next__
-        advisor = self
+        advisor, clock = self, self.clock.perf_s
 
         def timed_next(iterator: _BaseDataLoaderIter) -> Any:
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
-                return original(iterator)
+                batch = original(iterator)
             finally:
-                advisor.data_wait_s += time.perf_counter() - t0
+                advisor.window.add_data_wait(clock() - t0)
+            advisor._loader_batch(iterator, batch)
+            return batch
 
-        _BaseDataLoaderIter.__next__ = timed_next  # type: ignore[assignment,method-assign]
-        self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
+        self._undo.append(hooks.replace_attribute(_BaseDataLoaderIter, "__next__", timed_next))
 
-    def _start_profiler(self) -> None:
-        self.profiler = hooks.start_profiler(self.profile_steps)
+    def _loader_batch(self, iterator: _BaseDataLoaderIter, batch: Any) -> None:
+        index = getattr(iterator, "_trainadvisor_advised", None)
+        if index is None:
+            index = iterator._trainadvisor_advised = len(self.loaders)  # type: ignore[attr-defined]
+            self.loaders.append(loaders.describe_iterator(iterator, index))
+        if self.window.measuring:
+            self.loaders[index].batches_in_window += 1
+        tensors = list(hooks.batch_tensors(batch))
+        counted = tensors and tensors[0].dim() > 0 and not self.decorated  # else the call's arguments
+        samples = int(tensors[0].shape[0]) if counted else None
+        host = [hooks.fingerprint(t) for t in tensors if t.device.type == "cpu"]
+        self.window.add_batch(samples, ",".join(host) if host else None)
+
+    def _start_profiler(self) -> Any:
+        return start_profiler(self.window.plan.profile_steps)
 
     def _cleanup(self) -> None:
         """Stop the profiler and the sampler thread and undo the patches: torch as it was. Each
         step is done even when an earlier one fails; nothing here raises."""
         global _open_window
         self.active = False
-        steps: list[Callable[[], None]] = []
-        if self.profiler is not None:
-            steps.append(self.profiler.stop)
+        steps: list[Callable[[], None]] = [self.window.stop_profiler]
         if self.sampler is not None:
             steps.append(self.sampler.stop)
         steps += reversed(self._undo)
-        self.profiler, self.sampler, self._undo = None, None, []
+        self.sampler, self._undo = None, []
         for undo in steps:
             try:
                 undo()
@@ -280,7 +259,7 @@ class Advisor:
         if os.environ.get("TRAINADVISOR_DEBUG"):
             raise exc
 
-    def _finish(self) -> None:
+    def _window_closes(self, window: Window) -> None:
         """The window is measured: write the report, print the diagnosis, remove everything.
         Under torch.distributed only rank 0 writes (the ranks would share one folder)."""
         if (
@@ -292,37 +271,24 @@ class Advisor:
             return
         check_out_dir(self.out, OUT_OPTION)
         trace_rel = "traces/advise/trainadvisor.pt.trace.json.gz"
-        profiler, sampler = self.profiler, self.sampler
-        self.profiler = None
+        profiler, sampler = window.stop_profiler(), self.sampler
         if profiler is not None:
-            profiler.stop()
             (self.out / trace_rel).parent.mkdir(parents=True, exist_ok=True)
             hooks.export_trace(profiler, self.out / trace_rel)
         if sampler is not None:
             sampler.stop()
             self.sampler = None
         self._cleanup()
-        losses = close_window(
-            self.records, self.pending_losses, self.gpu, self.runtime, self.optimizer, len(self.optimizer_ids)
-        )
-        for record, loss in zip(self.records, losses):
-            record.loss = loss
-        raw = RawRun(
+        raw = hooks.window_run(
+            window,
             label="advise",
             status="window_complete",
             exit_code=None,
             error=None,
-            warmup_steps=self.warmup,
-            window_steps=self.steps,
-            profile_steps=self.profile_steps,
             steps_seen=self.calls,
-            steps=self.records,
-            loaders=[],
-            device=hooks.device_info(),
-            window_start_unix_s=self.window_start_unix_s,
-            losses=[*([None] * self.warmup), *losses],
+            step_source="@advise" if self.decorated else "advisor.step()",
+            loaders=self.loaders,
             trace_file=trace_rel if profiler is not None else None,
-            runtime=self.runtime,
         )
         if sampler is not None:
             attach_samples(raw, sampler)
@@ -392,16 +358,26 @@ class Advisor:
             if kind is None:
                 self.echo(
                     f"trainadvisor: the block ended after {self.calls} steps, before the "
-                    f"{self.warmup + self.steps + self.traced_steps} the window needs: no report"
+                    f"{self.window.plan.length} the window needs: no report"
                 )
 
     # ---- `@advise(...)` ----
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        self.decorated = True
         return _wrap(fn, self)
 
 
 _NO_SCRIPT = "restart the training from a script to measure it with `trainadvisor profile`"
+
+
+def _data_parallel_modules() -> int:
+    """nn.DataParallel modules over two or more GPUs that exist now (the window's facts, as
+    profile's child counts those built): looked up once, when the timed steps begin."""
+    parallel = torch.nn.DataParallel
+    # type(), not isinstance(): isinstance asks an object's __class__, which some objects compute
+    found = [obj for obj in gc.get_objects() if issubclass(type(obj), parallel)]
+    return sum(1 for module in found if len(module.device_ids or []) >= 2)
 
 
 def _loss_of(result: Any) -> torch.Tensor | None:

@@ -44,7 +44,6 @@ STEP_MARKING_HELP = (
 )
 
 
-
 def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
     if raw.status == "script_failed":
         return

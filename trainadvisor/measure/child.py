@@ -59,7 +59,8 @@ def _record_when_stopped(recorder: hooks.Recorder) -> None:
     def stopped(signum: int, _frame: object) -> None:
         if os.getpid() != main_pid or recorder.window_done:
             os._exit(128 + signum)  # a worker, or the window is already recorded: nothing to add
-        where = "inside backward()" if recorder.backward_at is not None else "before its backward()"
+        inside = recorder.window.backward_at is not None
+        where = "inside backward()" if inside else "before its backward()"
         recorder.write(
             "script_failed",
             128 + signum,

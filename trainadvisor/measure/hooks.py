@@ -25,13 +25,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from trainadvisor import _serial, fixes
 from trainadvisor.measure import gpu, loaders, switches
 from trainadvisor.measure.config import ChildConfig, failed_write_file
-from trainadvisor.measure.window import close_window
-from trainadvisor.records import DeviceInfo, LoaderInfo, RawRun, StepRecord
+from trainadvisor.measure.window import Clock, Window, WindowPlan
+from trainadvisor.records import DeviceInfo, LoaderInfo, RawRun
 
 ACTIVE: Recorder | None = None
-
-# Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
-PROFILER_WARMUP_STEPS = 1
 
 
 class WindowComplete(BaseException):
@@ -41,8 +38,12 @@ class WindowComplete(BaseException):
 
 
 class Recorder:
-    def __init__(self, config: ChildConfig) -> None:
+    """Finds the script's steps and feeds them to the measuring window (`measure.window`); owns
+    every patch installed in the process, and writes what the baseline window measured."""
+
+    def __init__(self, config: ChildConfig, clock: Clock | None = None) -> None:
         self.config = config
+        self.clock = clock or Clock()
         self.steps_seen = 0
         self.manual = False
         # What ends a step: the first optimizer's step(), trainadvisor.step(), or, in a loop with
@@ -50,41 +51,39 @@ class Recorder:
         self.step_source = "optimizer"
         self.optimizers_built = 0
         self.first_optimizer: int | None = None
-        self.in_window = False
-        self.window_done = False
-        self.last_mark = time.perf_counter()
-        self.window_t0 = 0.0
-        self.window_start_unix_s: float | None = None
-        self.data_wait_s = 0.0
-        self.samples: int | None = None
-        self.loss: torch.Tensor | None = None
-        self.losses: list[torch.Tensor | None] = []  # by step index, up to the window's end
-        self.records: list[StepRecord] = []
         self.loaders: list[LoaderInfo] = []
-        self.step_batches: list[str] = []  # fingerprints of the batches drawn in this step
-        self.batch_fingerprints: list[str | None] = []  # by step index, up to the window's end
-        self.profiler: torch.profiler.profile | None = None
-        self.result: RawRun | None = None
-        self.optimizer: torch.optim.Optimizer | None = None  # the one whose steps are counted
+        self.result: RawRun | None = None  # the baseline window's, once written
         self.data_parallel_modules = 0
-        self.runtime: dict[str, Any] = {}
-        self.optimizer_ids: set[int] = set()
-        self.backward_at: float | None = None  # when the step's first backward() was called
-        self.device: int | None = None  # the GPU the losses were computed on
         self.device_announced = False
-        self.gpu = gpu.GpuWindow()
+        self.non_blocking_h2d = config.overrides.non_blocking_h2d  # mark batches for async copies
         # What a fix does to the loss before backward (fp16 loss scaling, 1/k for accumulation).
         self.loss_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # Run when the baseline window is written, from the step hook: the trial windows of
+        # `measure.session` (it returns when they are measured; then the script is stopped).
+        self.after_window: Callable[[Recorder], None] | None = None
         self._undo: list[Callable[[], None]] = []
+        self.window = self._baseline_window()
+
+    def _baseline_window(self) -> Window:
+        config = self.config
+        plan = WindowPlan(
+            config.warmup,
+            config.steps,
+            config.profile_steps if config.trace_file is not None else 0,
+            config.with_stack,
+        )
+        return Window(plan, self.clock, on_open=self._window_opens, on_close=self._window_closes)
+
+    @property
+    def window_done(self) -> bool:
+        """The baseline window is measured and written."""
+        return self.result is not None
 
     def patch(self, owner: Any, name: str, replacement: Any) -> None:
         """Replace `owner.name`; undone by `uninstall`. The attribute may be inherited (torch's
         `Tensor.to` and `.cuda` live on `torch._C.TensorBase`): then the replacement is set on
         `owner` and removed again, so the inherited one shows through as before."""
-        own = name in owner.__dict__
-        original = owner.__dict__[name] if own else getattr(owner, name)
-        setattr(owner, name, replacement)
-        self._undo.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
+        self._undo.append(replace_attribute(owner, name, replacement))
 
     def on_uninstall(self, undo: Callable[[], None]) -> None:
         self._undo.append(undo)
@@ -105,14 +104,12 @@ class Recorder:
     # ---- step boundaries ----
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        self.optimizer_ids.add(id(optimizer))
-        if self.manual:
-            return
         # With several optimizers (GANs, multi-task) the first one to step defines the step.
-        if self.first_optimizer is None:
+        if self.first_optimizer is None and not self.manual:
             self.first_optimizer = id(optimizer)
-            self.optimizer = optimizer
-        if id(optimizer) == self.first_optimizer:
+        counted = id(optimizer) == self.first_optimizer
+        self.window.optimizer_stepped(optimizer, counted)
+        if counted and not self.manual:
             self.boundary()
 
     def manual_step(self) -> None:
@@ -125,14 +122,17 @@ class Recorder:
         self.boundary()
 
     def count_afresh(self) -> None:
-        if self.steps_seen and not self.in_window and not self.window_done:
-            if self.step_source == "backward" and self.loss is None and self.losses:
-                # backward() closed the step that ends now: it keeps that step's loss and batches
-                self.loss = self.losses[-1]
-                self.step_batches = [b for b in self.batch_fingerprints[-1:] if b]
-            self.steps_seen = 0
-            self.losses.clear()
-            self.batch_fingerprints.clear()
+        """Count from zero again (what ends a step has just changed), unless the window began."""
+        old = self.window
+        if not self.steps_seen or old.phase != "warmup" or self.window_done:
+            return
+        self.steps_seen = 0
+        self.window = self._baseline_window()
+        self.window.device = old.device
+        if self.step_source == "backward" and old.loss is None and old.losses:
+            # backward() closed the step that ends now: it keeps that step's loss and batches
+            self.window.loss = old.losses[-1]
+            self.window.batches = [b for b in old.batch_fingerprints[-1:] if b]
 
     def optimizer_built(self) -> None:
         """A torch.optim optimizer exists: its steps, not backward(), end training steps."""
@@ -149,117 +149,61 @@ class Recorder:
             self.boundary()
 
     def boundary(self) -> None:
-        if self.in_window and len(self.records) + 1 == self.config.steps:
-            self.gpu.sync()  # the last timed step ends when its GPU work does
-        now = time.perf_counter()
         self.steps_seen += 1
-        if not self.window_done:
-            self.losses.append(self.loss)
-            self.batch_fingerprints.append("|".join(self.step_batches) or None)
-        self.step_batches = []
-        if self.in_window:
-            self.records.append(
-                StepRecord(
-                    index=self.steps_seen - 1,
-                    start_ms=(self.last_mark - self.window_t0) * 1e3,
-                    step_ms=(now - self.last_mark) * 1e3,
-                    data_wait_ms=self.data_wait_s * 1e3,
-                    samples=self.samples,
-                    profiled=self.profiler is not None,
-                    pre_backward_ms=(self.backward_at - self.last_mark) * 1e3 if self.backward_at else None,
-                )
-            )
-            recorded = len(self.records)
-            if recorded <= self.config.steps:
-                self.gpu.mark()
-            if recorded == self.config.steps + self.traced_steps():
-                self.end_window()
-            elif recorded == self.config.steps:
-                self.start_profiler()
-            elif self.profiler is not None:
-                self.profiler.step()
-        elif not self.window_done and self.steps_seen == self.config.warmup:
-            self.start_window()
+        window = self.window
+        window.boundary()
         # until the window ends (a CPU run would otherwise ask torch.cuda at every step)
-        if (
-            not self.device_announced
-            and not self.window_done
-            and self.config.device_file
-            and gpu.cuda_in_use()
-        ):
-            self.announce_device()
-        self.data_wait_s = 0.0
-        self.samples = None
-        self.loss = None
-        self.backward_at = None
-        self.last_mark = time.perf_counter()
+        if not self.device_announced and not self.window_done and self.config.device_file:
+            if gpu.cuda_in_use():
+                self.announce_device()
         if self.window_done and self.config.stop_after_window:
+            if self.after_window is not None:
+                after, self.after_window = self.after_window, None
+                after(self)  # the trial windows, run from this step hook
             raise WindowComplete()
 
-    def traced_steps(self) -> int:
-        """Steps after the timed ones: the profiler's warmup step, then those it records."""
-        return PROFILER_WARMUP_STEPS + self.config.profile_steps if self.config.profile_steps else 0
-
-    def start_window(self) -> None:
+    def _window_opens(self, window: Window) -> dict[str, Any]:
         runtime = self.config.overrides.runtime
         if runtime.get("tf32") or runtime.get("cudnn_benchmark"):  # again, in case the script reset them
             gpu.switch_flags(
                 tf32=bool(runtime.get("tf32")), cudnn_benchmark=bool(runtime.get("cudnn_benchmark"))
             )
-        self.runtime = _flags(self)
-        self.in_window = True
-        self.window_start_unix_s = time.time()
-        self.gpu.start(self.training_device())
-        self.window_t0 = time.perf_counter()
+        return gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"))
 
-    def training_device(self) -> int | None:
-        """The GPU the losses were on; the current device before any loss was seen."""
-        return self.device if self.device is not None else gpu.training_device(None)
+    def _window_closes(self, window: Window) -> None:
+        self.write("window_complete", exit_code=None, error=None)
 
     def announce_device(self) -> None:
         """Tell the parent's NVML sampler which GPU this process trains on (once CUDA is up)."""
         self.device_announced = True
+        device = self.window.device if self.window.device is not None else gpu.training_device(None)
         try:
-            gpu.announce_device(Path(str(self.config.device_file)), int(self.training_device() or 0))
+            gpu.announce_device(Path(str(self.config.device_file)), int(device or 0))
         except Exception as exc:  # sampling is a nicety: never break training for it
             print(f"[trainadvisor] could not name the GPU for sampling: {exc!r}", file=sys.stderr)
 
-    def start_profiler(self) -> None:
-        """One profiler session per process (a second session in the same process crashes
-        torch 2.13 now and then, at exit or when it starts). Python stacks only when asked
-        (`with_stack`, the separate sites run): the Python tracer adds about 15% host time."""
-        if self.config.trace_file is not None and self.config.profile_steps > 0:
-            self.profiler = start_profiler(self.config.profile_steps, self.config.with_stack)
-
-    def end_window(self) -> None:
-        self.in_window = False
-        self.window_done = True
-        self.write("window_complete", exit_code=None, error=None)
-
     # ---- data loading ----
 
-    def data_wait(self, seconds: float, batch: Any) -> None:
-        self.data_wait_s += seconds
-        if self.window_done:
+    def data_wait(self, seconds: float, batch: Any, loader_index: int | None = None) -> None:
+        window = self.window
+        window.add_data_wait(seconds)
+        if window.phase == "done":
             return
         tensors = list(batch_tensors(batch))
-        if self.config.overrides.non_blocking_h2d:
+        if self.non_blocking_h2d:
             for tensor in tensors:
                 if tensor.is_pinned():
                     tensor._trainadvisor_batch = True  # type: ignore[attr-defined]
-        host = [_fingerprint(t) for t in tensors if t.device.type == "cpu"]
-        if host:
-            self.step_batches.append(",".join(host))
-        if self.in_window and tensors and tensors[0].dim() > 0:
-            self.samples = (self.samples or 0) + int(tensors[0].shape[0])
+        # batches are fingerprinted for the baseline's loss check (trial windows need none)
+        host = [fingerprint(t) for t in tensors if t.device.type == "cpu"] if not self.window_done else []
+        samples = int(tensors[0].shape[0]) if tensors and tensors[0].dim() > 0 else None
+        window.add_batch(samples, ",".join(host) if host else None)
+        if window.measuring and loader_index is not None and not self.window_done:
+            self.loaders[loader_index].batches_in_window += 1
 
     def loss_candidate(self, tensor: torch.Tensor) -> None:
-        if self.backward_at is None:
-            self.backward_at = time.perf_counter()
-        if self.device is None and tensor.device.type == "cuda":
-            self.device = tensor.device.index
-        if not self.window_done and tensor.numel() == 1:
-            self.loss = tensor.detach()
+        self.window.mark_backward()
+        self.window.set_loss(tensor)
 
     # ---- results ----
 
@@ -283,63 +227,54 @@ class Recorder:
                 pass
 
     def _collect(self, status: str, exit_code: int | None, error: str | None) -> RawRun:
-        if self.profiler is not None:
-            self.profiler.stop()
-            export_trace(self.profiler, Path(str(self.config.trace_file)))
-            self.profiler = None
-        losses = close_window(
-            self.records, self.losses, self.gpu, self.runtime, self.optimizer, len(self.optimizer_ids)
-        )
-        for record in self.records:
-            record.loss = losses[record.index]
+        window = self.window
+        profiler = window.stop_profiler()
+        if profiler is not None:
+            export_trace(profiler, Path(str(self.config.trace_file)))
         trace = self.config.trace_file
-        return RawRun(
+        return window_run(
+            window,
             label=self.config.label,
             status=status,
             exit_code=exit_code,
             error=error,
-            warmup_steps=self.config.warmup,
-            window_steps=self.config.steps,
-            profile_steps=self.config.profile_steps,
             steps_seen=self.steps_seen,
             step_source=self.step_source,
-            steps=self.records,
             loaders=self.loaders,
-            device=device_info(),
-            window_start_unix_s=self.window_start_unix_s,
-            batch_fingerprints=self.batch_fingerprints,
-            losses=losses,
             trace_file=trace if trace and Path(trace).exists() else None,
-            runtime=self.runtime,
         )
 
 
-def _flags(recorder: Recorder) -> dict[str, Any]:
-    return gpu.torch_facts(recorder.data_parallel_modules, recorder.config.overrides.runtime.get("amp"))
-
-
-def start_profiler(profile_steps: int, with_stack: bool = False) -> torch.profiler.profile:
-    """torch.profiler for `profile_steps` steps after one warmup step (CUPTI's start-up stays
-    out of the recorded steps), CUDA activity included when the script uses a GPU."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if gpu.cuda_in_use():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(
-            wait=0, warmup=PROFILER_WARMUP_STEPS, active=profile_steps, repeat=1
-        ),
-        with_stack=with_stack,
+def window_run(window: Window, **fields: Any) -> RawRun:
+    """What a finished window measured, as the run record both profile and `@advise` save."""
+    losses = window.read_back()
+    return RawRun(
+        warmup_steps=window.plan.warmup,
+        window_steps=window.plan.steps,
+        profile_steps=window.plan.profile_steps,
+        steps=window.records,
+        device=device_info(),
+        window_start_unix_s=window.start_unix_s,
+        batch_fingerprints=window.batch_fingerprints,
+        losses=losses,
+        runtime=window.facts.runtime,
+        **fields,
     )
-    profiler.start()
-    return profiler
+
+
+def replace_attribute(owner: Any, name: str, replacement: Any) -> Callable[[], None]:
+    """Set `owner.name`; returns what puts it back (deleting it where it was inherited)."""
+    own = name in owner.__dict__
+    original = owner.__dict__[name] if own else getattr(owner, name)
+    setattr(owner, name, replacement)
+    return lambda: setattr(owner, name, original) if own else delattr(owner, name)
 
 
 _SAMPLED = 4096  # elements of a tensor that enter its fingerprint
 _WEIGHTS = torch.randint(1, 2**31, (_SAMPLED * 8,), generator=torch.Generator().manual_seed(0x7A17))
 
 
-def _fingerprint(tensor: torch.Tensor) -> str:
+def fingerprint(tensor: torch.Tensor) -> str:
     """A cheap content hash of a host tensor, in torch ops alone (numpy may be absent): shape,
     dtype, and a weighted sum of the bytes of at most 4096 evenly spaced elements. Enough to tell
     whether two runs drew the same batches, and far cheaper than hashing every byte (a 7 MB

@@ -8,7 +8,6 @@ import inspect
 import multiprocessing
 import os
 import pickle
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,6 +88,27 @@ def describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
     )
 
 
+def describe_iterator(iterator: _BaseDataLoaderIter, index: int) -> LoaderInfo:
+    """A loader known only by an iterator of it (`@advise` starts after the loaders are built):
+    what the iterator was built with; where the loader was built is not known."""
+    sampler = iterator._index_sampler
+    collate = iterator._collate_fn
+    default = collate is torch.utils.data.default_collate or collate is torch.utils.data.default_convert
+    return LoaderInfo(
+        index=index,
+        created_at="unknown",
+        dataset_class=type(iterator._dataset).__qualname__,
+        iterable_dataset=isinstance(iterator._dataset, IterableDataset),
+        batch_size=getattr(sampler, "batch_size", None) if iterator._auto_collation else None,
+        num_workers=int(iterator._num_workers),
+        pin_memory=bool(iterator._pin_memory),
+        persistent_workers=bool(iterator._persistent_workers),
+        prefetch_factor=getattr(iterator, "_prefetch_factor", None),
+        start_method=_start_method(getattr(iterator, "_multiprocessing_context", None)),
+        collate_fn=None if default else getattr(collate, "__qualname__", repr(collate)),
+    )
+
+
 def pinning_device_problem() -> str | None:
     """Why pinned memory would misbehave in this torchrun rank, or None. The DataLoader's pinning
     thread runs on the current CUDA device; a rank that never called `torch.cuda.set_device`
@@ -139,18 +159,16 @@ def install(recorder: Any, overrides: dict[str, dict[str, Any]], refuse: Callabl
     site (`refuse` ends the run when they cannot apply); its iterator's `__next__` is timed
     (`recorder.data_wait`), and the batches it serves inside the window are counted."""
     original_next = _BaseDataLoaderIter.__next__
+    clock = recorder.clock.perf_s
 
     def timed_next(self: _BaseDataLoaderIter) -> Any:
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             batch = original_next(self)
         except StopIteration:
-            recorder.data_wait_s += time.perf_counter() - t0
+            recorder.window.add_data_wait(clock() - t0)
             raise
-        recorder.data_wait(time.perf_counter() - t0, batch)
-        info_index = getattr(self, "_trainadvisor_loader", None)
-        if recorder.in_window and info_index is not None:
-            recorder.loaders[info_index].batches_in_window += 1
+        recorder.data_wait(clock() - t0, batch, getattr(self, "_trainadvisor_loader", None))
         return batch
 
     recorder.patch(_BaseDataLoaderIter, "__next__", timed_next)

@@ -1,33 +1,238 @@
-"""What every measuring window does when it ends, in profile's child and in `@advise` alike (the
-seed of the one window issue 12 asks for): the losses read back, the GPU's step times put on the
-records, the optimizer and CUDA memory facts added to the runtime facts."""
+"""One measuring window over the steps of a running training loop: `warmup` steps, then `steps`
+steps timed with clocks alone, then (when asked) the profiler's warmup step and `profile_steps`
+steps traced with torch.profiler, whose overhead would bias the timing. Profile's child
+(`measure.hooks.Recorder`) and `@advise` (`advisor.Advisor`) both drive one; the child then
+goes on through a sequence of trial windows in the same process (`measure.session`).
+
+The window knows nothing of how steps are found: its owner calls `boundary()` at the end of each
+step and reports what happened inside it (`add_data_wait`, `add_batch`, `set_loss`,
+`mark_backward`). Clocks are injected (`Clock`), so tests drive a window with exact numbers."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
 from trainadvisor.measure import gpu
 from trainadvisor.records import StepRecord
 
+# Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
+PROFILER_WARMUP_STEPS = 1
 
-def close_window(
-    records: list[StepRecord],
-    losses: list[torch.Tensor | None],
-    gpu_window: gpu.GpuWindow,
-    runtime: dict[str, Any],
-    optimizer: torch.optim.Optimizer | None,
-    optimizers: int,
-) -> list[float | None]:
-    """The losses as numbers (one host sync for all steps, after the window: the loop itself
-    never waited for them); `records` gain their CUDA-event times and `runtime` the optimizer's
-    facts, the number of optimizers that stepped and the window's CUDA memory statistics."""
-    values = [float(loss.float().item()) if loss is not None else None for loss in losses]
-    for record, gpu_ms in zip(records, gpu_window.step_ms()):
-        record.gpu_ms = gpu_ms
-    runtime.update(gpu.optimizer_facts(optimizer))
-    runtime["optimizers"] = optimizers
-    if runtime.get("cuda_used"):
-        runtime["cuda_memory"] = gpu_window.memory()
-    return values
+Phase = Literal["warmup", "timed", "traced", "done"]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Where a window reads time: a monotonic clock for durations, the wall clock for the
+    moment it starts (host and GPU samples are placed against it)."""
+
+    perf_s: Callable[[], float] = time.perf_counter
+    unix_s: Callable[[], float] = time.time
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    warmup: int  # steps before the timed ones, from the window's opening
+    steps: int  # timed with clocks alone
+    profile_steps: int = 0  # then traced (after PROFILER_WARMUP_STEPS more); 0: no profiler
+    with_stack: bool = False  # the trace records Python stacks
+
+    @property
+    def traced_steps(self) -> int:
+        """Steps after the timed ones: the profiler's warmup step, then those it records."""
+        return PROFILER_WARMUP_STEPS + self.profile_steps if self.profile_steps else 0
+
+    @property
+    def length(self) -> int:
+        return self.warmup + self.steps + self.traced_steps
+
+
+@dataclass
+class WindowFacts:
+    """What a window learnt besides its steps, set by its owner as the loop runs."""
+
+    runtime: dict[str, Any] = field(default_factory=dict)  # torch's state when the timed steps began
+    optimizer: torch.optim.Optimizer | None = None  # the one whose steps are counted
+    optimizer_ids: set[int] = field(default_factory=set)
+
+
+def start_profiler(profile_steps: int, with_stack: bool = False) -> torch.profiler.profile:
+    """torch.profiler for `profile_steps` steps after one warmup step (CUPTI's start-up stays
+    out of the recorded steps), CUDA activity included when the script uses a GPU."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if gpu.cuda_in_use():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(
+            wait=0, warmup=PROFILER_WARMUP_STEPS, active=profile_steps, repeat=1
+        ),
+        with_stack=with_stack,
+    )
+    profiler.start()
+    return profiler
+
+
+class Window:
+    """The steps of one window, from the step numbered `first_index` on. `on_open` runs when the
+    timed steps begin (it returns torch's runtime facts), `on_close` when the last step is in."""
+
+    def __init__(
+        self,
+        plan: WindowPlan,
+        clock: Clock | None = None,
+        first_index: int = 0,
+        device: int | None = None,
+        on_open: Callable[[Window], dict[str, Any]] | None = None,
+        on_close: Callable[[Window], None] | None = None,
+        profiler: Callable[[int, bool], Any] = start_profiler,
+    ) -> None:
+        self.plan, self.clock, self.first_index = plan, clock or Clock(), first_index
+        self.device = device  # the GPU the losses were on
+        self.on_open, self.on_close, self.make_profiler = on_open, on_close, profiler
+        self.phase: Phase = "warmup"
+        self.steps_done = 0
+        self.records: list[StepRecord] = []
+        self.losses: list[torch.Tensor | None] = []  # one per step, warmup included
+        self.batch_fingerprints: list[str | None] = []
+        self.facts = WindowFacts()
+        self.gpu = gpu.GpuWindow()
+        self.profiler: Any = None
+        self.t0 = 0.0
+        self.start_unix_s: float | None = None
+        self.end_unix_s: float | None = None
+        self.last_mark = self.clock.perf_s()
+        self._reset_step()
+        if plan.warmup == 0:
+            self._open()
+
+    def _reset_step(self) -> None:
+        self.data_wait_s = 0.0
+        self.samples: int | None = None
+        self.loss: torch.Tensor | None = None
+        self.backward_at: float | None = None
+        self.batches: list[str] = []
+
+    # ---- what happened inside the step ----
+
+    @property
+    def measuring(self) -> bool:
+        return self.phase in ("timed", "traced")
+
+    def add_data_wait(self, seconds: float) -> None:
+        self.data_wait_s += seconds
+
+    def add_batch(self, samples: int | None, fingerprint: str | None = None) -> None:
+        if samples is not None and self.measuring:
+            self.samples = (self.samples or 0) + samples
+        if fingerprint:
+            self.batches.append(fingerprint)
+
+    def mark_backward(self) -> None:
+        if self.backward_at is None:
+            self.backward_at = self.clock.perf_s()
+
+    def set_loss(self, tensor: torch.Tensor) -> None:
+        if self.device is None and tensor.device.type == "cuda":
+            self.device = tensor.device.index
+        if tensor.numel() == 1:
+            self.loss = tensor.detach()
+
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer, counted: bool) -> None:
+        self.facts.optimizer_ids.add(id(optimizer))
+        if counted and self.facts.optimizer is None:
+            self.facts.optimizer = optimizer
+
+    def restart_step(self) -> None:
+        """The step failed (it raised): what was measured of it is dropped; the next starts now."""
+        self._reset_step()
+        self.last_mark = self.clock.perf_s()
+
+    # ---- the step's end ----
+
+    def boundary(self) -> None:
+        """One step ended: record it, and move to the next phase when this one is complete."""
+        if self.phase == "done":
+            return
+        if self.phase == "timed" and len(self.records) + 1 == self.plan.steps:
+            self.gpu.sync()  # the last timed step ends when its GPU work does
+        now = self.clock.perf_s()
+        self.steps_done += 1
+        self.losses.append(self.loss)
+        self.batch_fingerprints.append("|".join(self.batches) or None)
+        if self.measuring:
+            self._record(now)
+        elif self.steps_done == self.plan.warmup:
+            self._open()
+        self._reset_step()
+        self.last_mark = self.clock.perf_s()
+
+    def _record(self, now: float) -> None:
+        pre_backward_s = self.backward_at - self.last_mark if self.backward_at is not None else None
+        self.records.append(
+            StepRecord(
+                index=self.first_index + self.steps_done - 1,
+                start_ms=(self.last_mark - self.t0) * 1e3,
+                step_ms=(now - self.last_mark) * 1e3,
+                data_wait_ms=self.data_wait_s * 1e3,
+                samples=self.samples,
+                profiled=self.profiler is not None,
+                pre_backward_ms=pre_backward_s * 1e3 if pre_backward_s is not None else None,
+            )
+        )
+        recorded = len(self.records)
+        if recorded <= self.plan.steps:
+            self.gpu.mark()
+        if recorded == self.plan.steps + self.plan.traced_steps:
+            self._close()
+        elif recorded == self.plan.steps:
+            self.phase = "traced"
+            self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
+        elif self.profiler is not None:
+            self.profiler.step()
+
+    def _open(self) -> None:
+        if self.on_open is not None:
+            self.facts.runtime = self.on_open(self)
+        self.phase = "timed"
+        self.start_unix_s = self.clock.unix_s()
+        self.gpu.start(self.device if self.device is not None else gpu.training_device(None))
+        self.t0 = self.last_mark = self.clock.perf_s()
+        if self.plan.steps == 0:
+            self._close()
+
+    def _close(self) -> None:
+        self.phase = "done"
+        self.end_unix_s = self.clock.unix_s()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    # ---- after the window ----
+
+    def stop_profiler(self) -> Any:
+        """The profiler, stopped (None when the window traced nothing); the caller exports it."""
+        profiler, self.profiler = self.profiler, None
+        if profiler is not None:
+            profiler.stop()
+        return profiler
+
+    def read_back(self) -> list[float | None]:
+        """The losses as numbers (one host sync for all steps, after the window: the loop itself
+        never waited for them); the records gain their CUDA-event times and losses, the runtime
+        facts the optimizer's, the number of optimizers that stepped and CUDA memory."""
+        values = [float(loss.float().item()) if loss is not None else None for loss in self.losses]
+        for record, gpu_ms in zip(self.records, self.gpu.step_ms()):
+            record.gpu_ms = gpu_ms
+        for record in self.records:
+            record.loss = values[record.index - self.first_index]
+        runtime = self.facts.runtime
+        runtime.update(gpu.optimizer_facts(self.facts.optimizer))
+        runtime["optimizers"] = len(self.facts.optimizer_ids)
+        if runtime.get("cuda_used"):
+            runtime["cuda_memory"] = self.gpu.memory()
+        return [*([None] * self.first_index), *values]

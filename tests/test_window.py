@@ -1,0 +1,181 @@
+"""The measuring window, driven by a fake clock: exact numbers, no sleeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainadvisor.advisor import Advisor
+from trainadvisor.measure import hooks
+from trainadvisor.measure.config import ChildConfig
+from trainadvisor.measure.window import Clock, Window, WindowPlan
+
+
+class FakeClock:
+    """perf_s and unix_s advance only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def advance(self, ms: float) -> None:
+        self.now_s += ms / 1e3
+
+    def clock(self) -> Clock:
+        return Clock(perf_s=lambda: self.now_s, unix_s=lambda: 1_700_000_000.0 + self.now_s)
+
+
+class FakeProfiler:
+    def __init__(self, steps: int, with_stack: bool) -> None:
+        self.steps, self.with_stack, self.stepped, self.stopped = steps, with_stack, 0, False
+
+    def step(self) -> None:
+        self.stepped += 1
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Clock arithmetic in float seconds: compare milliseconds to a nanosecond."""
+    return [tuple(round(v, 6) if isinstance(v, float) else v for v in row) for row in rows]
+
+
+def _step(window: Window, clock: FakeClock, data_ms: float, compute_ms: float, loss: float) -> None:
+    clock.advance(data_ms)
+    window.add_data_wait(data_ms / 1e3)
+    window.add_batch(4, f"batch{window.steps_done}")
+    clock.advance(compute_ms / 2)
+    window.mark_backward()
+    window.set_loss(torch.tensor(loss))
+    clock.advance(compute_ms / 2)
+    window.boundary()
+
+
+def test_warmup_then_timed_then_traced_steps_with_exact_times() -> None:
+    clock = FakeClock()
+    profilers: list[FakeProfiler] = []
+    opened: list[int] = []
+    window = Window(
+        WindowPlan(warmup=2, steps=3, profile_steps=2),
+        clock.clock(),
+        on_open=lambda w: opened.append(w.steps_done) or {"cuda_used": False},
+        profiler=lambda steps, stack: profilers.append(FakeProfiler(steps, stack)) or profilers[-1],
+    )
+    for i in range(2):
+        _step(window, clock, 1.0, 4.0, loss=10.0 + i)
+    assert window.phase == "timed" and opened == [2] and window.start_unix_s == 1_700_000_000.0 + 100.010
+    for i in range(3):
+        _step(window, clock, 2.0 * (i + 1), 6.0, loss=20.0 + i)
+    assert window.phase == "traced" and profilers[0].steps == 2 and not profilers[0].with_stack
+    for i in range(3):  # the profiler's warmup step, then the 2 it records
+        _step(window, clock, 1.0, 1.0, loss=30.0 + i)
+    assert window.phase == "done" and profilers[0].stepped == 2
+    _step(window, clock, 1.0, 1.0, loss=99.0)  # after the window: nothing recorded
+    rows = [(r.index, r.start_ms, r.step_ms, r.data_wait_ms, r.samples, r.profiled) for r in window.records]
+    assert _rounded(rows) == (
+        [
+            (2, 0.0, 8.0, 2.0, 4, False),
+            (3, 8.0, 10.0, 4.0, 4, False),
+            (4, 18.0, 12.0, 6.0, 4, False),
+            (5, 30.0, 2.0, 1.0, 4, True),
+            (6, 32.0, 2.0, 1.0, 4, True),
+            (7, 34.0, 2.0, 1.0, 4, True),
+        ]
+    )
+    assert [round(r.pre_backward_ms or 0, 6) for r in window.records[:3]] == [5.0, 7.0, 9.0]
+    assert window.stop_profiler() is profilers[0] and profilers[0].stopped
+    assert window.read_back() == [10.0, 11.0, 20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
+    assert [r.loss for r in window.records] == [20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
+    assert window.batch_fingerprints[:3] == ["batch0", "batch1", "batch2"]
+    assert window.facts.runtime == {"cuda_used": False, "optimizers": 0}
+
+
+def test_a_sequence_of_windows_numbers_steps_on_and_pads_the_losses() -> None:
+    clock = FakeClock()
+    first = Window(WindowPlan(warmup=1, steps=2), clock.clock())
+    for _ in range(3):
+        _step(first, clock, 0.0, 5.0, loss=1.0)
+    assert first.phase == "done"
+    second = Window(WindowPlan(warmup=2, steps=2), clock.clock(), first_index=3)
+    for _ in range(4):
+        _step(second, clock, 3.0, 5.0, loss=2.0)
+    assert _rounded([(r.index, r.step_ms, r.data_wait_ms) for r in second.records]) == (
+        [(5, 8.0, 3.0), (6, 8.0, 3.0)]
+    )
+    assert second.read_back() == [None, None, None, 2.0, 2.0, 2.0, 2.0]
+
+
+def test_a_failed_step_is_dropped_and_no_warmup_opens_at_once() -> None:
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=0, steps=2), clock.clock())
+    assert window.phase == "timed"
+    clock.advance(50.0)
+    window.add_data_wait(0.050)
+    window.restart_step()  # the step raised: its 50 ms are not a step's
+    clock.advance(4.0)
+    window.boundary()
+    assert _rounded([(r.step_ms, r.data_wait_ms) for r in window.records]) == ([(4.0, 0.0)])
+
+
+def _config(tmp_path: Path, warmup: int, steps: int) -> ChildConfig:
+    return ChildConfig("t", str(tmp_path / "r.json"), None, warmup, steps, 0, False, None)
+
+
+def test_backward_ends_steps_until_an_optimizer_is_built(tmp_path: Path) -> None:
+    """A loop that updates by hand: each backward() of a scalar ends a step. Once an optimizer
+    exists its steps count instead, from zero again (no step counted twice)."""
+    clock = FakeClock()
+    recorder = hooks.Recorder(_config(tmp_path, warmup=5, steps=2), clock.clock())
+    weight = torch.ones(3, requires_grad=True)
+    for _ in range(3):
+        clock.advance(2.0)
+        recorder.loss_candidate((weight * 2).sum())
+        recorder.backward_done()
+    assert (recorder.step_source, recorder.steps_seen, recorder.window.steps_done) == ("backward", 3, 3)
+    recorder.optimizer_built()
+    assert (recorder.step_source, recorder.steps_seen, recorder.window.steps_done) == ("optimizer", 0, 0)
+    assert recorder.window.loss is not None  # the step that ends now keeps its backward()'s loss
+
+
+def test_the_recorder_writes_the_windows_run(tmp_path: Path) -> None:
+    clock = FakeClock()
+    recorder = hooks.Recorder(_config(tmp_path, warmup=1, steps=2), clock.clock())
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    for _ in range(3):
+        clock.advance(5.0)
+        recorder.data_wait(0.002, (torch.zeros(8, 2), torch.zeros(8)))
+        recorder.loss_candidate(torch.tensor(0.5))
+        recorder.optimizer_step(optimizer)
+    raw = recorder.result
+    assert raw is not None and raw.status == "window_complete" and raw.steps_seen == 3
+    assert _rounded([(s.index, s.step_ms, s.data_wait_ms, s.samples) for s in raw.steps]) == (
+        [(1, 5.0, 2.0, 8), (2, 5.0, 2.0, 8)]
+    )
+    assert raw.losses == [0.5, 0.5, 0.5] and raw.runtime["optimizer"] == "SGD"
+    assert raw.window_start_unix_s == 1_700_000_000.0 + 100.005
+    assert all(f and f.startswith("(8, 2):float32") for f in raw.batch_fingerprints)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def test_advise_times_the_gap_between_calls_as_data_wait(tmp_path: Path) -> None:
+    clock = FakeClock()
+    advisor = Advisor(warmup=2, steps=3, out=tmp_path / "r", echo=_quiet, clock=clock.clock())
+    advisor._start_profiler = lambda: None  # type: ignore[method-assign]
+
+    def step(batch: torch.Tensor) -> dict[str, Any]:
+        clock.advance(4.0)  # the step's compute
+        return {"loss": torch.tensor(float(batch.shape[0]))}
+
+    advised = advisor(step)
+    for i in range(5):
+        clock.advance(10.0 * (i + 1))  # the loop fetching the next batch
+        advised(torch.zeros(16, 3))
+    rows = [(r.index, r.step_ms, r.data_wait_ms, r.samples) for r in advisor.window.records]
+    assert _rounded(rows) == ([(2, 34.0, 30.0, 16), (3, 44.0, 40.0, 16), (4, 54.0, 50.0, 16)])
+    advisor.close()
