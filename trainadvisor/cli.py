@@ -59,6 +59,30 @@ def _echo(message: str) -> None:
     click.echo(message, err=True)
 
 
+class Duration(click.ParamType):
+    """A length of time: 90, 90s, 10m, 1.5h (seconds when no unit is given)."""
+
+    name = "duration"
+    _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip().lower()
+        unit = self._UNITS.get(text[-1:], None)
+        number = text[:-1] if unit is not None else text
+        try:
+            seconds = float(number) * (unit or 1.0)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration: write it as 90s, 10m or 1.5h", param, ctx)
+        if seconds <= 0:
+            self.fail(f"{value!r}: a duration must be more than zero", param, ctx)
+        return seconds
+
+
+DURATION = Duration()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trainadvisor")
 def main() -> None:
@@ -114,6 +138,29 @@ def main() -> None:
     help="Seconds a run may take before it is stopped (a hung rank under torchrun ends here).",
 )
 @click.option(
+    "--budget",
+    "budget_s",
+    type=DURATION,
+    help="The most all trials may take, e.g. 10m, 90s or 1h: fixes are tried most-to-gain first, "
+    "and those left are listed with the command that measures them.",
+)
+@click.option(
+    "--fix",
+    "only_fixes",
+    multiple=True,
+    metavar="ID",
+    help="Measure only this fix (repeatable), e.g. --fix dataloader-workers.",
+)
+@click.option(
+    "--trials",
+    type=click.Choice(["auto", "restart"]),
+    default="auto",
+    show_default=True,
+    help="auto: try settings that can switch while the loop runs (DataLoader workers, TF32, "
+    "bf16 autocast, ...) in windows of the first run, without restarting the script; restart: "
+    "every candidate in a fresh run.",
+)
+@click.option(
     "--nproc-per-node",
     type=click.IntRange(min=1),
     help="Launch SCRIPT through torch.distributed.run (torchrun) with this many processes per "
@@ -137,6 +184,9 @@ def profile_command(
     no_fix: bool,
     seed: int,
     timeout_s: float | None,
+    budget_s: float | None,
+    only_fixes: tuple[str, ...],
+    trials: str,
     nproc_per_node: int | None,
     script: Path,
     script_args: tuple[str, ...],
@@ -151,8 +201,9 @@ def profile_command(
     After WARMUP steps, STEPS steps are timed with clocks (the profiler's overhead would bias
     them) while psutil and NVML sample the process, its DataLoader workers and the GPU; up to 10
     more steps are traced with torch.profiler; then the script is stopped (see --run-to-end).
-    When a rule fires, its fix is measured in fresh runs (several candidate settings, the
-    fastest kept) and confirmed in one more run. It is kept only if the confirmation run's slow
+    When a rule fires, its fix is measured (several candidate settings, the fastest kept): in
+    windows of the same run where the setting can switch while the loop runs, else in fresh
+    runs; the choice is confirmed in one more fresh run. It is kept only if the confirmation run's slow
     windows beat the first run's fast ones, it gains at least 5%, and the loss of the same
     seeded steps is unchanged.
 
@@ -174,6 +225,9 @@ def profile_command(
         rule_dirs=list(rule_dirs),
         run_to_end=run_to_end,
         apply_fixes=not no_fix,
+        budget_s=budget_s,
+        only_fixes=list(only_fixes),
+        trials=trials,
     )
     _run(lambda: _profile(options))
 

@@ -9,10 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psutil
+
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.judge import compare, verdict
+from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.records import (
     SCHEMA_VERSION,
@@ -27,8 +30,9 @@ from trainadvisor.records import (
     merge_overrides,
 )
 from trainadvisor.report import check_out_dir
-from trainadvisor.runs import ProfileOptions, measure_run, reproduce_command, spec_for, trial_spec
-from trainadvisor.trials import Echo, loss_noise, noise_note, tolerance, tune_fix
+from trainadvisor.runs import ProfileOptions, measure_run, reproduce_command, run_of, spec_for, trial_spec
+from trainadvisor.trials import Echo, loss_noise, noise_note, tolerance
+from trainadvisor.tuning import Tuning
 
 # Findings whose evidence names lines of the user's code, found in a run traced with stacks.
 SITE_RULES = ("host-sync", "cpu-tensor-creation")
@@ -97,46 +101,80 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
         f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
         f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)"
     )
-    baseline = measure_run(spec_for(options, "baseline", stop_after_window=not options.run_to_end))
-    _check_steps(baseline.raw, options)
-    diagnosed = _diagnose_baseline(options, rules, baseline, echo)
-    blocked = _why_no_fixes(options, baseline)
-    if blocked is not None or not options.apply_fixes:  # diagnosis only: no fix outcome to report
-        report = _report(options, diagnosed, started, [], extra_notes=[blocked])
-        keep(report)
-        return report
-    keep(_report(options, diagnosed, started, _not_tried(diagnosed.plan)))
+    why_restart = _why_restart(options)
+    session = options.out_dir / ".work" / "session"
+    spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
+    live = LiveRun(replace(spec, session_dir=session)) if why_restart is None else None
+    try:
+        baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
+        _check_steps(baseline.raw, options)
+        diagnosed = _diagnose_baseline(options, rules, baseline)
+        blocked = _why_no_fixes(options, baseline)
+        if blocked is not None or not options.apply_fixes:  # diagnosis only: no fix outcome to report
+            if live is not None:
+                live.close()
+            diagnosed = _with_sites(options, rules, diagnosed, echo)
+            report = _report(options, diagnosed, started, [], extra_notes=[blocked])
+            keep(report)
+            return report
+        tuning = _tuning(options, diagnosed, echo, started)
+        tuning.on_progress = lambda: keep(
+            _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
+        )
+        tuning.on_progress()
+        if live is not None:
+            tuning.in_process(live)
+    finally:
+        if live is not None:
+            live.close()
+    diagnosed = _with_sites(options, rules, diagnosed, echo)
     noise_rel = None
-    notes = []
-    if diagnosed.diagnosis.values.get("cuda_used") and any(p.applicable for p in diagnosed.plan):
+    if diagnosed.diagnosis.values.get("cuda_used") and any(
+        p.applicable and p.fix not in tuning.tried for p in diagnosed.plan
+    ):
         noise_rel = loss_noise(options, baseline, echo)
-        notes.append(noise_note(noise_rel))
-    outcomes = _not_tried(diagnosed.plan)
-    for i, planned in enumerate(diagnosed.plan):
-        if planned.applicable:
-            outcomes[i] = tune_fix(
-                planned, diagnosed.diagnosis.values, diagnosed.baseline, options, echo, noise_rel
-            )
-            keep(_report(options, diagnosed, started, outcomes, extra_notes=notes, noise_rel=noise_rel))
-    report = _confirm(options, diagnosed, started, outcomes, notes, noise_rel, echo)
+        tuning.notes.append(noise_note(noise_rel))
+    tuning.restarted(noise_rel, why_restart or "")
+    report = _confirm(options, diagnosed, started, tuning, noise_rel, echo)
     keep(report)
     return report
+
+
+def _why_restart(options: ProfileOptions) -> str | None:
+    """Why no trial can run as a window of the baseline's process, or None."""
+    if not options.apply_fixes:
+        return "diagnosis only"
+    if options.trials == "restart":
+        return "--trials restart was given"
+    if options.torchrun:
+        return "under torchrun every rank would have to switch its setting at the same step"
+    if options.run_to_end:
+        return "--run-to-end lets the baseline run finish"
+    return None
+
+
+def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started: float) -> Tuning:
+    values = {**diagnosed.diagnosis.values, "memory_available_bytes": psutil.virtual_memory().available}
+    plan = diagnosed.plan
+    return Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
 
 
 def _prepare(options: ProfileOptions) -> list[engine.Rule]:
     """What can be refused before anything runs: the script, the rules, the report folder."""
     if not options.script.is_file():
         raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
+    unknown = [fix for fix in options.only_fixes if fix not in fixes.REGISTRY]
+    if unknown:
+        raise UsageError(
+            f"--fix {unknown[0]}: no such fix; the fixes are {', '.join(sorted(fixes.REGISTRY))}"
+        )
     rules = engine.rules_for(options.rule_dirs)
     check_out_dir(options.out_dir)
     return rules
 
 
-def _diagnose_baseline(
-    options: ProfileOptions, rules: list[engine.Rule], baseline: Run, echo: Echo
-) -> _Diagnosed:
-    """The rules over the baseline; when a finding names lines of code, the baseline's trace
-    measurements gain the call sites of a separate run traced with Python stacks."""
+def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseline: Run) -> _Diagnosed:
+    """The rules over the baseline, and the fixes they propose (those `--fix` names, if given)."""
     notes = []
     if baseline.raw.step_source == "backward":
         notes.append(
@@ -146,17 +184,38 @@ def _diagnose_baseline(
     if 0 < baseline.steps < options.steps:
         notes.append(f"The script ended after {baseline.steps} of the {options.steps} timed steps.")
     diagnosis = engine.diagnose(named_measurements(baseline), rules)
-    if any(f.rule in SITE_RULES for f in diagnosis.findings) and baseline.raw.status != "script_failed":
-        sites = _call_sites(options, baseline, echo)
-        if sites:
-            baseline = replace(baseline, trace={**baseline.trace, **sites})
-            diagnosis = engine.diagnose(named_measurements(baseline), rules)
-            notes.append(
-                "The lines named for syncs and host-made tensors come from a separate run of "
-                f"{SITE_STEPS} steps traced with Python stacks (traces/sites/), kept apart because "
-                "the Python tracer slows the host."
-            )
-    return _Diagnosed(baseline, diagnosis, fixes.plan(diagnosis.findings, diagnosis.values), notes)
+    plan = fixes.plan(diagnosis.findings, diagnosis.values)
+    if options.only_fixes:
+        named = ", ".join(options.only_fixes)
+        plan = [
+            p if p.fix in options.only_fixes or not p.applicable
+            else replace(p, applicable=False, reason=f"not measured in this run: --fix named only {named}")
+            for p in plan
+        ]  # fmt: skip
+    return _Diagnosed(baseline, diagnosis, plan, notes)
+
+
+def _with_sites(
+    options: ProfileOptions, rules: list[engine.Rule], diagnosed: _Diagnosed, echo: Echo
+) -> _Diagnosed:
+    """When a finding names lines of code, the baseline's trace measurements gain the call sites
+    of a separate run traced with Python stacks, and the findings are made again (the plan
+    stays: call sites change what a finding shows, not what it proposes)."""
+    baseline = diagnosed.baseline
+    findings = diagnosed.diagnosis.findings
+    if not any(f.rule in SITE_RULES for f in findings) or baseline.raw.status == "script_failed":
+        return diagnosed
+    sites = _call_sites(options, baseline, echo)
+    if not sites:
+        return diagnosed
+    baseline = replace(baseline, trace={**baseline.trace, **sites})
+    note = (
+        "The lines named for syncs and host-made tensors come from a separate run of "
+        f"{SITE_STEPS} steps traced with Python stacks (traces/sites/), kept apart because "
+        "the Python tracer slows the host."
+    )
+    diagnosis = engine.diagnose(named_measurements(baseline), rules)
+    return _Diagnosed(baseline, diagnosis, diagnosed.plan, [*diagnosed.notes, note])
 
 
 def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
@@ -192,7 +251,9 @@ def _report(
     comparison: Comparison | None = None,
     extra_notes: list[str | None] | None = None,
     noise_rel: float | None = None,
+    tuning: Tuning | None = None,
 ) -> Report:
+    notes = [*(extra_notes or []), *(tuning.notes if tuning else []), _modes_note(outcomes)]
     return Report(
         schema_version=SCHEMA_VERSION,
         command=reproduce_command(options),
@@ -206,23 +267,41 @@ def _report(
         applied_fixes=[o.fix for o in outcomes if o.status == "kept"],
         speedup=comparison.speedup if comparison else None,
         comparison=comparison,
-        notes=[*diagnosed.notes, *(n for n in extra_notes or [] if n)],
+        notes=[*diagnosed.notes, *(n for n in notes if n)],
         elapsed_s=time.monotonic() - started,
         loss_noise_rel=noise_rel,
+        trial_windows=list(tuning.windows) if tuning else [],
     )
+
+
+def _modes_note(outcomes: list[FixOutcome]) -> str | None:
+    """How the trials ran: which fixes in windows of the baseline's process, which restarted
+    the script, and why."""
+    windows = [o.fix for o in outcomes if o.mode == "in_process"]
+    restarted = [
+        f"{o.fix} ({o.mode_reason})" if o.mode_reason else o.fix for o in outcomes if o.mode == "restart"
+    ]
+    parts = []
+    if windows:
+        parts.append(
+            f"measured in windows of the baseline's own process, without restarting it: {', '.join(windows)}"
+        )
+    if restarted:
+        parts.append(f"measured in fresh runs of the script: {'; '.join(restarted)}")
+    return ("Trials " + "; trials ".join(parts) + ".") if parts else None
 
 
 def _confirm(
     options: ProfileOptions,
     diagnosed: _Diagnosed,
     started: float,
-    outcomes: list[FixOutcome],
-    notes: list[str],
+    tuning: Tuning,
     noise_rel: float | None,
     echo: Echo,
 ) -> Report:
     """The fixes chosen by their trials, measured together in one fresh run: kept only if that
     run is faster and trains the same; each kept or recommended fix gets its code change."""
+    outcomes = tuning.outcomes
     chosen = [o for o in outcomes if o.status == "unconfirmed"]
     after, comparison = None, None
     verdicts: dict[str, tuple[FixStatus, str]] = {}
@@ -242,7 +321,7 @@ def _confirm(
             status, reason = "failed", after.raw.error or "the confirmation run did not complete"
         verdicts = {o.fix: (status, reason) for o in chosen}
     final = [_final(options, o, verdicts) for o in outcomes]
-    return _report(options, diagnosed, started, final, after, comparison, notes, noise_rel)
+    return _report(options, diagnosed, started, final, after, comparison, None, noise_rel, tuning)
 
 
 def _final(

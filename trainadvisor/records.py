@@ -318,6 +318,24 @@ class FixOutcome:
     trials: list[Trial]
     chosen: str = ""  # the settings measured best, in words ("num_workers=8, ...")
     diff: str = ""  # the change to the user's script that makes the fix permanent (unified diff)
+    search: str = ""  # why the search over candidates stopped where it did
+    mode: str = ""  # how its trials ran: "in_process" (windows of one run) or "restart"
+    mode_reason: str = ""  # why they restarted the script, when they did
+
+
+@dataclass
+class TrialWindow:
+    """One window of the baseline's process: the baseline's own, a trial, or the baseline's
+    setting measured again after the trials (the bracket that shows drift)."""
+
+    label: str
+    fix: str  # "" for the baseline's setting
+    setting: str
+    status: str
+    steps_per_s: float | None
+    samples_per_s: float | None
+    started_s: float | None  # since the baseline window started
+    steps: int
 
 
 @dataclass
@@ -345,6 +363,8 @@ class Report:
     # profile on a GPU: how far the loss of the same seeded steps moved between two identical
     # runs (atomics-based kernels sum in varying order); loss tolerances are set above it
     loss_noise_rel: float | None = None
+    # profile: every measuring window of the run kept alive for trials, in order
+    trial_windows: list[TrialWindow] = field(default_factory=list)
 
 
 def timed_steps(raw: RawRun) -> list[StepRecord]:

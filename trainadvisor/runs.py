@@ -11,7 +11,7 @@ from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analysis.ranks import rank_stats
 from trainadvisor.analysis.summary import attach_trace, summarize
 from trainadvisor.measure.runner import RunSpec, measure
-from trainadvisor.records import Overrides, Run
+from trainadvisor.records import Overrides, RawRun, Run
 
 
 @dataclass
@@ -27,6 +27,9 @@ class ProfileOptions:
     apply_fixes: bool = True
     torchrun: list[str] = field(default_factory=list)  # torch.distributed.run options, if any
     timeout_s: float | None = None  # the longest a run may take (a hung rank ends here)
+    budget_s: float | None = None  # the longest all of profile may take; None: no cap
+    only_fixes: list[str] = field(default_factory=list)  # measure only these fixes (--fix)
+    trials: str = "auto"  # "auto": windows of one process where they can run; "restart": fresh runs
 
 
 def reproduce_command(options: ProfileOptions) -> list[str]:
@@ -51,6 +54,12 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
         command.append("--no-fix")
     if options.timeout_s is not None:
         command += ["--timeout", f"{options.timeout_s:g}"]
+    if options.budget_s is not None:
+        command += ["--budget", f"{options.budget_s:g}s"]
+    for fix in options.only_fixes:
+        command += ["--fix", fix]
+    if options.trials != "auto":
+        command += ["--trials", options.trials]
     return [*command, *options.torchrun, str(options.script), *options.args]
 
 
@@ -69,24 +78,27 @@ def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
     return replace(spec, **changes)  # type: ignore[arg-type]
 
 
-def trial_spec(options: ProfileOptions, label: str, overrides: Overrides, **changes: Any) -> RunSpec:
-    """A run that tries a fix. Workers fill up to workers x prefetch_factor batches while the
-    first, slow steps run; consumed inside the window, that buffer would pass for speed. So the
-    warmup is lengthened by the buffer's depth and the window made at least three times as long
-    as it."""
+def settle_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, int]:
+    """(warmup, timed steps) of a window that tries a fix. Workers fill up to workers x
+    prefetch_factor batches while the first, slow steps run; consumed inside the window, that
+    buffer would pass for speed. So the warmup is lengthened by the buffer's depth and the
+    window made at least three times as long as it."""
     buffered = overrides.buffered_batches()
-    return spec_for(
-        options,
-        label,
-        warmup=options.warmup + buffered,
-        steps=max(options.steps, 3 * buffered),
-        overrides=overrides,
-        **changes,
-    )
+    return options.warmup + buffered, max(options.steps, 3 * buffered)
+
+
+def trial_spec(options: ProfileOptions, label: str, overrides: Overrides, **changes: Any) -> RunSpec:
+    """A fresh run of the script that tries a fix."""
+    warmup, steps = settle_steps(options, overrides)
+    return spec_for(options, label, warmup=warmup, steps=steps, overrides=overrides, **changes)
 
 
 def measure_run(spec: RunSpec) -> Run:
-    raw = measure(spec)
+    return run_of(measure(spec), spec)
+
+
+def run_of(raw: RawRun, spec: RunSpec) -> Run:
+    """A measured run summarised, its trace's measurements (every rank's) attached."""
     trace = attach_trace(raw, spec.out_dir, spec.script)
     run = summarize(raw)
     run.trace = trace

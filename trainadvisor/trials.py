@@ -1,17 +1,23 @@
-"""The trials of a fix: each candidate setting measured in a run of its own and judged
-against the baseline (faster? training unchanged, within the loss tolerance raised above the
-GPU's own noise?), and what they decide."""
+"""The trials of a fix: each candidate setting measured, and what the trials decide. A
+candidate is measured in a window of the live baseline run where its setting can switch while
+the loop runs (`measure.live`; no restart), otherwise in a fresh run of its own, judged against
+the baseline (faster? training unchanged, within the loss tolerance raised above the GPU's own
+noise?). Windows in one process skip the loss check (their steps are not the baseline's): the
+chosen settings are confirmed in a fresh seeded run with it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trainadvisor import fixes
+from trainadvisor.analysis.summary import summarize
 from trainadvisor.judge import judge_trial, loss_check
+from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import measure
-from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, Trial
-from trainadvisor.runs import ProfileOptions, measure_run, spec_for, trial_spec
+from trainadvisor.records import FixOutcome, Overrides, PlannedFix, RawRun, Run, Trial, TrialStatus
+from trainadvisor.runs import ProfileOptions, measure_run, settle_steps, spec_for, trial_spec
 
 Echo = Callable[[str], None]
 
@@ -43,49 +49,6 @@ def tolerance(fix: fixes.Fix, noise_rel: float | None) -> float:
     return max(fix.loss_tolerance_rel, NOISE_MARGIN * (noise_rel or 0.0))
 
 
-def tune(
-    fix: fixes.Fix,
-    values: dict[str, Any],
-    options: ProfileOptions,
-    baseline: Run,
-    echo: Echo,
-    noise_rel: float | None = None,
-) -> list[Trial]:
-    trials: list[Trial] = []
-    timeout_s = max(60.0, 5 * baseline.raw.wall_s)
-    while len(trials) < MAX_TRIALS_PER_FIX:
-        candidate = fix.next_candidate(values, trials)
-        if candidate is None:
-            break
-        label = f"{fix.id}-{len(trials) + 1}"
-        run = measure_run(
-            trial_spec(
-                options,
-                label,
-                candidate.overrides,
-                profile=False,
-                show_output=False,
-                timeout_s=timeout_s,
-            )
-        )
-        status, reason = judge_trial(baseline.raw, run.raw, tolerance(fix, noise_rel))
-        trial = Trial(
-            candidate.label, candidate.overrides, status, run.steps_per_s, reason, run.raw, run.samples_per_s
-        )
-        trials.append(trial)
-        value = fixes.trial_value(trial, fix.metric)
-        if fix.metric == "peak_reserved_bytes":
-            shown = f"peak reserved {value / 1e9:.2f} GB" if status == "measured" and value else status
-        else:
-            shown = (
-                f"{value:.1f} {fix.metric.removesuffix('_per_s')}/s"
-                if status == "measured" and value
-                else status
-            )
-        echo(f"  tried {candidate.label}: {shown}" + (f" ({reason})" if reason else ""))
-    return trials
-
-
 def noise_note(noise_rel: float | None) -> str:
     if noise_rel is None:
         return (
@@ -99,19 +62,99 @@ def noise_note(noise_rel: float | None) -> str:
     )
 
 
-def tune_fix(
-    planned: PlannedFix,
+@dataclass
+class Measured:
+    run: Run | None  # None: nothing was measured (a refused or failed window)
+    raw: RawRun
+    status: TrialStatus
+    reason: str | None
+
+
+# How one candidate is measured: (fix, the window's or run's label, candidate) -> what it measured.
+Measurer = Callable[[fixes.Fix, str, fixes.Setting], Measured]
+
+
+def restarts(options: ProfileOptions, baseline: Run, noise_rel: float | None) -> Measurer:
+    """Each candidate in a fresh run of the script, its loss checked against the baseline's."""
+    timeout_s = max(60.0, 5 * baseline.raw.wall_s)
+
+    def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
+        spec = trial_spec(
+            options, label, candidate.overrides, profile=False, show_output=False, timeout_s=timeout_s
+        )
+        run = measure_run(spec)
+        status, reason = judge_trial(baseline.raw, run.raw, tolerance(fix, noise_rel))
+        return Measured(run, run.raw, status, reason)  # type: ignore[arg-type]
+
+    return measure_candidate
+
+
+def windows(live: LiveRun, options: ProfileOptions, baseline: Run) -> Measurer:
+    """Each candidate in a window of the live baseline run, switched at a step boundary."""
+    step_s = (baseline.step_time_ms.median or 100.0) / 1e3
+
+    def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
+        overrides = candidate.overrides
+        warmup, steps = settle_steps(options, overrides)
+        # generous: a candidate may be slower than the baseline, and workers take time to start
+        timeout_s = max(60.0, 20 * (warmup + steps) * step_s)
+        if options.timeout_s is not None:
+            timeout_s = min(timeout_s, options.timeout_s)
+        raw = live.window(label, overrides, warmup, steps, timeout_s)
+        if raw is None:
+            gone = RawRun(label, "script_failed", None, live.ended, warmup, steps, 0, 0, [], [], None)
+            return Measured(None, gone, "failed", live.ended)
+        if raw.status != "window_complete":
+            return Measured(None, raw, "refused" if raw.status == "refused" else "failed", raw.error)
+        return Measured(summarize(raw), raw, "measured", None)
+
+    return measure_candidate
+
+
+def tune(
+    fix: fixes.Fix,
     values: dict[str, Any],
-    baseline: Run,
-    options: ProfileOptions,
+    measure_candidate: Measurer,
     echo: Echo,
-    noise_rel: float | None,
-) -> FixOutcome:
-    """One fix's trials and what they decide: chosen (`unconfirmed` until the confirmation run,
-    or `recommended` for a memory fix, which is not part of the speed run), or why not."""
+    more: Callable[[], bool] = lambda: True,
+) -> list[Trial]:
+    """The fix's candidates, one after another, until it has none left (or `more` says stop)."""
+    trials: list[Trial] = []
+    while len(trials) < MAX_TRIALS_PER_FIX and more():
+        candidate = fix.next_candidate(values, trials)
+        if candidate is None:
+            break
+        measured = measure_candidate(fix, f"{fix.id}-{len(trials) + 1}", candidate)
+        run = measured.run
+        trial = Trial(
+            candidate.label,
+            candidate.overrides,
+            measured.status,
+            run.steps_per_s if run else None,
+            measured.reason,
+            measured.raw,
+            run.samples_per_s if run else None,
+        )
+        trials.append(trial)
+        echo(f"  tried {candidate.label}: {_shown(fix, trial)}")
+    return trials
+
+
+def _shown(fix: fixes.Fix, trial: Trial) -> str:
+    value = fixes.trial_value(trial, fix.metric)
+    if trial.status != "measured" or not value:
+        shown = trial.status
+    elif fix.metric == "peak_reserved_bytes":
+        shown = f"peak reserved {value / 1e9:.2f} GB"
+    else:
+        shown = f"{value:.1f} {fix.metric.removesuffix('_per_s')}/s"
+    return shown + (f" ({trial.reason})" if trial.reason else "")
+
+
+def decide(planned: PlannedFix, trials: list[Trial], values: dict[str, Any]) -> FixOutcome:
+    """What a fix's trials decide, against the baseline's measurements in `values`."""
     fix = fixes.REGISTRY[planned.fix]
-    echo(f"trainadvisor: {planned.rule} -> measuring fix {planned.fix}")
-    trials = tune(fix, values, options, baseline, echo, noise_rel)
+    note = fix.search_note(trials, values)
     chosen = fix.choose(trials, values)
     if chosen is not None:
         described = fix.describe(chosen, values)
@@ -119,11 +162,11 @@ def tune_fix(
             status, reason = "recommended", "measured in its own run; " + described
         else:
             status, reason = "unconfirmed", "chosen by its trials; the run ended before the confirmation run"
-        return FixOutcome(planned.fix, planned.rule, status, reason, chosen.overrides, trials, described)
-    blocked = next((t for t in trials if t.status != "measured"), None)
-    if blocked is not None and not any(t.status == "measured" for t in trials):
-        # refused | failed | changed_training
-        return FixOutcome(
+        outcome = FixOutcome(planned.fix, planned.rule, status, reason, chosen.overrides, trials, described)
+    elif (blocked := next((t for t in trials if t.status != "measured"), None)) is not None and not any(
+        t.status == "measured" for t in trials
+    ):  # refused | failed | changed_training
+        outcome = FixOutcome(
             planned.fix,
             planned.rule,
             blocked.status,
@@ -131,4 +174,7 @@ def tune_fix(
             Overrides(),
             trials,
         )
-    return FixOutcome(planned.fix, planned.rule, "no_gain", fix.no_gain, Overrides(), trials)
+    else:
+        outcome = FixOutcome(planned.fix, planned.rule, "no_gain", fix.no_gain, Overrides(), trials)
+    outcome.search = note or ""
+    return outcome

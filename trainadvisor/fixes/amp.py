@@ -16,6 +16,13 @@ class Amp(Switch):
     id = "amp"
     # bf16 keeps 8 mantissa bits: over a few dozen steps losses move by up to a few percent.
     loss_tolerance_rel = 5e-2
+    bound_by = "gpu_busy_pct"
+    restarts_because = ""
+
+    def in_process_problem(self, values: dict[str, Any]) -> str | None:
+        if not values.get("bf16_supported"):
+            return "fp16 needs a GradScaler around backward and the optimizer step, added when they are built"
+        return None
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if not values.get("cuda_used"):

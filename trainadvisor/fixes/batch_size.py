@@ -33,6 +33,7 @@ def _peak_reserved_pct(trial: Trial) -> float | None:
 
 class BatchSize(Fix):
     id = "batch-size"
+    restarts_because = "the batch size sets the DataLoader's batches, memory and the learning rate's meaning"
     metric = "samples_per_s"
     loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
     no_gain = "no batch size gave at least 5% more samples per second than the baseline's"

@@ -46,6 +46,21 @@ class Fix:
     goal = "throughput"  # or "memory": recommended from its own runs, not part of the speed run
     loss_tolerance_rel = LOSS_TOLERANCE_REL  # how far the loss may move for training to count as the same
     no_gain = NO_GAIN  # why no candidate was kept, in the terms of what the fix improves
+    # The measurement of the share of the step the fix's bottleneck takes (trials are ordered by
+    # the most they can gain: 1 / (1 - share)); "" when no measurement bounds it.
+    bound_by = ""
+    # Why its setting cannot switch while the loop runs (its trials restart the script); ""
+    # when it can, in a trial window of the baseline's own process.
+    restarts_because = "its setting is read when the script builds its model or optimizer"
+    switches_loaders = False  # its setting changes DataLoaders (stand-ins in a trial window)
+
+    def in_process_problem(self, values: dict[str, Any]) -> str | None:
+        """Why this fix's trials cannot run as windows of the baseline's process, or None."""
+        return self.restarts_because or None
+
+    def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
+        """Why the search over candidates stopped where it did (for the report), or None."""
+        return None
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         """Why the fix cannot be tried on this run, or None."""

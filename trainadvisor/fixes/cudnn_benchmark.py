@@ -14,6 +14,8 @@ from trainadvisor.records import Overrides
 
 class CudnnBenchmark(Switch):
     id = "cudnn-benchmark"
+    bound_by = "conv_pct"
+    restarts_because = ""
     # Another convolution algorithm sums in another order.
     loss_tolerance_rel = 1e-3
 

@@ -19,6 +19,10 @@ _CHOSEN = ("fused", "foreach", "differentiable")
 
 class FusedOptimizer(Switch):
     id = "fused-optimizer"
+    restarts_because = (
+        "the optimizer's state is created for the implementation it was built with (the fused "
+        "step keeps its step counters on the GPU)"
+    )
     loss_tolerance_rel = 1e-3
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:

@@ -32,6 +32,7 @@ def peak_reserved(trial: Trial) -> int | None:
 
 class GradAccumulation(Fix):
     id = "grad-accumulation"
+    restarts_because = "accumulation changes what one optimizer step is, from the first step on"
     metric = "peak_reserved_bytes"
     goal = "memory"
     loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL

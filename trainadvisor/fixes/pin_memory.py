@@ -16,6 +16,9 @@ from trainadvisor.records import Overrides
 
 class PinMemory(Switch):
     id = "pin-memory"
+    bound_by = "h2d_pct"
+    restarts_because = ""
+    switches_loaders = True
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if not values.get("cuda_used"):

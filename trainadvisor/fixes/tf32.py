@@ -14,6 +14,8 @@ from trainadvisor.records import Overrides
 
 class Tf32(Switch):
     id = "tf32"
+    bound_by = "gpu_busy_pct"
+    restarts_because = ""
     # TF32 keeps 10 mantissa bits in matmul inputs: losses agree to about 1e-3.
     loss_tolerance_rel = 1e-2
 

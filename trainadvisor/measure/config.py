@@ -26,6 +26,31 @@ class ChildConfig:
     with_stack: bool = False  # record Python stacks in the trace (the call-sites run)
     # where the child names the GPU it trains on, for the parent's NVML sampler ({rank} in it)
     device_file: str | None = None
+    # where the parent sends trial windows after the baseline's (`measure.session`); None: none
+    session_dir: str | None = None
+
+
+@dataclass
+class WindowCommand:
+    """The parent's next request to a run kept alive for trial windows: a window with these
+    overrides (`warmup` steps to settle, then `steps` timed), or stop."""
+
+    index: int
+    label: str = ""
+    overrides: Overrides = field(default_factory=Overrides)
+    warmup: int = 0
+    steps: int = 0
+    stop: bool = False
+
+
+def command_file(session_dir: Path, index: int) -> Path:
+    """Where the parent asks for a run's window number `index` (or tells it to stop)."""
+    return session_dir / f"command-{index}.json"
+
+
+def window_file(session_dir: Path, index: int) -> Path:
+    """Where the child writes what window number `index` measured."""
+    return session_dir / f"window-{index}.result.json"
 
 
 def failed_write_file(result_file: str | Path) -> Path:

@@ -52,15 +52,17 @@ class Recorder:
         self.optimizers_built = 0
         self.first_optimizer: int | None = None
         self.loaders: list[LoaderInfo] = []
+        self.live_loaders = loaders.LiveLoaders()
         self.result: RawRun | None = None  # the baseline window's, once written
         self.data_parallel_modules = 0
         self.device_announced = False
         self.non_blocking_h2d = config.overrides.non_blocking_h2d  # mark batches for async copies
         # What a fix does to the loss before backward (fp16 loss scaling, 1/k for accumulation).
         self.loss_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # Run when the baseline window is written, from the step hook: the trial windows of
-        # `measure.session` (it returns when they are measured; then the script is stopped).
-        self.after_window: Callable[[Recorder], None] | None = None
+        # DataLoader arguments by call site for loaders built from now on (a trial window's)
+        self.loader_overrides = config.overrides.loaders
+        # Trial windows after the baseline's, in this process (`measure.session`), or None.
+        self.session: Any = None
         self._undo: list[Callable[[], None]] = []
         self.window = self._baseline_window()
 
@@ -156,10 +158,9 @@ class Recorder:
         if not self.device_announced and not self.window_done and self.config.device_file:
             if gpu.cuda_in_use():
                 self.announce_device()
-        if self.window_done and self.config.stop_after_window:
-            if self.after_window is not None:
-                after, self.after_window = self.after_window, None
-                after(self)  # the trial windows, run from this step hook
+        if window.phase == "done" and self.config.stop_after_window:
+            if self.session is not None and self.session.next_window(self):
+                return  # a trial window runs from this step on
             raise WindowComplete()
 
     def _window_opens(self, window: Window) -> dict[str, Any]:
@@ -327,7 +328,11 @@ def install(config: ChildConfig) -> Recorder:
     recorder = Recorder(config)
     ACTIVE = recorder
     recorder.on_uninstall(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
-    loaders.install(recorder, config.overrides.loaders, recorder.refuse)
+    loaders.install(recorder, recorder.refuse)
+    if config.session_dir is not None:
+        from trainadvisor.measure.session import Session
+
+        recorder.session = Session(Path(config.session_dir))
     _patch_autograd(recorder)
     _patch_data_parallel(recorder)
     if config.overrides.non_blocking_h2d and torch.cuda.is_available():

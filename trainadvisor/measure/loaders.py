@@ -8,7 +8,9 @@ import inspect
 import multiprocessing
 import os
 import pickle
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,33 +156,60 @@ def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> Non
     info.prefetch_factor = args.get("prefetch_factor")
 
 
-def install(recorder: Any, overrides: dict[str, dict[str, Any]], refuse: Callable[[str], None]) -> None:
+@dataclass
+class LiveLoaders:
+    """The DataLoaders this process built, for trial windows that change their settings while
+    the loop runs (`measure.session`): each loader's arguments as built, the loader itself (a
+    weak reference: the script decides when it goes), and the iterator that served its last
+    batch (the one the loop is calling)."""
+
+    args: list[dict[str, Any]] = field(default_factory=list)
+    refs: list[weakref.ref[DataLoader]] = field(default_factory=list)
+    serving: dict[int, weakref.ref[_BaseDataLoaderIter]] = field(default_factory=dict)
+    build: Callable[..., None] | None = None  # DataLoader.__init__ as torch defines it
+
+
+def install(recorder: Any, refuse: Callable[[str], None]) -> None:
     """Every DataLoader built is recorded (where, with what) and given the overrides of its call
-    site (`refuse` ends the run when they cannot apply); its iterator's `__next__` is timed
-    (`recorder.data_wait`), and the batches it serves inside the window are counted."""
+    site (`recorder.loader_overrides`; `refuse` ends the run when they cannot apply); its
+    iterator's `__next__` is timed (`recorder.data_wait`), and the batches it serves inside the
+    window are counted. A loader
+    given a stand-in by a trial window (`_trainadvisor_shadow`) starts its epochs from it, and an
+    iterator given a delegate (`_trainadvisor_delegate`) serves the delegate's batches."""
     original_next = _BaseDataLoaderIter.__next__
     clock = recorder.clock.perf_s
+    live: LiveLoaders = recorder.live_loaders
 
     def timed_next(self: _BaseDataLoaderIter) -> Any:
         t0 = clock()
         try:
-            batch = original_next(self)
+            batch = original_next(getattr(self, "_trainadvisor_delegate", None) or self)
         except StopIteration:
             recorder.window.add_data_wait(clock() - t0)
             raise
-        recorder.data_wait(clock() - t0, batch, getattr(self, "_trainadvisor_loader", None))
+        index = getattr(self, "_trainadvisor_loader", None)
+        recorder.data_wait(clock() - t0, batch, index)
+        if index is not None:
+            live.serving[index] = weakref.ref(self)
         return batch
 
     recorder.patch(_BaseDataLoaderIter, "__next__", timed_next)
     original_get_iterator = DataLoader._get_iterator
+    original_iter = DataLoader.__iter__
 
     def get_iterator(self: DataLoader) -> _BaseDataLoaderIter:
         iterator = original_get_iterator(self)
         iterator._trainadvisor_loader = getattr(self, "_trainadvisor_loader", None)  # type: ignore[attr-defined]
         return iterator
 
+    def iterate(self: DataLoader) -> Any:
+        shadow = getattr(self, "_trainadvisor_shadow", None)
+        return original_iter(shadow if shadow is not None else self)
+
     recorder.patch(DataLoader, "_get_iterator", get_iterator)
+    recorder.patch(DataLoader, "__iter__", iterate)
     original_init = DataLoader.__init__
+    live.build = original_init
     signature = inspect.signature(original_init)
 
     def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
@@ -188,11 +217,13 @@ def install(recorder: Any, overrides: dict[str, dict[str, Any]], refuse: Callabl
         call.pop("self")
         site = call_site()
         info = describe(call, len(recorder.loaders), site)
-        apply(call, dict(overrides.get(site, {})), info)
+        apply(call, dict(recorder.loader_overrides.get(site, {})), info)
         recorder.loaders.append(info)
         if info.override_refused:  # the run cannot measure what it was started for
             refuse(info.override_refused)
         original_init(self, **call)
         self._trainadvisor_loader = info.index  # type: ignore[attr-defined]
+        live.args.append(call)
+        live.refs.append(weakref.ref(self))
 
     recorder.patch(DataLoader, "__init__", init)

@@ -49,6 +49,7 @@ class RunSpec:
     # torch.distributed.run options (--nproc-per-node 2 ...): launch every rank through torchrun
     torchrun: list[str] = field(default_factory=list)
     timeout_s: float | None = None  # None: no limit
+    session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
 
 
 def _child_env() -> dict[str, str]:
@@ -175,6 +176,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         overrides=spec.overrides,
         with_stack=spec.with_stack,
         device_file=str(files.device.resolve()),
+        session_dir=str(spec.session_dir.resolve()) if spec.session_dir else None,
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)
@@ -184,16 +186,24 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
     return [*command, *spec.args]
 
 
-def measure(spec: RunSpec) -> RawRun:
-    """Run the script once; never raises for the script's own failures (they are in the result).
-    Under torchrun every rank writes its own result and trace (`{rank}` in their names); the
-    run returned is the lowest rank's, with every rank's in `ranks`."""
+@dataclass
+class Launched:
+    """A child started for one run: its process, the sampler watching it, where it writes."""
+
+    proc: subprocess.Popen[bytes]
+    sampler: Sampler
+    files: _Files
+    log: IO[bytes] | None
+    started: float
+
+
+def launch(spec: RunSpec) -> Launched:
+    """Start the child (signals held: a Ctrl-C now would leave a child no one stops)."""
     files = _prepare_files(spec)
     command = _command(spec, files)
     log: IO[bytes] | None = open(spec.out_dir / files.log_rel, "wb") if files.log_rel else None
-    started = time.monotonic()
     try:
-        with _signals_held():  # a Ctrl-C or SIGTERM now would leave a child no one stops
+        with _signals_held():
             proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -204,24 +214,54 @@ def measure(spec: RunSpec) -> RawRun:
             )
             sampler = Sampler(proc.pid, devices=_named_devices(files.device))
             sampler.start()
-        try:
-            killed = _wait(proc, spec, [files.result.with_name(files.result.name.replace("{rank}", "*"))])
-        finally:
-            with _signals_held():  # stopping must finish even when a signal interrupts the wait
-                sampler.stop()
-                _stop_group(proc)  # DataLoader workers or anything else the script left running
-                proc.wait()
-    finally:
+    except BaseException:
         if log:
             log.close()
-    collect = _ranks if spec.torchrun else _result
-    raw = collect(files.result, spec, proc.returncode, killed)
-    raw.wall_s, raw.log_file, raw.overrides = time.monotonic() - started, files.log_rel, spec.overrides
-    attach_samples(raw, sampler)
+        raise
+    return Launched(proc, sampler, files, log, time.monotonic())
+
+
+def stop(launched: Launched) -> None:
+    """End the child's whole group and the sampling; signals held, so stopping finishes even
+    when a signal interrupts the wait before it."""
+    try:
+        with _signals_held():
+            launched.sampler.stop()
+            _stop_group(launched.proc)  # DataLoader workers or anything else the script left running
+            launched.proc.wait()
+    finally:
+        if launched.log:
+            launched.log.close()
+
+
+def collect(launched: Launched, spec: RunSpec, killed: str | None) -> RawRun:
+    """What the stopped child recorded, with the parent's own measurements added."""
+    files = launched.files
+    gather = _ranks if spec.torchrun else _result
+    raw = gather(files.result, spec, launched.proc.returncode, killed)
+    raw.wall_s, raw.log_file, raw.overrides = (
+        time.monotonic() - launched.started,
+        files.log_rel,
+        spec.overrides,
+    )
+    attach_samples(raw, launched.sampler)
     for run in [raw, *raw.ranks]:
         if run.trace_file and files.trace_rel:
             run.trace_file = files.trace_rel.replace("{rank}", str(run.rank if run.rank is not None else 0))
     return raw
+
+
+def measure(spec: RunSpec) -> RawRun:
+    """Run the script once; never raises for the script's own failures (they are in the result).
+    Under torchrun every rank writes its own result and trace (`{rank}` in their names); the
+    run returned is the lowest rank's, with every rank's in `ranks`."""
+    launched = launch(spec)
+    try:
+        result = launched.files.result
+        killed = _wait(launched.proc, spec, [result.with_name(result.name.replace("{rank}", "*"))])
+    finally:
+        stop(launched)
+    return collect(launched, spec, killed)
 
 
 def _named_devices(device_file: Path) -> Callable[[], dict[str, dict[str, Any]]]:
@@ -341,10 +381,17 @@ def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | Non
     )
 
 
-def attach_samples(raw: RawRun, sampler: Sampler) -> None:
+def attach_samples(
+    raw: RawRun, sampler: Sampler, since_unix_s: float = 0.0, until_unix_s: float = 0.0
+) -> None:
+    """The sampler's readings, timed from the window's start; only those between `since` and
+    `until` when given (one window of a run kept alive for trial windows)."""
     t0 = raw.window_start_unix_s
     if t0 is None:
         t0 = sampler.host[0].unix_s if sampler.host else 0.0
+    end = until_unix_s or float("inf")
+    host = [h for h in list(sampler.host) if since_unix_s <= h.unix_s <= end]
+    gpus = [g for g in list(sampler.gpu) if since_unix_s <= g.unix_s <= end]
     raw.host_samples = [
         HostSample(
             t_ms=(h.unix_s - t0) * 1e3,
@@ -354,7 +401,7 @@ def attach_samples(raw: RawRun, sampler: Sampler) -> None:
             workers_rss_bytes=h.workers_rss_bytes,
             workers=h.workers,
         )
-        for h in sampler.host
+        for h in host
     ]
     raw.gpu_samples = [
         GpuSample(
@@ -366,6 +413,6 @@ def attach_samples(raw: RawRun, sampler: Sampler) -> None:
             sm_clock_mhz=g.sm_clock_mhz,
             device=g.device,
         )
-        for g in sampler.gpu
+        for g in gpus
     ]
     raw.nvml_status = sampler.nvml_status

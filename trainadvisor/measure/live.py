@@ -1,0 +1,109 @@
+"""The parent's side of trial windows in one process (`measure.session` is the child's): the
+baseline run is kept alive after its window, and each trial is a window of it measured with
+another setting. Commands and results are small JSON files in the run's session folder, each
+written whole (temporary file and rename)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from trainadvisor import _serial
+from trainadvisor.measure.config import WindowCommand, command_file, window_file
+from trainadvisor.measure.runner import STOP_GRACE_S, Launched, RunSpec, attach_samples, collect, launch, stop
+from trainadvisor.records import Overrides, RawRun
+
+POLL_S = 0.02
+
+
+class LiveRun:
+    """One child measured window after window. `baseline()` first; then `window(...)` for each
+    trial until it returns None (the script ended or failed: `ended` says how); `close()`."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        assert spec.session_dir is not None
+        self.spec = spec
+        self.folder = spec.session_dir
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for stale in self.folder.glob("*.json"):
+            stale.unlink()
+        self.index = 0
+        self.ended: str | None = None  # why no more windows can be measured
+        self.launched: Launched | None = launch(spec)
+        self.final: RawRun | None = None  # what the child recorded last, once it has ended
+
+    def baseline(self) -> RawRun:
+        """The baseline window, once the child has written it (the child then waits for its
+        first command); or the whole run, when it ended or failed before that."""
+        launched = self.launched
+        assert launched is not None
+        result = launched.files.result
+        if not self._await(result, self.spec.timeout_s, "the baseline window"):
+            return self._ended_run()
+        raw = _serial.load_json(RawRun, result)
+        raw.wall_s = time.monotonic() - launched.started
+        raw.log_file, raw.overrides = launched.files.log_rel, self.spec.overrides
+        attach_samples(raw, launched.sampler, until_unix_s=raw.ended_unix_s or time.time())
+        if raw.trace_file and launched.files.trace_rel:
+            raw.trace_file = launched.files.trace_rel
+        return raw
+
+    def window(
+        self, label: str, overrides: Overrides, warmup: int, steps: int, timeout_s: float
+    ) -> RawRun | None:
+        """One trial window: `warmup` steps with the setting to settle, then `steps` timed."""
+        if self.ended is not None or self.launched is None:
+            return None
+        command = WindowCommand(self.index, label, overrides, warmup, steps)
+        _serial.save_json(command, command_file(self.folder, self.index))
+        path = window_file(self.folder, self.index)
+        self.index += 1
+        sent = time.time()
+        if not self._await(path, timeout_s, f"trial window {label}"):
+            return None
+        raw = _serial.load_json(RawRun, path)
+        raw.wall_s = time.time() - sent
+        attach_samples(
+            raw, self.launched.sampler, since_unix_s=raw.window_start_unix_s or sent, until_unix_s=time.time()
+        )
+        return raw
+
+    def _await(self, path: Path, timeout_s: float | None, what: str) -> bool:
+        """Wait for `path`; False when the child ended first or the wait timed out."""
+        assert self.launched is not None
+        started = time.monotonic()
+        while not path.exists():
+            if self.launched.proc.poll() is not None:
+                self.ended = f"the script ended before {what} was measured"
+                self._finish(None)
+                return False
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                self.ended = f"{what} took longer than {timeout_s:.0f} s"
+                self._finish(self.ended)
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def _ended_run(self) -> RawRun:
+        assert self.final is not None
+        return self.final
+
+    def _finish(self, killed: str | None) -> None:
+        launched, self.launched = self.launched, None
+        if launched is None:
+            return
+        stop(launched)
+        self.final = collect(launched, self.spec, killed)
+
+    def close(self) -> None:
+        """Tell the child to stop; give it the usual grace, then end its process group."""
+        launched = self.launched
+        if launched is None:
+            return
+        try:
+            _serial.save_json(WindowCommand(self.index, stop=True), command_file(self.folder, self.index))
+            deadline = time.monotonic() + STOP_GRACE_S
+            while launched.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        finally:
+            self._finish(None)

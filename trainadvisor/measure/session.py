@@ -1,0 +1,210 @@
+"""Trial windows in the script's own process: after the baseline window is written, the step
+hook asks the parent what to measure next (`command-N.json` in the session folder), switches the
+setting at this step boundary, and measures a window with it (`window-N.result.json`); until the
+parent says stop. A verdict then costs the script's start-up once, not once per trial.
+
+What can switch while the loop runs:
+- DataLoader settings (`num_workers`, `prefetch_factor`, `persistent_workers`, `pin_memory`): the
+  loader gets a stand-in built with the new settings from the same dataset, sampler, collate_fn,
+  batch size and worker init; the iterator the loop is calling serves the stand-in's batches
+  from now on, and later epochs start from the stand-in. The old workers are shut down. The
+  stand-in starts a fresh pass of the sampler: the order differs from the script's, which is
+  why this process is stopped after its trials and the chosen settings are confirmed in a
+  fresh, seeded run.
+- Switches that torch reads at every op (TF32, cuDNN autotuning, bf16 autocast, non-blocking
+  copies), installed for one window and undone after it.
+Everything else (a GradScaler, the optimizer's implementation, the batch size) restarts."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainadvisor import _serial, fixes
+from trainadvisor.measure import gpu, loaders
+from trainadvisor.measure.config import WindowCommand, command_file, window_file
+from trainadvisor.measure.hooks import Recorder, WindowComplete, replace_attribute, window_run
+from trainadvisor.measure.window import Window, WindowPlan
+from trainadvisor.records import LoaderInfo, Overrides
+
+POLL_S = 0.005
+
+
+class WindowPatches:
+    """What a fix's switch patches for one window (`fixes.Fix.install`), undone after it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._undo: list[Any] = []
+
+    @property
+    def loss_transform(self) -> Any:
+        return self.recorder.loss_transform
+
+    @loss_transform.setter
+    def loss_transform(self, value: Any) -> None:
+        previous = self.recorder.loss_transform
+        self.recorder.loss_transform = value
+        self._undo.append(lambda: setattr(self.recorder, "loss_transform", previous))
+
+    def patch(self, owner: Any, name: str, replacement: Any) -> None:
+        self._undo.append(replace_attribute(owner, name, replacement))
+
+    def on_uninstall(self, undo: Any) -> None:
+        self._undo.append(undo)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
+        self.recorder.optimizer_step(optimizer, *args)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+class Session:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.index = 0
+        self.parent = os.getppid()
+        self.command: WindowCommand | None = None  # the window being measured
+        self.patches: WindowPatches | None = None
+
+    def next_window(self, recorder: Recorder) -> bool:
+        """Called at the step boundary where a window ended: saves a trial window's result,
+        then waits for the next command. True: a new window runs from this boundary."""
+        if self.command is not None:
+            self._save(recorder, recorder.window, "window_complete", None)
+        while True:
+            command = self._wait()
+            if command.stop:
+                return False
+            self.command = command
+            problem = self._apply(recorder, command)
+            if problem is None:
+                break
+            self._save(recorder, None, "refused", problem)
+        plan = WindowPlan(command.warmup, command.steps)
+        amp = command.overrides.runtime.get("amp")
+        recorder.window = Window(
+            plan,
+            recorder.clock,
+            first_index=recorder.steps_seen,
+            device=recorder.window.device,
+            on_open=lambda _w: gpu.torch_facts(recorder.data_parallel_modules, amp),
+        )
+        return True
+
+    def _wait(self) -> WindowCommand:
+        path = command_file(self.folder, self.index)
+        while not path.exists():
+            if os.getppid() != self.parent:  # the parent is gone: nobody will read a result
+                raise WindowComplete()
+            time.sleep(POLL_S)
+        return _serial.load_json(WindowCommand, path)
+
+    def _save(self, recorder: Recorder, window: Window | None, status: str, error: str | None) -> None:
+        if self.patches is not None:
+            self.patches.undo()
+            self.patches = None
+        recorder.non_blocking_h2d = recorder.config.overrides.non_blocking_h2d
+        recorder.loader_overrides = recorder.config.overrides.loaders
+        assert self.command is not None
+        run = (
+            window_run(
+                window,
+                label=self.command.label,
+                status=status,
+                exit_code=None,
+                error=error,
+                steps_seen=recorder.steps_seen,
+                step_source=recorder.step_source,
+                loaders=recorder.loaders,
+            )
+            if window is not None
+            else _refused(self.command, error or "", recorder.steps_seen)
+        )
+        run.overrides = self.command.overrides
+        run.ended_unix_s = time.time()
+        _serial.save_json(run, window_file(self.folder, self.index))
+        self.index += 1
+        self.command = None
+
+    def _apply(self, recorder: Recorder, command: WindowCommand) -> str | None:
+        """Switch to the command's setting; why it cannot switch, or None."""
+        # torch warns when workers outnumber the cores: here it is the trial that asks for them
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        recorder.loader_overrides = command.overrides.loaders  # for loaders the script builds anew
+        problem = switch_loaders(recorder, command.overrides)
+        if problem is not None:
+            return problem
+        patches = self.patches = WindowPatches(recorder)
+        wanted = command.overrides
+        if wanted.non_blocking_h2d and torch.cuda.is_available():
+            from trainadvisor.measure import switches
+
+            switches.install_non_blocking_copies(patches)
+            recorder.non_blocking_h2d = True
+        fixes.install(patches, Overrides(runtime=wanted.runtime))
+        return None
+
+
+def _refused(command: WindowCommand, reason: str, steps_seen: int) -> Any:
+    from trainadvisor.records import RawRun
+
+    return RawRun(command.label, "refused", None, reason, 0, 0, 0, steps_seen, [], [], None)
+
+
+def switch_loaders(recorder: Recorder, overrides: Overrides) -> str | None:
+    """Every loader the script built gets a stand-in with its own arguments changed by the
+    overrides of its call site (none: as the script built it); why not, or None."""
+    live = recorder.live_loaders
+    wanted_sites = set(overrides.loaders)
+    found = {info.created_at for info in recorder.loaders} & wanted_sites
+    if wanted_sites - found:
+        return f"no DataLoader was built at {', '.join(sorted(wanted_sites - found))} in this run"
+    for info in recorder.loaders:
+        loader = live.refs[info.index]() if info.index < len(live.refs) else None
+        if loader is None:
+            continue
+        if info.created_at not in wanted_sites and getattr(loader, "_trainadvisor_shadow", None) is None:
+            continue  # never switched: it runs as the script built it
+        problem = _stand_in(recorder, loader, info, overrides.loaders.get(info.created_at, {}))
+        if problem is not None:
+            return problem
+    return None
+
+
+def _stand_in(recorder: Recorder, loader: Any, info: LoaderInfo, wanted: dict[str, Any]) -> str | None:
+    live = recorder.live_loaders
+    args = dict(live.args[info.index])
+    checked = LoaderInfo(**{**info.__dict__, "overrides_applied": {}})
+    loaders.apply(args, dict(wanted), checked)
+    if checked.override_refused:
+        return checked.override_refused
+    shadow = loaders.DataLoader.__new__(loaders.DataLoader)
+    assert live.build is not None
+    live.build(shadow, **args)
+    shadow._trainadvisor_loader = info.index  # type: ignore[attr-defined]
+    previous_shadow = getattr(loader, "_trainadvisor_shadow", None)
+    loader._trainadvisor_shadow = shadow
+    serving_ref = live.serving.get(info.index)
+    serving = serving_ref() if serving_ref is not None else None
+    if serving is not None:
+        previous = getattr(serving, "_trainadvisor_delegate", None) or serving
+        serving._trainadvisor_delegate = iter(shadow)  # the stand-in's first epoch
+        _shut_down(previous)
+    if previous_shadow is not None:
+        _shut_down(getattr(previous_shadow, "_iterator", None))
+    return None
+
+
+def _shut_down(iterator: Any) -> None:
+    """End an iterator's worker processes (a single-process iterator has none)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
