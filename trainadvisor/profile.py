@@ -129,9 +129,9 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
             live.close()
     diagnosed = _with_sites(options, rules, diagnosed, echo)
     noise_rel = None
-    if diagnosed.diagnosis.values.get("cuda_used") and any(
-        p.applicable and p.fix not in tuning.tried for p in diagnosed.plan
-    ):
+    to_judge = [o for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
+    to_judge += [p for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried]  # by fresh runs
+    if diagnosed.diagnosis.values.get("cuda_used") and to_judge:
         noise_rel = loss_noise(options, baseline, echo)
         tuning.notes.append(noise_note(noise_rel))
     tuning.restarted(noise_rel, why_restart or "")

@@ -66,6 +66,7 @@ class Tuning:
     windows: list[TrialWindow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)
+    live_ended: str = ""  # why the baseline's process could measure no more windows
     on_progress: Callable[[], None] = lambda: None
 
     # ---- budget and progress ----
@@ -106,7 +107,12 @@ class Tuning:
 
     def _over_budget(self, planned: PlannedFix) -> FixOutcome:
         budget = self.options.budget_s or 0.0
-        command = reproduce_command(replace(self.options, only_fixes=[planned.fix], budget_s=None))
+        alone = self.options.out_dir.with_name(
+            f"{self.options.out_dir.name}-{planned.fix}"
+        )  # not over this one
+        command = reproduce_command(
+            replace(self.options, only_fixes=[planned.fix], budget_s=None, out_dir=alone)
+        )
         return FixOutcome(
             planned.fix, planned.rule, "not_run",
             f"not measured: the --budget of {_clock(budget)} was spent; measure it alone with: "
@@ -117,18 +123,25 @@ class Tuning:
     def in_process(self, live: LiveRun) -> None:
         """Every fix that can switch while the loop runs, as windows of the live run; then the
         baseline's setting again, and each choice judged against the faster of the two."""
+        loaders_blocked = loader_problem(self.baseline)
+        eligible = [
+            self.plan[i]
+            for i in ordered(self.plan, self.values)
+            if fixes.REGISTRY[self.plan[i].fix].in_process_problem(self.values) is None
+            and not (fixes.REGISTRY[self.plan[i].fix].switches_loaders and loaders_blocked)
+        ]
+        if not eligible:
+            return
         self.windows.append(_window("baseline", "", AS_SCRIPT, self.baseline, 0.0))
         measure = self._recording(windows(live, self.options, self.baseline))
-        loaders_blocked = loader_problem(self.baseline)
-        for i in ordered(self.plan, self.values):
-            planned = self.plan[i]
-            fix = fixes.REGISTRY[planned.fix]
-            problem = fix.in_process_problem(self.values) or (
-                loaders_blocked if fix.switches_loaders else None
-            )
-            if problem is None and live.ended is None:
-                self.run(planned, measure, "in_process")
-        in_process = [o for o in self.outcomes if o.mode == "in_process"]
+        for planned in eligible:
+            if live.ended is not None:
+                break
+            self.run(planned, measure, "in_process")
+            if live.ended is not None:  # the script ended during this fix's windows
+                self.tried.discard(planned.fix)
+                self.live_ended = live.ended
+        in_process = [o for o in self.outcomes if o.mode == "in_process" and o.fix in self.tried]
         if in_process and live.ended is None:
             self._bracket(live, measure, in_process)
 
@@ -189,7 +202,8 @@ class Tuning:
             if planned.fix in self.tried:
                 continue
             fix = fixes.REGISTRY[planned.fix]
-            reason = why or fix.in_process_problem(self.values) or loader_problem(self.baseline) or ""
+            loaders = loader_problem(self.baseline) if fix.switches_loaders else None
+            reason = why or fix.in_process_problem(self.values) or loaders or self.live_ended
             self.run(planned, measure, "restart", reason)
 
 

@@ -1,0 +1,41 @@
+"""Input that gets faster by itself: each sample's read takes `latency * T / (T + t)`, t the
+seconds since the script started (a cache warming up), and reads are serialised by one lock
+shared with the DataLoader's workers (one disk head), so more workers cannot read in parallel.
+A later window is faster whatever its setting: trainadvisor must not credit that to a fix."""
+
+import argparse
+import multiprocessing
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+STARTED = time.time()
+DISK = multiprocessing.Lock()  # inherited by forked workers
+
+
+class Warming(Dataset):
+    def __init__(self, latency_ms: float, warm_s: float) -> None:
+        self.latency_s, self.warm_s = latency_ms / 1e3, warm_s
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, index: int):
+        elapsed = time.time() - STARTED
+        with DISK:
+            time.sleep(self.latency_s * self.warm_s / (self.warm_s + elapsed))
+        return torch.full((8,), (index % 13) / 13.0), torch.tensor(float(index % 3))
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--latency-ms", type=float, default=3.0)
+parser.add_argument("--warm-s", type=float, default=4.0)
+args = parser.parse_args()
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Warming(args.latency_ms, args.warm_s), batch_size=8, shuffle=True):
+    loss = (model(x).squeeze(1) - y).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()

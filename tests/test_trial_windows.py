@@ -1,0 +1,117 @@
+"""Trial windows in the baseline's own process (issue 13): the mode chosen, the windows in
+order, the bracket that catches drift, and each case that falls back to restarting the script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, SCRIPTS, load_report, run_cli
+
+
+def _profile(tmp_path: Path, *args: str | Path) -> dict[str, Any]:
+    out = tmp_path / "r"
+    result = run_cli("profile", "--warmup", "3", "--steps", "10", "--out", out, *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_report(out)
+
+
+def _outcome(report: dict[str, Any], fix: str) -> dict[str, Any]:
+    [outcome] = [o for o in report["fix_outcomes"] if o["fix"] == fix]
+    return outcome
+
+
+def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
+    slow_input_report: tuple[Any, Path],
+) -> None:
+    result, out = slow_input_report
+    report = load_report(out)
+    outcome = _outcome(report, "dataloader-workers")
+    assert (outcome["mode"], outcome["status"]) == ("in_process", "kept")
+    windows = report["trial_windows"]
+    assert [w["label"] for w in windows][0] == "baseline" and windows[-1]["label"] == "baseline-again"
+    trials = [w for w in windows if w["fix"] == "dataloader-workers"]
+    assert [w["label"] for w in trials] == [t["raw"]["label"] for t in outcome["trials"]]
+    assert [w["setting"] for w in trials] == [t["label"] for t in outcome["trials"]]
+    started = [w["started_s"] for w in windows]
+    assert started == sorted(started) and started[0] == 0.0  # in the order they ran
+    # each trial window ran on after the one before it, in the same process (no restart)
+    indices = [t["raw"]["steps"][0]["index"] for t in outcome["trials"]]
+    assert indices == sorted(indices) and indices[0] > report["baseline"]["raw"]["steps"][-1]["index"]
+    assert any("bracketed by the baseline's setting" in note for note in report["notes"])
+    assert "measured in windows of the baseline's own process" in " ".join(report["notes"])
+    # the search says why it stopped
+    assert outcome["search"].startswith("stopped")
+    assert "[" in result.stderr and "elapsed, about" in result.stderr  # the progress line
+
+
+def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Path) -> None:
+    """Reads serialised by one lock: workers cannot help, but every later window is faster.
+    Judged against the first baseline window alone, the first trial would have passed."""
+    report = _profile(tmp_path, SCRIPTS / "warming_cache.py")
+    outcome = _outcome(report, "dataloader-workers")
+    windows = report["trial_windows"]
+    first, again = windows[0]["steps_per_s"], windows[-1]["steps_per_s"]
+    trial = windows[1]["steps_per_s"]
+    assert trial > 1.05 * first  # what drift alone would have credited
+    assert again > first and outcome["status"] == "no_gain", outcome
+    assert "drift" in outcome["reason"] and report["after"] is None  # no confirmation run needed
+
+
+def test_a_loader_built_every_epoch_restarts_the_script_per_trial(tmp_path: Path) -> None:
+    report = _profile(tmp_path, SCRIPTS / "loader_per_epoch.py")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "restart"
+    assert "is built anew every epoch" in outcome["mode_reason"]
+    assert report["trial_windows"] == []  # no fix ran in windows
+    assert f"dataloader-workers ({outcome['mode_reason']})" in " ".join(report["notes"])
+
+
+def test_an_iterable_dataset_restarts_the_script_per_trial(tmp_path: Path) -> None:
+    report = _profile(tmp_path, SCRIPTS / "iterable_unsharded.py")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "restart" and "is an IterableDataset" in outcome["mode_reason"]
+    assert outcome["status"] == "changed_training"  # as before: the fresh runs see the repeats
+
+
+def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: Path) -> None:
+    """60 steps in all: the baseline takes 24, the first trial window needs 3 + 4 + 12 more."""
+    report = _profile(tmp_path, EXAMPLES / "slow_input_mnist.py", "--samples", "3840", "--latency-ms", "0.5")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "restart"
+    assert outcome["mode_reason"].startswith("the script ended before trial window dataloader-workers-")
+    assert outcome["status"] == "kept"
+
+
+def test_restart_mode_when_asked(tmp_path: Path) -> None:
+    report = _profile(tmp_path, "--trials", "restart", EXAMPLES / "slow_input_mnist.py", "--samples", "20000")
+    outcome = _outcome(report, "dataloader-workers")
+    assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
+    assert report["trial_windows"] == [] and outcome["status"] == "kept"
+    assert report["command"][report["command"].index("--trials") + 1] == "restart"
+
+
+def test_a_spent_budget_lists_the_fix_with_the_command_that_measures_it(tmp_path: Path) -> None:
+    report = _profile(tmp_path, "--budget", "1s", EXAMPLES / "slow_input_mnist.py", "--samples", "20000")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] == "not_run" and outcome["trials"] == []
+    assert "the --budget of 1s was spent; measure it alone with: trainadvisor profile" in outcome["reason"]
+    command = outcome["reason"].split("with: ")[1]
+    assert "--fix dataloader-workers" in command and "--budget" not in command
+    assert f"--out {tmp_path / 'r-dataloader-workers'}" in command  # beside this report, not over it
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("10x", "'10x' is not a duration"), ("0", "a duration must be more than zero")],
+)
+def test_budget_values_are_checked(tmp_path: Path, value: str, message: str) -> None:
+    result = run_cli("profile", "--budget", value, EXAMPLES / "slow_input_mnist.py", cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_an_unknown_fix_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    result = run_cli("profile", "--fix", "workers", EXAMPLES / "slow_input_mnist.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--fix workers: no such fix; the fixes are amp, batch-size, cudnn-benchmark" in result.stderr
