@@ -76,12 +76,25 @@ def test_an_iterable_dataset_restarts_the_script_per_trial(tmp_path: Path) -> No
 
 
 def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: Path) -> None:
-    """60 steps in all: the baseline takes 24, the first trial window needs 3 + 4 + 12 more."""
-    report = _profile(tmp_path, EXAMPLES / "slow_input_mnist.py", "--samples", "3840", "--latency-ms", "0.5")
+    """30 steps in all: the baseline takes 24, the first trial window 3 + 4 + 12 more."""
+    report = _profile(tmp_path, SCRIPTS / "short_run.py", "--max-steps", "30")
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "restart"
-    assert outcome["mode_reason"].startswith("the script ended before trial window dataloader-workers-")
+    assert outcome["mode_reason"] == "the script ended before trial window dataloader-workers-1 was measured"
     assert outcome["status"] == "kept"
+    assert [w["status"] for w in report["trial_windows"]] == ["measured", "failed"]  # baseline, trial 1
+
+
+def test_a_script_that_ends_during_the_trials_keeps_the_windows_measured(tmp_path: Path) -> None:
+    """60 steps in all: the first trial window fits, the second (3 + 8 + 24) does not."""
+    report = _profile(tmp_path, SCRIPTS / "short_run.py", "--max-steps", "60")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "in_process" and outcome["status"] == "kept"
+    assert [t["status"] for t in outcome["trials"]] == ["measured", "failed"]
+    assert (
+        "the script ended before trial window dataloader-workers-2 was measured: dataloader-workers was "
+        "decided by the windows measured before that."
+    ) in report["notes"]
 
 
 def test_restart_mode_when_asked(tmp_path: Path) -> None:

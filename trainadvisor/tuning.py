@@ -138,9 +138,16 @@ class Tuning:
             if live.ended is not None:
                 break
             self.run(planned, measure, "in_process")
-            if live.ended is not None:  # the script ended during this fix's windows
-                self.tried.discard(planned.fix)
-                self.live_ended = live.ended
+            if live.ended is None:
+                continue
+            self.live_ended = live.ended  # the script ended during this fix's windows
+            outcome = self.outcomes[self.plan.index(planned)]
+            if not any(t.status == "measured" for t in outcome.trials):
+                self.tried.discard(planned.fix)  # nothing measured: its trials restart the script
+            else:
+                self.notes.append(
+                    f"{live.ended}: {planned.fix} was decided by the windows measured before that."
+                )
         in_process = [o for o in self.outcomes if o.mode == "in_process" and o.fix in self.tried]
         if in_process and live.ended is None:
             self._bracket(live, measure, in_process)

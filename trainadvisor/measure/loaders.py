@@ -166,6 +166,7 @@ class LiveLoaders:
     args: list[dict[str, Any]] = field(default_factory=list)
     refs: list[weakref.ref[DataLoader]] = field(default_factory=list)
     serving: dict[int, weakref.ref[_BaseDataLoaderIter]] = field(default_factory=dict)
+    switched: set[int] = field(default_factory=set)  # loaders given a stand-in so far
     build: Callable[..., None] | None = None  # DataLoader.__init__ as torch defines it
 
 

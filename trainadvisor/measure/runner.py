@@ -415,4 +415,4 @@ def attach_samples(
         )
         for g in gpus
     ]
-    raw.nvml_status = sampler.nvml_status
+    raw.nvml_status = sampler.status_now()

@@ -42,6 +42,7 @@ class Sampler:
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
+        self._nvml: NvmlSampler | None = None
         self._thread = threading.Thread(target=self._loop, name="trainadvisor-sampler", daemon=True)
 
     def start(self) -> None:
@@ -50,6 +51,13 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def status_now(self) -> str:
+        """What was and was not sampled so far (while sampling goes on: a live run's window)."""
+        nvml = self._nvml
+        if nvml is None or self._stop.is_set():
+            return self.nvml_status
+        return nvml.status(len(self.gpu))
 
     def _loop(self) -> None:
         nvml: NvmlSampler | None = None
@@ -60,7 +68,7 @@ class Sampler:
                     self.host.append(host)
                 named = self.devices() if self.devices is not None else {}
                 if named and nvml is None:
-                    nvml = NvmlSampler()  # only once a process trains on a GPU
+                    nvml = self._nvml = NvmlSampler()  # only once a process trains on a GPU
                 for label, identity in named.items():
                     nvml.add(label, identity)  # type: ignore[union-attr]
                 if nvml is not None:

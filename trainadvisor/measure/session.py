@@ -161,26 +161,37 @@ def _refused(command: WindowCommand, reason: str, steps_seen: int) -> Any:
 
 def switch_loaders(recorder: Recorder, overrides: Overrides) -> str | None:
     """Every loader the script built gets a stand-in with its own arguments changed by the
-    overrides of its call site (none: as the script built it); why not, or None."""
+    overrides of its call site (none: as the script built it); why not, or None. A loader the
+    script no longer holds (`for batch in DataLoader(...)`) is reached through the iterator it
+    is serving from."""
     live = recorder.live_loaders
     wanted_sites = set(overrides.loaders)
     found = {info.created_at for info in recorder.loaders} & wanted_sites
     if wanted_sites - found:
         return f"no DataLoader was built at {', '.join(sorted(wanted_sites - found))} in this run"
+    reached: set[str] = set()
     for info in recorder.loaders:
-        loader = live.refs[info.index]() if info.index < len(live.refs) else None
-        if loader is None:
-            continue
-        if info.created_at not in wanted_sites and getattr(loader, "_trainadvisor_shadow", None) is None:
+        wanted = info.created_at in wanted_sites
+        if info.index >= len(live.args) or (not wanted and info.index not in live.switched):
             continue  # never switched: it runs as the script built it
-        problem = _stand_in(recorder, loader, info, overrides.loaders.get(info.created_at, {}))
+        problem = _stand_in(recorder, info, overrides.loaders.get(info.created_at, {}))
         if problem is not None:
             return problem
+        if wanted and info.index in live.switched:
+            reached.add(info.created_at)
+    if wanted_sites - reached:
+        return f"the DataLoader built at {', '.join(sorted(wanted_sites - reached))} is no longer in use"
     return None
 
 
-def _stand_in(recorder: Recorder, loader: Any, info: LoaderInfo, wanted: dict[str, Any]) -> str | None:
+def _stand_in(recorder: Recorder, info: LoaderInfo, wanted: dict[str, Any]) -> str | None:
     live = recorder.live_loaders
+    loader = live.refs[info.index]()
+    serving_ref = live.serving.get(info.index)
+    serving = serving_ref() if serving_ref is not None else None
+    if loader is None and serving is None:
+        live.switched.discard(info.index)
+        return None  # gone: nothing of it will run again
     args = dict(live.args[info.index])
     checked = LoaderInfo(**{**info.__dict__, "overrides_applied": {}})
     loaders.apply(args, dict(wanted), checked)
@@ -190,16 +201,16 @@ def _stand_in(recorder: Recorder, loader: Any, info: LoaderInfo, wanted: dict[st
     assert live.build is not None
     live.build(shadow, **args)
     shadow._trainadvisor_loader = info.index  # type: ignore[attr-defined]
-    previous_shadow = getattr(loader, "_trainadvisor_shadow", None)
-    loader._trainadvisor_shadow = shadow
-    serving_ref = live.serving.get(info.index)
-    serving = serving_ref() if serving_ref is not None else None
+    live.switched.add(info.index)
+    if loader is not None:
+        previous_shadow = getattr(loader, "_trainadvisor_shadow", None)
+        loader._trainadvisor_shadow = shadow  # later epochs start from the stand-in
+        if previous_shadow is not None:
+            _shut_down(getattr(previous_shadow, "_iterator", None))
     if serving is not None:
         previous = getattr(serving, "_trainadvisor_delegate", None) or serving
-        serving._trainadvisor_delegate = iter(shadow)  # the stand-in's first epoch
+        serving._trainadvisor_delegate = iter(shadow)  # this epoch goes on from the stand-in
         _shut_down(previous)
-    if previous_shadow is not None:
-        _shut_down(getattr(previous_shadow, "_iterator", None))
     return None
 
 

@@ -1,0 +1,31 @@
+"""A slow-input loop that stops after --max-steps optimizer steps, whatever its data: a script
+that can end before trainadvisor's trial windows do."""
+
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, index: int):
+        time.sleep(0.0005)
+        return torch.full((8,), (index % 11) / 11.0), torch.tensor(float(index % 2))
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--max-steps", type=int, default=30)
+args = parser.parse_args()
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(DataLoader(Slow(), batch_size=32)):
+    if step == args.max_steps:
+        break
+    loss = (model(x).squeeze(1) - y).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
