@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -15,7 +16,7 @@ from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.judge import compare, verdict
-from trainadvisor.measure.live import LiveRun
+from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.records import (
     SCHEMA_VERSION,
@@ -90,54 +91,118 @@ class _Diagnosed:
     notes: list[str]
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every stage of one `profile` command shares."""
+
+    options: ProfileOptions
+    rules: list[engine.Rule]
+    echo: Echo
+    keep: Save
+    started: float  # time.monotonic()
+
+
 def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Report:
     """baseline -> diagnosis -> each fix's trials -> confirmation, each stage's report handed to
     `save` as it finishes (an interruption leaves the report of what was measured); returns the
     last."""
-    started = time.monotonic()
-    keep = save or (lambda _report: None)
-    rules = _prepare(options)
+    job = _Job(options, _prepare(options), echo, save or (lambda _report: None), time.monotonic())
     echo(
         f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
         f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)"
     )
     why_restart = _why_restart(options)
-    session = options.out_dir / ".work" / "session"
     spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
-    live = LiveRun(replace(spec, session_dir=session)) if why_restart is None else None
+    live, prestarted = None, None
+    if why_restart is None:  # kept alive after its window, for trial windows
+        prestarted = _prestart(options)
+        live = LiveRun(replace(spec, session_dir=options.out_dir / ".work" / "session"))
     try:
         baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
         _check_steps(baseline.raw, options)
-        diagnosed = _diagnose_baseline(options, rules, baseline)
+        diagnosed = _diagnose_baseline(options, job.rules, baseline)
         blocked = _why_no_fixes(options, baseline)
-        if blocked is not None or not options.apply_fixes:  # diagnosis only: no fix outcome to report
-            if live is not None:
-                live.close()
-            diagnosed = _with_sites(options, rules, diagnosed, echo)
-            report = _report(options, diagnosed, started, [], extra_notes=[blocked])
-            keep(report)
-            return report
-        tuning = _tuning(options, diagnosed, echo, started)
-        tuning.on_progress = lambda: keep(
-            _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
-        )
-        tuning.on_progress()
-        if live is not None:
-            tuning.in_process(live)
+        if blocked is None and options.apply_fixes:
+            return _measure_fixes(job, diagnosed, live, why_restart, _confirmable(diagnosed, prestarted))
+        if live is not None:  # diagnosis only: no fix outcome to report
+            live.close()
+        diagnosed = _with_sites(options, job.rules, diagnosed, echo)
+        report = _report(options, diagnosed, job.started, [], extra_notes=[blocked])
+        job.keep(report)
+        return report
     finally:
         if live is not None:
             live.close()
-    diagnosed = _with_sites(options, rules, diagnosed, echo)
-    noise_rel = None
-    to_judge = [o for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
-    to_judge += [p for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried]  # by fresh runs
-    if diagnosed.diagnosis.values.get("cuda_used") and to_judge:
-        noise_rel = loss_noise(options, baseline, echo)
-        tuning.notes.append(noise_note(noise_rel))
-    tuning.restarted(noise_rel, why_restart or "")
-    report = _confirm(options, diagnosed, started, tuning, noise_rel, echo)
-    keep(report)
+        if prestarted is not None:
+            prestarted.cancel()
+
+
+def _measure_fixes(
+    job: _Job,
+    diagnosed: _Diagnosed,
+    live: LiveRun | None,
+    why_restart: str | None,
+    prestarted: Prestarted | None,
+) -> Report:
+    """Each fix's trials (in windows of the live run where they can switch there, else in
+    fresh runs), then the confirmation run; the report saved after each."""
+    options, started = job.options, job.started
+    tuning = _tuning(options, diagnosed, job.echo, started)
+    tuning.on_progress = lambda: job.keep(
+        _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
+    )
+    tuning.on_progress()
+    try:
+        if live is not None:
+            tuning.in_process(live)
+            live.close()
+        diagnosed = _with_sites(options, job.rules, diagnosed, job.echo)
+        noise_rel = None
+        to_judge = [o for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
+        to_judge += [p for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried]  # fresh runs
+        if diagnosed.diagnosis.values.get("cuda_used") and to_judge:
+            noise_rel = loss_noise(options, diagnosed.baseline, job.echo)
+            tuning.notes.append(noise_note(noise_rel))
+        tuning.restarted(noise_rel, why_restart or "")
+        report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted)
+    finally:
+        if prestarted is not None:
+            prestarted.cancel()
+    job.keep(report)
     return report
+
+
+def _prestart(options: ProfileOptions) -> Prestarted | None:
+    """The confirmation run, started with the baseline so that the script's set-up (imports,
+    loading, building the model) overlaps the baseline and the trials instead of coming after
+    them. It runs at the lowest CPU priority, waits at its first DataLoader for the settings to
+    confirm, and steps aside (exits) if memory runs short. Not on a machine with a GPU: a second
+    process there would hold GPU memory beside the trials."""
+    if _gpu_here():
+        return None
+    gate = options.out_dir / ".work" / "after.gate.json"
+    return Prestarted(spec_for(options, "after", show_output=False, gate_file=gate))
+
+
+def _gpu_here() -> bool:
+    """Whether this machine has an NVIDIA or AMD GPU driver loaded (its device files)."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
+
+
+def _confirmable(diagnosed: _Diagnosed, prestarted: Prestarted | None) -> Prestarted | None:
+    """The started confirmation run, where it can confirm what the trials may choose: only
+    DataLoader settings (applied when the first loader is built) on a run without a GPU."""
+    applicable = [p for p in diagnosed.plan if p.applicable]
+    usable = (
+        not diagnosed.diagnosis.values.get("cuda_used")
+        and applicable
+        and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
+    )
+    if prestarted is not None and not usable:
+        prestarted.cancel()
+        return None
+    return prestarted
 
 
 def _why_restart(options: ProfileOptions) -> str | None:
@@ -298,6 +363,7 @@ def _confirm(
     tuning: Tuning,
     noise_rel: float | None,
     echo: Echo,
+    prestarted: Prestarted | None = None,
 ) -> Report:
     """The fixes chosen by their trials, measured together in one fresh run: kept only if that
     run is faster and trains the same; each kept or recommended fix gets its code change."""
@@ -308,7 +374,12 @@ def _confirm(
     if chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
-        after = measure_run(trial_spec(options, "after", merged, show_output=False))
+        spec = trial_spec(options, "after", merged, show_output=False)
+        if prestarted is not None and prestarted.waiting():  # its set-up ran while the trials did
+            profile_steps = min(PROFILE_STEPS, spec.steps)
+            after = run_of(prestarted.run(merged, spec.warmup, spec.steps, profile_steps), spec)
+        else:
+            after = measure_run(spec)
         kept_fixes = [fixes.REGISTRY[o.fix] for o in chosen]
         comparison = compare(
             diagnosed.baseline,

@@ -87,6 +87,17 @@ def settle_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, in
     return options.warmup + buffered, max(options.steps, 3 * buffered)
 
 
+def window_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, int]:
+    """(warmup, timed steps) of a trial window in the baseline's running process. There the
+    steps are already at their steady pace when the setting switches, and the new workers start
+    with empty buffers: a buffer fills only where the workers outpace the loop, and then stays
+    full. What remains is the first round of batches, finished by all workers at about the same
+    time: the warmup is lengthened by one batch per worker, and the window spans at least three
+    such rounds."""
+    workers = sum(int(loader.get("num_workers", 0)) for loader in overrides.loaders.values())
+    return options.warmup + workers, max(options.steps, 3 * workers)
+
+
 def trial_spec(options: ProfileOptions, label: str, overrides: Overrides, **changes: Any) -> RunSpec:
     """A fresh run of the script that tries a fix."""
     warmup, steps = settle_steps(options, overrides)

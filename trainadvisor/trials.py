@@ -17,7 +17,7 @@ from trainadvisor.judge import judge_trial, loss_check
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import measure
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, RawRun, Run, Trial, TrialStatus
-from trainadvisor.runs import ProfileOptions, measure_run, settle_steps, spec_for, trial_spec
+from trainadvisor.runs import ProfileOptions, measure_run, spec_for, trial_spec, window_steps
 
 Echo = Callable[[str], None]
 
@@ -95,7 +95,7 @@ def windows(live: LiveRun, options: ProfileOptions, baseline: Run) -> Measurer:
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
         overrides = candidate.overrides
-        warmup, steps = settle_steps(options, overrides)
+        warmup, steps = window_steps(options, overrides)
         # generous: a candidate may be slower than the baseline, and workers take time to start
         timeout_s = max(60.0, 20 * (warmup + steps) * step_s)
         if options.timeout_s is not None:

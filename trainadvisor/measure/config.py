@@ -28,6 +28,8 @@ class ChildConfig:
     device_file: str | None = None
     # where the parent sends trial windows after the baseline's (`measure.session`); None: none
     session_dir: str | None = None
+    # where the parent sends the settings of a run started ahead of them (`measure.gate`)
+    gate_file: str | None = None
 
 
 @dataclass
@@ -40,6 +42,7 @@ class WindowCommand:
     overrides: Overrides = field(default_factory=Overrides)
     warmup: int = 0
     steps: int = 0
+    profile_steps: int = 0  # a run started ahead of its settings: steps it traces
     stop: bool = False
 
 

@@ -63,10 +63,14 @@ class Recorder:
         self.loader_overrides = config.overrides.loaders
         # Trial windows after the baseline's, in this process (`measure.session`), or None.
         self.session: Any = None
+        # A run started ahead of its settings (`measure.gate`): called once, at the script's
+        # first DataLoader, backward() or step, it waits for them and applies them.
+        self.gate: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
-        self.window = self._baseline_window()
+        self.window = self.new_window()
 
-    def _baseline_window(self) -> Window:
+    def new_window(self) -> Window:
+        """The run's own window, as its config says (before any step was counted)."""
         config = self.config
         plan = WindowPlan(
             config.warmup,
@@ -129,7 +133,7 @@ class Recorder:
         if not self.steps_seen or old.phase != "warmup" or self.window_done:
             return
         self.steps_seen = 0
-        self.window = self._baseline_window()
+        self.window = self.new_window()
         self.window.device = old.device
         if self.step_source == "backward" and old.loss is None and old.losses:
             # backward() closed the step that ends now: it keeps that step's loss and batches
@@ -150,7 +154,13 @@ class Recorder:
             self.step_source = "backward"
             self.boundary()
 
+    def pass_gate(self) -> None:
+        if self.gate is not None:
+            gate, self.gate = self.gate, None
+            gate()
+
     def boundary(self) -> None:
+        self.pass_gate()
         self.steps_seen += 1
         window = self.window
         window.boundary()
@@ -203,6 +213,7 @@ class Recorder:
             self.loaders[loader_index].batches_in_window += 1
 
     def loss_candidate(self, tensor: torch.Tensor) -> None:
+        self.pass_gate()
         self.window.mark_backward()
         self.window.set_loss(tensor)
 
@@ -333,6 +344,10 @@ def install(config: ChildConfig) -> Recorder:
         from trainadvisor.measure.session import Session
 
         recorder.session = Session(Path(config.session_dir))
+    if config.gate_file is not None:
+        from trainadvisor.measure.gate import hold
+
+        hold(recorder, Path(config.gate_file))
     _patch_autograd(recorder)
     _patch_data_parallel(recorder)
     if config.overrides.non_blocking_h2d and torch.cuda.is_available():

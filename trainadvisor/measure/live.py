@@ -6,11 +6,21 @@ written whole (temporary file and rename)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from trainadvisor import _serial
 from trainadvisor.measure.config import WindowCommand, command_file, window_file
-from trainadvisor.measure.runner import STOP_GRACE_S, Launched, RunSpec, attach_samples, collect, launch, stop
+from trainadvisor.measure.runner import (
+    STOP_GRACE_S,
+    Launched,
+    RunSpec,
+    attach_samples,
+    collect,
+    launch,
+    stop,
+    wait_for,
+)
 from trainadvisor.records import Overrides, RawRun
 
 POLL_S = 0.02
@@ -107,3 +117,37 @@ class LiveRun:
                 time.sleep(POLL_S)
         finally:
             self._finish(None)
+
+
+class Prestarted:
+    """A fresh run started before its settings are known (`measure.gate`): its set-up overlaps
+    the trials; `run(...)` hands it the settings and measures it as `runner.measure` would."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        assert spec.gate_file is not None
+        self.spec = spec
+        spec.gate_file.unlink(missing_ok=True)
+        self.launched: Launched | None = launch(spec)
+
+    def waiting(self) -> bool:
+        """Still there, waiting for its settings (it exits if memory ran short meanwhile)."""
+        return self.launched is not None and self.launched.proc.poll() is None
+
+    def run(self, overrides: Overrides, warmup: int, steps: int, profile_steps: int) -> RawRun:
+        launched, self.launched = self.launched, None
+        assert launched is not None and self.spec.gate_file is not None
+        spec = replace(self.spec, overrides=overrides, warmup=warmup, steps=steps)
+        command = WindowCommand(0, spec.label, overrides, warmup, steps, profile_steps)
+        _serial.save_json(command, self.spec.gate_file)
+        try:
+            result = launched.files.result
+            killed = wait_for(launched.proc, spec, [result])
+        finally:
+            stop(launched)
+        return collect(launched, spec, killed)
+
+    def cancel(self) -> None:
+        """Not needed after all: end it and everything it started."""
+        launched, self.launched = self.launched, None
+        if launched is not None:
+            stop(launched)

@@ -186,8 +186,12 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
         try:
             batch = original_next(getattr(self, "_trainadvisor_delegate", None) or self)
         except StopIteration:
-            recorder.window.add_data_wait(clock() - t0)
-            raise
+            again = getattr(self, "_trainadvisor_again", None)  # a stand-in's next pass
+            if again is None:
+                recorder.window.add_data_wait(clock() - t0)
+                raise
+            self._trainadvisor_delegate = again()
+            batch = original_next(self._trainadvisor_delegate)
         index = getattr(self, "_trainadvisor_loader", None)
         recorder.data_wait(clock() - t0, batch, index)
         if index is not None:
@@ -214,6 +218,7 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
     signature = inspect.signature(original_init)
 
     def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        recorder.pass_gate()  # a run started ahead of its settings gets them here
         call = dict(signature.bind(self, *args, **kwargs).arguments)
         call.pop("self")
         site = call_site()

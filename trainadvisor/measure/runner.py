@@ -50,6 +50,7 @@ class RunSpec:
     torchrun: list[str] = field(default_factory=list)
     timeout_s: float | None = None  # None: no limit
     session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
+    gate_file: Path | None = None  # start ahead of its settings, which arrive here (`measure.gate`)
 
 
 def _child_env() -> dict[str, str]:
@@ -103,7 +104,7 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.02)
 
 
-def _wait(proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path]) -> str | None:
+def wait_for(proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path]) -> str | None:
     """Wait for the child; returns why it was killed, or None if it ended by itself. With
     several ranks, the grace period starts when the first rank has written its window."""
     started = time.monotonic()
@@ -177,6 +178,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         with_stack=spec.with_stack,
         device_file=str(files.device.resolve()),
         session_dir=str(spec.session_dir.resolve()) if spec.session_dir else None,
+        gate_file=str(spec.gate_file.resolve()) if spec.gate_file else None,
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)
@@ -258,7 +260,7 @@ def measure(spec: RunSpec) -> RawRun:
     launched = launch(spec)
     try:
         result = launched.files.result
-        killed = _wait(launched.proc, spec, [result.with_name(result.name.replace("{rank}", "*"))])
+        killed = wait_for(launched.proc, spec, [result.with_name(result.name.replace("{rank}", "*"))])
     finally:
         stop(launched)
     return collect(launched, spec, killed)

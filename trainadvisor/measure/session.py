@@ -210,6 +210,9 @@ def _stand_in(recorder: Recorder, info: LoaderInfo, wanted: dict[str, Any]) -> s
     if serving is not None:
         previous = getattr(serving, "_trainadvisor_delegate", None) or serving
         serving._trainadvisor_delegate = iter(shadow)  # this epoch goes on from the stand-in
+        # and does not end inside the trials: the stand-in's passes follow one another (an
+        # epoch's end, with its validation or checkpoint, would fall into a window)
+        serving._trainadvisor_again = lambda: iter(shadow)
         _shut_down(previous)
     return None
 

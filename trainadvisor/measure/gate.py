@@ -1,0 +1,77 @@
+"""A run started before its settings are known (the confirmation run, while the trials still
+run): the script's set-up (imports, loading, building the model) goes on at the lowest CPU
+priority, so it takes nothing from the windows being measured, and the script waits at its first
+DataLoader, backward() or step until the parent writes the settings. Only settings applied from
+that point on can be confirmed this way: DataLoader arguments (the parent starts such a run only
+when every fix in question is one)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from trainadvisor import _serial, fixes
+from trainadvisor.measure.config import WindowCommand
+from trainadvisor.measure.hooks import Recorder, WindowComplete
+
+POLL_S = 0.005
+
+
+# Below this share of memory available, a run waiting for its settings exits (the parent then
+# starts the confirmation afresh): standing by must never push the machine into swap or OOM.
+MIN_AVAILABLE_PCT = 15.0
+
+
+def _step_aside_on_low_memory(opened: threading.Event) -> None:
+    while not opened.wait(0.2):
+        if psutil.virtual_memory().available < MIN_AVAILABLE_PCT / 100 * psutil.virtual_memory().total:
+            os._exit(75)  # EX_TEMPFAIL: this run is not needed; its workers end with its group
+
+
+def hold(recorder: Recorder, path: Path) -> None:
+    """Lower this process's priority now; at the script's first gate, wait for `path`."""
+    try:
+        os.nice(19)
+    except OSError:  # not permitted: set-up competes at normal priority
+        pass
+    parent = os.getppid()
+    opened = threading.Event()
+    threading.Thread(
+        target=_step_aside_on_low_memory, args=(opened,), name="trainadvisor-standby", daemon=True
+    ).start()
+
+    def wait_and_apply() -> None:
+        while not path.exists():
+            if os.getppid() != parent:
+                raise WindowComplete()  # the parent is gone: nobody will read the result
+            time.sleep(POLL_S)
+        opened.set()
+        command = _serial.load_json(WindowCommand, path)
+        if command.stop:
+            raise WindowComplete()
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)  # back to normal where permitted (root)
+        except OSError:
+            pass
+        _apply(recorder, command)
+
+    recorder.gate = wait_and_apply
+
+
+def _apply(recorder: Recorder, command: WindowCommand) -> None:
+    config = recorder.config
+    config.overrides, config.warmup, config.steps = command.overrides, command.warmup, command.steps
+    config.profile_steps = command.profile_steps
+    recorder.loader_overrides = command.overrides.loaders
+    recorder.non_blocking_h2d = command.overrides.non_blocking_h2d
+    if command.overrides.non_blocking_h2d and torch.cuda.is_available():
+        from trainadvisor.measure import switches
+
+        switches.install_non_blocking_copies(recorder)
+    fixes.install(recorder, command.overrides)
+    recorder.window = recorder.new_window()
