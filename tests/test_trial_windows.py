@@ -76,7 +76,7 @@ def test_an_iterable_dataset_restarts_the_script_per_trial(tmp_path: Path) -> No
 
 
 def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: Path) -> None:
-    """30 steps in all: the baseline takes 24, the first trial window 3 + 4 + 12 more."""
+    """30 steps in all: the baseline takes 24, the first trial window 3 + 2 + 10 more."""
     report = _profile(tmp_path, SCRIPTS / "short_run.py", "--max-steps", "30")
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "restart"
@@ -86,8 +86,9 @@ def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: P
 
 
 def test_a_script_that_ends_during_the_trials_keeps_the_windows_measured(tmp_path: Path) -> None:
-    """60 steps in all: the first trial window fits, the second (3 + 8 + 24) does not."""
-    report = _profile(tmp_path, SCRIPTS / "short_run.py", "--max-steps", "60")
+    """45 steps in all: the baseline takes 24, the first trial window 3 + 2 + 10, the second
+    3 + 4 + 12 does not fit."""
+    report = _profile(tmp_path, SCRIPTS / "short_run.py", "--max-steps", "45")
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "in_process" and outcome["status"] == "kept"
     assert [t["status"] for t in outcome["trials"]] == ["measured", "failed"]

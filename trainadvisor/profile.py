@@ -31,7 +31,14 @@ from trainadvisor.records import (
     merge_overrides,
 )
 from trainadvisor.report import check_out_dir
-from trainadvisor.runs import ProfileOptions, measure_run, reproduce_command, run_of, spec_for, trial_spec
+from trainadvisor.runs import (
+    ProfileOptions,
+    confirmation_spec,
+    measure_run,
+    reproduce_command,
+    run_of,
+    spec_for,
+)
 from trainadvisor.trials import Echo, loss_noise, noise_note, tolerance
 from trainadvisor.tuning import Tuning
 
@@ -374,7 +381,7 @@ def _confirm(
     if chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
-        spec = trial_spec(options, "after", merged, show_output=False)
+        spec = confirmation_spec(options, merged)
         if prestarted is not None and prestarted.waiting():  # its set-up ran while the trials did
             profile_steps = min(PROFILE_STEPS, spec.steps)
             after = run_of(prestarted.run(merged, spec.warmup, spec.steps, profile_steps), spec)
@@ -389,10 +396,21 @@ def _confirm(
         )
         status, reason = verdict(comparison)
         if after.raw.status != "window_complete":
-            status, reason = "failed", after.raw.error or "the confirmation run did not complete"
+            status, reason = "failed", after.raw.error or _short_run(after.raw)
         verdicts = {o.fix: (status, reason) for o in chosen}
     final = [_final(options, o, verdicts) for o in outcomes]
     return _report(options, diagnosed, started, final, after, comparison, None, noise_rel, tuning)
+
+
+def _short_run(raw: RawRun) -> str:
+    needed = raw.warmup_steps + raw.window_steps
+    return (
+        f"the script ended after {raw.steps_seen} steps, before the confirmation run's window "
+        f"({raw.warmup_steps} warmup and {raw.window_steps} timed steps) was complete: give the "
+        "script more steps to train (more data or epochs) to confirm it"
+        if 0 < raw.steps_seen < needed
+        else "the confirmation run did not complete"
+    )
 
 
 def _final(

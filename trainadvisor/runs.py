@@ -104,6 +104,16 @@ def trial_spec(options: ProfileOptions, label: str, overrides: Overrides, **chan
     return spec_for(options, label, warmup=warmup, steps=steps, overrides=overrides, **changes)
 
 
+def confirmation_spec(options: ProfileOptions, overrides: Overrides) -> RunSpec:
+    """The fresh run that confirms the chosen settings: the buffer the workers fill while the
+    first, slow steps run is drained in its warmup (as in a trial run); its window spans three
+    rounds of the workers' batches (as a trial window does), so a setting chosen in windows of
+    the first run fits a script about as long as that run was."""
+    warmup, _ = settle_steps(options, overrides)
+    _, steps = window_steps(options, overrides)
+    return spec_for(options, "after", warmup=warmup, steps=steps, overrides=overrides, show_output=False)
+
+
 def measure_run(spec: RunSpec) -> Run:
     return run_of(measure(spec), spec)
 
