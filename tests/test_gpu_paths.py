@@ -99,7 +99,7 @@ def test_nvml_finds_devices_by_uuid_and_says_what_it_could_not_read(monkeypatch:
     sampler.add("rank 2 (GPU 1)", {"uuid": "cccc", "index": 1})
     sampler.add("rank 3 (GPU 0)", {"uuid": "dddd", "index": 0, "rocm": True})
     ticks = sampler.tick()
-    assert [(t.device, t.util_pct, t.memory_used_bytes) for t in ticks] == [
+    assert [(t.device, t.util_pct, t.memory_used_bytes) for _, t in ticks] == [
         ("rank 0 (GPU 0)", 10.0, 1),
         ("rank 1 (GPU 0)", None, 5000000000),  # MIG: no utilisation, memory still sampled
     ]

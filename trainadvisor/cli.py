@@ -36,6 +36,11 @@ _rules_option = click.option(
 )
 
 
+def _option(name: str, default: Any, kind: Any, help_text: str, *names: str) -> Any:
+    """An option whose default `--help` shows."""
+    return click.option(name, *names, default=default, show_default=True, type=kind, help=help_text)
+
+
 def _out_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(
         "--out",
@@ -99,19 +104,17 @@ def main() -> None:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog=EXIT_CODES,
 )
-@click.option(
+@_option(
     "--warmup",
-    default=5,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Training steps to run before profiling (compilation, caches, worker start-up).",
+    5,
+    click.IntRange(min=1),
+    "Training steps to run before profiling (compilation, caches, worker start-up).",
 )
-@click.option(
+@_option(
     "--steps",
-    default=20,
-    show_default=True,
-    type=click.IntRange(min=2),
-    help="Training steps to time (then up to 10 more are traced with torch.profiler).",
+    20,
+    click.IntRange(min=2),
+    "Training steps to time (then up to 10 more are traced with torch.profiler).",
 )
 @_out_option("Report folder: report.html, report.md, report.json and the raw traces.")
 @_rules_option
@@ -123,12 +126,11 @@ def main() -> None:
 @click.option(
     "--no-fix", "no_fix", is_flag=True, help="Only diagnose: do not rerun the script with fixes applied."
 )
-@click.option(
+@_option(
     "--seed",
-    default=0,
-    show_default=True,
-    type=int,
-    help="Seed for random, torch and numpy before the script starts, the same in every "
+    0,
+    int,
+    "Seed for random, torch and numpy before the script starts, the same in every "
     "run, so the loss of the same steps can be compared.",
 )
 @click.option(
@@ -151,12 +153,11 @@ def main() -> None:
     metavar="ID",
     help="Measure only this fix (repeatable), e.g. --fix dataloader-workers.",
 )
-@click.option(
+@_option(
     "--trials",
-    type=click.Choice(["auto", "restart"]),
-    default="auto",
-    show_default=True,
-    help="auto: try settings that can switch while the loop runs (DataLoader workers, TF32, "
+    "auto",
+    click.Choice(["auto", "restart"]),
+    "auto: try settings that can switch while the loop runs (DataLoader workers, TF32, "
     "bf16 autocast, ...) in windows of the first run, without restarting the script; restart: "
     "every candidate in a fresh run.",
 )
@@ -423,28 +424,25 @@ Exit codes:
   1  HEAD's throughput is lower than BASE's by more than --max-regression, beyond noise
   2  a usage problem: no report at a path, a report without the run asked for"""
 )
-@click.option(
+@_option(
     "--max-regression",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(min=0),
-    help="Largest throughput loss, in percent, that still passes.",
+    5.0,
+    click.FloatRange(min=0),
+    "Largest throughput loss, in percent, that still passes.",
 )
-@click.option(
+@_option(
     "--format",
+    "markdown",
+    click.Choice(["markdown", "json"]),
+    "Markdown for a pull-request comment, or JSON for scripts.",
     "output",
-    type=click.Choice(["markdown", "json"]),
-    default="markdown",
-    show_default=True,
-    help="Markdown for a pull-request comment, or JSON for scripts.",
 )
-@click.option(
+@_option(
     "--run",
+    "baseline",
+    click.Choice(["baseline", "after"]),
+    "Compare each report's first run (the code as it is) or its run with the kept fixes.",
     "which",
-    type=click.Choice(["baseline", "after"]),
-    default="baseline",
-    show_default=True,
-    help="Compare each report's first run (the code as it is) or its run with the kept fixes.",
 )
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("head", type=click.Path(path_type=Path))

@@ -68,13 +68,11 @@ def _spread_pct(run: Run) -> float | None:
     return 100.0 * (high - low) / 2 / mid if mid else None
 
 
-def compare_reports(
-    base: Report, head: Report, max_regression_pct: float = 5.0, which: str = "baseline"
-) -> ReportComparison:
-    base_run, head_run = pick_run(base, which), pick_run(head, which)
-    base_values, head_values = named_measurements(base_run), named_measurements(head_run)
-    spreads = [s for s in (_spread_pct(base_run), _spread_pct(head_run)) if s is not None]
-    noise = max(spreads) if spreads else None
+def _metric_changes(
+    base_values: dict[str, Any], head_values: dict[str, Any], noise: float | None
+) -> list[MetricChange]:
+    """Each metric both runs measured: its change, and whether it is better, worse, unchanged
+    or (for timings) within the runs' own noise."""
     metrics = []
     for name, label, unit, better in METRICS:
         b, h = base_values.get(name), head_values.get(name)
@@ -94,6 +92,17 @@ def compare_reports(
                 name, label, unit, better, float(b), float(h), change, noise if timing else None, verdict
             )
         )
+    return metrics
+
+
+def compare_reports(
+    base: Report, head: Report, max_regression_pct: float = 5.0, which: str = "baseline"
+) -> ReportComparison:
+    base_run, head_run = pick_run(base, which), pick_run(head, which)
+    base_values, head_values = named_measurements(base_run), named_measurements(head_run)
+    spreads = [s for s in (_spread_pct(base_run), _spread_pct(head_run)) if s is not None]
+    noise = max(spreads) if spreads else None
+    metrics = _metric_changes(base_values, head_values, noise)
     throughput = next((m for m in metrics if m.name == "steps_per_s"), None)
     window_range = None
     if base_run.window_steps_per_s and head_run.window_steps_per_s:

@@ -3,7 +3,7 @@ measurement of one run of the script (baseline, trial or confirmation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +63,13 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
     return [*command, *options.torchrun, str(options.script), *options.args]
 
 
+# What every run of the script takes from the command's options.
+RUN_OPTIONS = ("script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s")
+
+
 def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
-    spec = RunSpec(
-        label=label,
-        script=options.script,
-        args=options.args,
-        out_dir=options.out_dir,
-        warmup=options.warmup,
-        steps=options.steps,
-        seed=options.seed,
-        torchrun=options.torchrun,
-        timeout_s=options.timeout_s,
-    )
-    return replace(spec, **changes)  # type: ignore[arg-type]
+    shared = {name: getattr(options, name) for name in RUN_OPTIONS}
+    return RunSpec(label=label, **{**shared, **changes})
 
 
 def settle_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, int]:

@@ -9,9 +9,7 @@ does; a step's span is extended to the end of the device work its runtime calls 
 
 from __future__ import annotations
 
-import ast
 import bisect
-import functools
 import gc
 import re
 import statistics
@@ -20,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainadvisor.analysis import callsites, copies
 from trainadvisor.analysis import intervals as iv
 from trainadvisor.analysis.kernels import classify
 from trainadvisor.analysis.stream import Event, read_trace
@@ -40,7 +39,7 @@ _SYNCS = {
     "aten::_local_scalar_dense": "item",
     # ROCm: a blocking copy (`.item()`, `.cpu()`, a pageable upload) is one synchronous
     # hipMemcpyWithStream, with no stream sync after it. Inside a host-to-device copy op it is
-    # the copy's own wait (`_copy_syncs`); elsewhere the host waited for the device.
+    # the copy's own wait (`copies.copy_syncs`); elsewhere the host waited for the device.
     "hipMemcpyWithStream": "stream_sync", "hipMemcpy": "stream_sync",
 }  # fmt: skip
 # Runtime calls that copy synchronously: ROCm names no source memory ("Memcpy HtoD (Host ->
@@ -48,27 +47,6 @@ _SYNCS = {
 # a pageable copy, and the fix (pinned memory, non-blocking copy) is the same.
 _SYNC_COPIES = {"hipMemcpyWithStream", "hipMemcpy"}
 SHORT_KERNEL_US = 10.0
-# Host ops that make a tensor from nothing: on the host unless `device=` names another device.
-_FACTORY = {
-    "aten::randn", "aten::rand", "aten::randint", "aten::randperm", "aten::normal",
-    "aten::zeros", "aten::ones", "aten::full", "aten::arange", "aten::linspace", "aten::eye",
-    "aten::scalar_tensor", "aten::lift_fresh", "aten::from_file",
-}  # fmt: skip
-_COPY = {"aten::to", "aten::_to_copy", "aten::copy_"}
-_FACTORY_CALLS = {name.removeprefix("aten::") for name in _FACTORY} | {"tensor"}
-# Ops torch.tensor(...) runs after creating the tensor: they may sit between creation and copy.
-_GLUE = {"aten::detach_", "detach_", "aten::detach", "detach"}
-# Python frames (`file.py(first line): function`) of libraries, not of the user's code.
-_FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")
-_BUILTIN = re.compile(r"^<built-in (?:method|function) (?P<name>\w+)")
-_CALLEES = {
-    "item", "cpu", "tolist", "numpy", "synchronize", "to", "cuda", "randn", "rand", "randint",
-    "randperm", "normal", "zeros", "ones", "full", "arange", "linspace", "eye", "tensor", "print",
-}  # fmt: skip
-_LIBRARIES = (
-    "torch/", "torchvision/", "torchaudio/", "trainadvisor/", "lightning/", "pytorch_lightning/",
-    "transformers/", "accelerate/", "numpy/", "site-packages/", "dist-packages/",
-)  # fmt: skip
 
 
 @dataclass
@@ -177,7 +155,7 @@ class _Collector:
                 self.host_starts.setdefault(e.tid, []).append(start)
                 if name in _SYNCS:
                     self.syncs.append((start, _SYNCS[name], e.dur, e.tid))
-                elif name in _FACTORY or name in _COPY or name in _GLUE:
+                elif name in copies.FACTORY or name in copies.COPY or name in copies.GLUE:
                     self.named_ops.append((e.tid, start, end, name))
         elif cat == "python_function":
             self._frame(e)
@@ -221,13 +199,13 @@ class _Collector:
         """Keep the Python frames of the user's own code (traces recorded with_stack=True), and
         the calls of torch built-ins that sync or create tensors, to name the call."""
         if e.name.startswith("<built-in"):
-            callee = _BUILTIN.match(e.name)
-            if callee and callee["name"] in _CALLEES:
+            callee = callsites.BUILTIN.match(e.name)
+            if callee and callee["name"] in callsites.CALLEES:
                 self.builtins.setdefault(e.tid, []).append((e.ts, e.ts + e.dur, callee["name"]))
             return
-        if e.name.startswith(("<", "nn.Module:")) or e.name.startswith(_LIBRARIES):
+        if e.name.startswith(("<", "nn.Module:")) or e.name.startswith(callsites.LIBRARIES):
             return
-        match = _FRAME.match(e.name)
+        match = callsites.FRAME.match(e.name)
         if match is None or "site-packages" in match["file"] or match["file"].startswith("/usr/lib"):
             return
         module = match["file"].split("/")[0].removesuffix(".py")
@@ -335,154 +313,12 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
     ]
     for python_spans in (*collector.frames.values(), *collector.builtins.values()):
         python_spans.sort()
-    _resolve_unnamed_copies(collector)
-    h2d_ops = _h2d_copy_ops(collector)
-    creations = _cpu_tensor_copies(collector, h2d_ops)
-    _copy_syncs(collector, h2d_ops)
+    copies.resolve_unnamed_copies(collector)
+    h2d_ops = copies.h2d_copy_ops(collector)
+    creations = copies.cpu_tensor_copies(collector, h2d_ops)
+    copies.copy_syncs(collector, h2d_ops)
     _per_step_counts(steps, collector, creations)
     return _summarize(path, meta, collector, steps, marked, merged, creations)
-
-
-def _innermost(spans: list[tuple[float, float, str]] | None, ts: float) -> str | None:
-    """The label of the latest-starting span (sorted by start) that contains `ts`."""
-    if not spans:
-        return None
-    i = bisect.bisect_right(spans, (ts, float("inf"), "")) - 1
-    while i >= 0:
-        start, end, label = spans[i]
-        if start <= ts <= end:
-            return label
-        i -= 1
-    return None
-
-
-@functools.lru_cache(maxsize=64)
-def _parse(path: Path) -> ast.Module | None:
-    try:
-        return ast.parse(path.read_text())
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return None
-
-
-def _call_lines(file: str, line: int, func: str, callee: str, source_dirs: tuple[Path, ...]) -> list[int]:
-    """Lines in `func` of `file` that call `callee`, when the file can be found (Kineto names
-    files relative to an entry of the traced process's sys.path: the script's folder, say).
-    Of several functions with that name, those whose lines hold the frame's line are taken."""
-    found = next((d / file for d in (*source_dirs, Path.cwd()) if (d / file).is_file()), None)
-    tree = _parse(found) if found is not None else None
-    if tree is None:
-        return []
-    scopes: list[ast.AST] = [tree] if func == "<module>" else [
-        node for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func
-    ]  # fmt: skip
-    holding = [n for n in scopes if getattr(n, "lineno", 0) <= line <= (getattr(n, "end_lineno", 0) or 0)]
-    lines = set()
-    for scope in holding or scopes:
-        for node in ast.walk(scope):
-            if isinstance(node, ast.Call):
-                target = node.func
-                name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-                if name == callee:
-                    lines.add(node.lineno)
-    return sorted(lines)
-
-
-def _user_site(c: _Collector, tid: Any, ts: float) -> str | None:
-    """Where in the user's code an event at `ts` on thread `tid` came from: the innermost user
-    frame, and the line of the torch call inside it when the source can be read (Kineto names a
-    frame by the line it was at when tracing began, not by the current line)."""
-    frame = _innermost(c.frames.get(tid), ts)
-    if frame is None:
-        return None
-    file, line, func = frame.split("|", 2)
-    callee = _innermost(c.builtins.get(tid), ts)
-    if callee is None:
-        return f"{file} (in {func})"
-    lines = _call_lines(file, int(line), func, callee, c.source_dirs)
-    where = f"{file}:{','.join(map(str, lines))}" if lines else file
-    call = f"{callee}()" if callee in _FACTORY_CALLS or callee == "print" else f".{callee}()"
-    return f"{where} ({call} in {func})"
-
-
-def _resolve_unnamed_copies(c: _Collector) -> None:
-    """Host-to-device copies whose name gives no source memory (ROCm) made by a synchronous
-    copy call count as pageable (see `_SYNC_COPIES`)."""
-    c.h2d = [
-        (ts, dur, "pageable" if kind == "unknown" and corr in c.sync_copies else kind, nbytes, corr)
-        for ts, dur, kind, nbytes, corr in c.h2d
-    ]
-
-
-def _h2d_copy_ops(c: _Collector) -> list[tuple[float, float, Any]]:
-    """The outermost copy ops (`aten::to`, `_to_copy`, `copy_`) that launched a host-to-device
-    copy: (start, end, thread), sorted."""
-    copies = sorted((start, end, tid) for tid, start, end, name in c.named_ops if name in _COPY)
-    copy_starts = [start for start, _, _ in copies]
-    found: dict[float, tuple[float, float, Any]] = {}
-    for _, _, _, _, corr in c.h2d:
-        launched = c.runtime_start.get(corr)
-        if launched is None:
-            continue
-        i = bisect.bisect_right(copy_starts, launched) - 1
-        outer = None
-        for start, end, tid in reversed(copies[max(0, i - 8) : i + 1]):
-            if start <= launched <= end:
-                outer = (start, end, tid)
-        if outer is not None:
-            found[outer[0]] = outer
-    return sorted(found.values())
-
-
-def _cpu_tensor_copies(
-    c: _Collector, h2d_ops: list[tuple[float, float, Any]]
-) -> list[tuple[float, str, Any, float]]:
-    """Host-to-device copies of tensors the host had just created: the copy op that launched
-    the copy follows a factory op (`randn`, `zeros`, `tensor`, ...) on the same thread with no
-    other host op of that thread in between (`detach_`, which torch.tensor runs, aside). A
-    factory op inside DataLoader `__next__` (collate's torch.tensor of labels) is the batch's,
-    not the step's. Returns (copy start, factory op, thread, factory start)."""
-    factories: dict[Any, list[tuple[float, float, str]]] = {}
-    glue: dict[Any, list[float]] = {}
-    for tid, start, end, name in c.named_ops:
-        if name in _FACTORY:
-            factories.setdefault(tid, []).append((end, start, name))
-        elif name in _GLUE:
-            glue.setdefault(tid, []).append(start)
-    for ops in factories.values():
-        ops.sort()
-    for starts in (*glue.values(), *c.host_starts.values()):
-        starts.sort()
-    loading = iv.merge(c.roles["data_wait"])
-    loading_starts = [start for start, _ in loading]
-    found = []
-    for copy_start, _, tid in h2d_ops:
-        ops = factories.get(tid, [])
-        j = bisect.bisect_right(ops, (copy_start, float("inf"), "")) - 1
-        if j < 0:
-            continue
-        f_end, f_start, f_name = ops[j]
-        k = bisect.bisect_right(loading_starts, f_start) - 1
-        if k >= 0 and f_start <= loading[k][1]:
-            continue
-        host, tid_glue = c.host_starts.get(tid, []), glue.get(tid, [])
-        between = bisect.bisect_left(host, copy_start) - bisect.bisect_right(host, f_end)
-        between -= bisect.bisect_left(tid_glue, copy_start) - bisect.bisect_right(tid_glue, f_end)
-        if between == 0:
-            found.append((copy_start, f_name, tid, f_start))
-    return found
-
-
-def _copy_syncs(c: _Collector, h2d_ops: list[tuple[float, float, Any]]) -> None:
-    """Mark the stream syncs a blocking host-to-device copy makes inside its own copy op as
-    `copy_sync`: that wait is the copy's (pageable-h2d-copy), not a sync the code asked for."""
-    starts = [start for start, _, _ in h2d_ops]
-    for index, (ts, kind, dur, tid) in enumerate(c.syncs):
-        if kind != "stream_sync":
-            continue
-        i = bisect.bisect_right(starts, ts) - 1
-        if i >= 0 and ts <= h2d_ops[i][1] and h2d_ops[i][2] == tid:
-            c.syncs[index] = (ts, "copy_sync", dur, tid)
 
 
 def _per_step_counts(steps: list[StepBreakdown], c: _Collector, creations: list[Any]) -> None:
@@ -517,21 +353,32 @@ def _per_step_counts(steps: list[StepBreakdown], c: _Collector, creations: list[
             step.cpu_tensor_copies += 1
 
 
-def _sites(c: _Collector, where: list[tuple[Any, float]]) -> list[str]:
-    """Distinct user-code sites of events (thread, time), most frequent first."""
-    counts: dict[str, int] = {}
-    for tid, ts in where:
-        site = _user_site(c, tid, ts)
-        if site is not None:
-            counts[site] = counts.get(site, 0) + 1
-    return sorted(counts, key=lambda site: -counts[site])
-
-
 def _overlap_pct(communication: iv.Intervals, compute: iv.Intervals) -> float | None:
     total = iv.total(communication)
     if not total:
         return None
     return 100.0 * iv.total(iv.intersect(communication, compute)) / total
+
+
+def _device_busy_ms(steps: list[StepBreakdown], merged: dict[str, iv.Intervals]) -> float:
+    """Time inside the steps when the device ran anything (kernels, copies, collectives)."""
+    device = iv.merge(
+        [span for role in ("kernel", "memcpy", "memset", "communication") for span in merged[role]]
+    )
+    device_starts = [start for start, _ in device]
+    busy_us = sum(iv.clip_total(device, device_starts, s.start_us, s.start_us + s.dur_us) for s in steps)
+    return busy_us / 1e3
+
+
+def _sync_sites(c: _Collector) -> list[str]:
+    """Where the host waited for the device. With a device, .item() of a host tensor (Adam's
+    step count) is no sync: only waits count."""
+    waits = [
+        (tid, ts)
+        for ts, kind, _, tid in c.syncs
+        if kind in ("stream_sync", "device_sync") or (kind == "item" and not c.kernel_durations)
+    ]
+    return callsites.sites(c, waits)
 
 
 def _summarize(
@@ -545,12 +392,7 @@ def _summarize(
 ) -> TraceAnalysis:
     wall_ms = sum(s.dur_us for s in steps) / 1e3
     totals = {key: sum(s.ms[key] for s in steps) for key in BREAKDOWN}
-    device = iv.merge(
-        [span for role in ("kernel", "memcpy", "memset", "communication") for span in merged[role]]
-    )
-    device_starts = [start for start, _ in device]
-    busy_ms = sum(iv.clip_total(device, device_starts, s.start_us, s.start_us + s.dur_us) for s in steps)
-    busy_ms /= 1e3
+    busy_ms = _device_busy_ms(steps, merged)
     delays = [start - c.runtime_start[corr] for corr, start in c.kernel_starts if corr in c.runtime_start]
     props = meta.get("deviceProperties") or []
     gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
@@ -593,16 +435,8 @@ def _summarize(
         matmul_pct=100.0 * c.matmul_us / compute if compute else None,
         fp32_matmul_pct=100.0 * c.fp32_matmul_us / compute if compute else None,
         conv_pct=100.0 * c.conv_us / compute if compute else None,
-        # With a device, .item() of a host tensor (Adam's step count) is no sync: count waits only.
-        sync_sites=_sites(
-            c,
-            [
-                (tid, ts)
-                for ts, kind, _, tid in c.syncs
-                if kind in ("stream_sync", "device_sync") or (kind == "item" and not c.kernel_durations)
-            ],
-        ),
+        sync_sites=_sync_sites(c),
         cpu_tensor_ops=created,
         communication_overlap_pct=_overlap_pct(merged["communication"], merged["kernel"]),
-        cpu_tensor_sites=_sites(c, [(tid, f_start) for _, _, tid, f_start in creations]),
+        cpu_tensor_sites=callsites.sites(c, [(tid, f_start) for _, _, tid, f_start in creations]),
     )

@@ -31,17 +31,7 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
     }
     if a.kernels:  # the share of the step in NCCL/RCCL kernels
         table["communication_pct"] = a.breakdown_pct.get("communication")
-    if a.gpu_name is not None:
-        table["gpu_name"] = a.gpu_name
-        amd = any(word in a.gpu_name for word in _AMD)
-        major = a.compute_capability
-        # ROCm's computeMajor 9 covers both Vega (no matrix cores) and CDNA (matrix cores), so
-        # on AMD what the GPU has is left unmeasured and the rules that need it stay quiet.
-        if major is not None and not amd:
-            table["compute_capability"] = major
-            table["has_tensor_cores"] = major >= 7  # Volta and newer
-            table["tf32_supported"] = major >= 8  # Ampere and newer
-            table["bf16_supported"] = major >= 8
+    table.update(_gpu_facts(a))
     if a.kernels and n:
         table["short_kernel_pct"] = 100.0 * a.short_kernels / a.kernels
     # Counts per step only where the trace marks steps: a trace without ProfilerStep#N is one
@@ -49,27 +39,7 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
     if a.kernels and n and a.steps_marked:
         table["kernels_per_step"] = a.kernels / n
     if n and step_ms and a.steps_marked:
-        h2d = [s.h2d_pageable + s.h2d_pinned + s.h2d_unknown for s in steps]
-        table["h2d_copies_per_step"] = sum(h2d) / n
-        table["h2d_pageable_per_step"] = sum(s.h2d_pageable for s in steps) / n
-        table["h2d_pinned_per_step"] = sum(s.h2d_pinned for s in steps) / n
-        if sum(h2d):
-            table["h2d_pageable_pct"] = 100.0 * sum(s.h2d_pageable for s in steps) / sum(h2d)
-            table["h2d_ms_per_step"] = sum(s.h2d_ms for s in steps) / n
-            table["h2d_pct"] = 100.0 * table["h2d_ms_per_step"] / step_ms
-        # With a device, count the host's waits (an .item() of a GPU tensor is a copy plus a
-        # stream sync; an .item() of a host tensor, like Adam's step count, waits for nothing).
-        syncs = [
-            s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0)
-            if a.kernels
-            else s.syncs.get("item", 0)
-            for s in steps
-        ]
-        table["syncs_per_step"] = sum(syncs) / n
-        table["items_per_step"] = sum(s.syncs.get("item", 0) for s in steps) / n
-        table["sync_ms_per_step"] = sum(s.sync_ms for s in steps) / n
-        table["sync_pct"] = 100.0 * table["sync_ms_per_step"] / step_ms
-        table["cpu_tensor_copies_per_step"] = sum(s.cpu_tensor_copies for s in steps) / n
+        table.update(_per_step(a, step_ms))
     if a.sync_sites:
         table["sync_site"] = a.sync_sites[0]
         table["sync_sites"] = "; ".join(a.sync_sites[:3])
@@ -106,4 +76,48 @@ def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
         table.update(memory_measurements(*peaks, memory.get("total_bytes")))
         table["alloc_retries"] = memory.get("alloc_retries", 0)
         table["ooms"] = memory.get("ooms", 0)
+    return table
+
+
+def _gpu_facts(a: TraceAnalysis) -> dict[str, Any]:
+    """The GPU the trace ran on and what it has in hardware."""
+    if a.gpu_name is None:
+        return {}
+    facts: dict[str, Any] = {"gpu_name": a.gpu_name}
+    amd = any(word in a.gpu_name for word in _AMD)
+    major = a.compute_capability
+    # ROCm's computeMajor 9 covers both Vega (no matrix cores) and CDNA (matrix cores), so
+    # on AMD what the GPU has is left unmeasured and the rules that need it stay quiet.
+    if major is not None and not amd:
+        facts["compute_capability"] = major
+        facts["has_tensor_cores"] = major >= 7  # Volta and newer
+        facts["tf32_supported"] = major >= 8  # Ampere and newer
+        facts["bf16_supported"] = major >= 8
+    return facts
+
+
+def _per_step(a: TraceAnalysis, step_ms: float) -> dict[str, Any]:
+    """Copies, syncs and host-made tensors per step (a trace that marks its steps)."""
+    steps = a.steps
+    n = len(steps)
+    table: dict[str, Any] = {}
+    h2d = [s.h2d_pageable + s.h2d_pinned + s.h2d_unknown for s in steps]
+    table["h2d_copies_per_step"] = sum(h2d) / n
+    table["h2d_pageable_per_step"] = sum(s.h2d_pageable for s in steps) / n
+    table["h2d_pinned_per_step"] = sum(s.h2d_pinned for s in steps) / n
+    if sum(h2d):
+        table["h2d_pageable_pct"] = 100.0 * sum(s.h2d_pageable for s in steps) / sum(h2d)
+        table["h2d_ms_per_step"] = sum(s.h2d_ms for s in steps) / n
+        table["h2d_pct"] = 100.0 * table["h2d_ms_per_step"] / step_ms
+    # With a device, count the host's waits (an .item() of a GPU tensor is a copy plus a
+    # stream sync; an .item() of a host tensor, like Adam's step count, waits for nothing).
+    syncs = [
+        s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0) if a.kernels else s.syncs.get("item", 0)
+        for s in steps
+    ]
+    table["syncs_per_step"] = sum(syncs) / n
+    table["items_per_step"] = sum(s.syncs.get("item", 0) for s in steps) / n
+    table["sync_ms_per_step"] = sum(s.sync_ms for s in steps) / n
+    table["sync_pct"] = 100.0 * table["sync_ms_per_step"] / step_ms
+    table["cpu_tensor_copies_per_step"] = sum(s.cpu_tensor_copies for s in steps) / n
     return table

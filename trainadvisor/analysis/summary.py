@@ -18,6 +18,18 @@ T = TypeVar("T")
 WINDOW_STEPS = 5
 
 BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
+# The main DataLoader's measurements: name -> LoaderInfo field.
+LOADER_MEASUREMENTS = {
+    "dataloader_index": "index",
+    "num_workers": "num_workers",
+    "batch_size": "batch_size",
+    "pin_memory": "pin_memory",
+    "persistent_workers": "persistent_workers",
+    "prefetch_factor": "prefetch_factor",
+    "iterable_dataset": "iterable_dataset",
+    "dataloader_call_site": "created_at",
+    "dataset_class": "dataset_class",
+}
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -163,17 +175,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
     loader = main_loader(raw)
     table["dataloaders"] = len(raw.loaders)
     if loader is not None:
-        table.update(
-            dataloader_index=loader.index,
-            num_workers=loader.num_workers,
-            batch_size=loader.batch_size,
-            pin_memory=loader.pin_memory,
-            persistent_workers=loader.persistent_workers,
-            prefetch_factor=loader.prefetch_factor,
-            iterable_dataset=loader.iterable_dataset,
-            dataloader_call_site=loader.created_at,
-            dataset_class=loader.dataset_class,
-        )
+        table.update({name: getattr(loader, field) for name, field in LOADER_MEASUREMENTS.items()})
     inside = window_samples(raw, raw.host_samples)
     workers = [h.workers_cpu_pct for h in inside]
     main = [h.main_cpu_pct for h in inside]

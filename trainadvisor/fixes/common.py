@@ -87,6 +87,14 @@ class Fix:
         return None
 
 
+class LoaderSetting(Fix):
+    """A fix that changes the DataLoader's arguments: it switches while the loop runs (a
+    stand-in loader in a trial window)."""
+
+    restarts_because = ""
+    switches_loaders = True
+
+
 class Switch(Fix):
     """One candidate; kept when it is at least KEEP_MIN_SPEEDUP faster."""
 
@@ -102,3 +110,17 @@ class Switch(Fix):
         if not measured or (measured[0].steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * baseline:
             return None
         return measured[0]
+
+
+class GpuFlag(Switch):
+    """A switch torch reads at every op on the GPU (TF32, cuDNN autotuning): it switches while
+    the loop runs."""
+
+    restarts_because = ""
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        return NO_GPU if not values.get("cuda_used") else self.flag_problem(values)
+
+    def flag_problem(self, values: dict[str, Any]) -> str | None:
+        """Why the flag cannot help on this GPU, or None."""
+        raise NotImplementedError

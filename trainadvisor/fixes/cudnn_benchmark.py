@@ -8,20 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor import codechange
-from trainadvisor.fixes.common import NO_GPU, Setting, Switch, overrides
+from trainadvisor.fixes.common import GpuFlag, Setting, overrides
 from trainadvisor.records import Overrides
 
 
-class CudnnBenchmark(Switch):
+class CudnnBenchmark(GpuFlag):
     id = "cudnn-benchmark"
     bound_by = "conv_pct"
-    restarts_because = ""
     # Another convolution algorithm sums in another order.
     loss_tolerance_rel = 1e-3
 
-    def not_applicable(self, values: dict[str, Any]) -> str | None:
-        if not values.get("cuda_used"):
-            return NO_GPU
+    def flag_problem(self, values: dict[str, Any]) -> str | None:
         if values.get("cudnn_benchmark"):
             return "torch.backends.cudnn.benchmark is already on"
         return None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor import codechange
-from trainadvisor.fixes.common import Fix, Setting, overrides
+from trainadvisor.fixes.common import LoaderSetting, Setting, overrides
 from trainadvisor.judge import KEEP_MIN_SPEEDUP
 from trainadvisor.records import Overrides, Trial
 
@@ -72,11 +72,9 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
     return workers * 2, ""
 
 
-class DataLoaderWorkers(Fix):
+class DataLoaderWorkers(LoaderSetting):
     id = "dataloader-workers"
     bound_by = "data_wait_pct"
-    restarts_because = ""
-    switches_loaders = True
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if "dataloader_call_site" not in values:

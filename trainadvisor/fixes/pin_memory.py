@@ -10,15 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor import codechange
-from trainadvisor.fixes.common import NO_GPU, Setting, Switch, overrides
+from trainadvisor.fixes.common import NO_GPU, LoaderSetting, Setting, Switch, overrides
 from trainadvisor.records import Overrides
 
 
-class PinMemory(Switch):
+class PinMemory(LoaderSetting, Switch):
     id = "pin-memory"
     bound_by = "h2d_pct"
-    restarts_because = ""
-    switches_loaders = True
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if not values.get("cuda_used"):

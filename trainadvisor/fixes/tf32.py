@@ -8,20 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor import codechange
-from trainadvisor.fixes.common import NO_GPU, Setting, Switch, overrides
+from trainadvisor.fixes.common import GpuFlag, Setting, overrides
 from trainadvisor.records import Overrides
 
 
-class Tf32(Switch):
+class Tf32(GpuFlag):
     id = "tf32"
     bound_by = "gpu_busy_pct"
-    restarts_because = ""
     # TF32 keeps 10 mantissa bits in matmul inputs: losses agree to about 1e-3.
     loss_tolerance_rel = 1e-2
 
-    def not_applicable(self, values: dict[str, Any]) -> str | None:
-        if not values.get("cuda_used"):
-            return NO_GPU
+    def flag_problem(self, values: dict[str, Any]) -> str | None:
         if not values.get("tf32_supported"):
             return "TF32 needs an NVIDIA GPU of compute capability 8.0 (Ampere) or newer"
         if values.get("tf32_enabled"):

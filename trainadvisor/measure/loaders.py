@@ -213,6 +213,13 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
 
     recorder.patch(DataLoader, "_get_iterator", get_iterator)
     recorder.patch(DataLoader, "__iter__", iterate)
+    _record_construction(recorder, refuse)
+
+
+def _record_construction(recorder: Any, refuse: Callable[[str], None]) -> None:
+    """DataLoader(...): where and with what, the overrides of its call site, its arguments kept
+    for trial windows (`LiveLoaders`)."""
+    live: LiveLoaders = recorder.live_loaders
     original_init = DataLoader.__init__
     live.build = original_init
     signature = inspect.signature(original_init)

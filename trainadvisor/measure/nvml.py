@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from trainadvisor.records import GpuSample
 
 # NVML's errors at initialisation, in words a user can act on (pynvml's NVMLError_* names).
 _INIT_ERRORS = {
@@ -24,15 +26,9 @@ _INIT_ERRORS = {
 _FIELDS = ("utilisation", "memory", "power", "SM clock")
 
 
-@dataclass
-class GpuTick:
-    unix_s: float
-    device: str
-    util_pct: float | None
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    power_w: float | None
-    sm_clock_mhz: int | None
+T = TypeVar("T")
+# A sample and the wall-clock time it was taken; its t_ms is set when a run's window is known.
+Stamped = tuple[float, T]
 
 
 @dataclass
@@ -89,16 +85,16 @@ class NvmlSampler:
                 continue
         return None, f"NVML knows no GPU with UUID {uuid}"
 
-    def tick(self) -> list[GpuTick]:
+    def tick(self) -> list[Stamped[GpuSample]]:
         now = time.time()
         return [self._read(device, now) for device in self.devices.values()]
 
-    def _read(self, device: _Device, now: float) -> GpuTick:
+    def _read(self, device: _Device, now: float) -> Stamped[GpuSample]:
         nv, handle = self.nvml, device.handle
         util = self._field(device, "utilisation", lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu))
         memory = self._field(device, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(handle))
-        return GpuTick(
-            unix_s=now,
+        return now, GpuSample(
+            t_ms=0.0,
             device=device.label,
             util_pct=util,
             memory_used_bytes=int(memory.used) if memory is not None else None,

@@ -20,8 +20,9 @@ from typing import IO, Any
 import trainadvisor
 from trainadvisor import _serial
 from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
+from trainadvisor.measure.nvml import Stamped
 from trainadvisor.measure.sampling import Sampler
-from trainadvisor.records import GpuSample, HostSample, Overrides, RawRun
+from trainadvisor.records import Overrides, RawRun
 
 # Once the window is written, the script is given this long to stop before it is killed
 # (a loop that catches BaseException would otherwise keep training).
@@ -390,31 +391,16 @@ def attach_samples(
     `until` when given (one window of a run kept alive for trial windows)."""
     t0 = raw.window_start_unix_s
     if t0 is None:
-        t0 = sampler.host[0].unix_s if sampler.host else 0.0
+        t0 = sampler.host[0][0] if sampler.host else 0.0
     end = until_unix_s or float("inf")
-    host = [h for h in list(sampler.host) if since_unix_s <= h.unix_s <= end]
-    gpus = [g for g in list(sampler.gpu) if since_unix_s <= g.unix_s <= end]
-    raw.host_samples = [
-        HostSample(
-            t_ms=(h.unix_s - t0) * 1e3,
-            main_cpu_pct=h.main_cpu_pct,
-            workers_cpu_pct=h.workers_cpu_pct,
-            main_rss_bytes=h.main_rss_bytes,
-            workers_rss_bytes=h.workers_rss_bytes,
-            workers=h.workers,
-        )
-        for h in host
-    ]
-    raw.gpu_samples = [
-        GpuSample(
-            t_ms=(g.unix_s - t0) * 1e3,
-            util_pct=g.util_pct,
-            memory_used_bytes=g.memory_used_bytes,
-            memory_total_bytes=g.memory_total_bytes,
-            power_w=g.power_w,
-            sm_clock_mhz=g.sm_clock_mhz,
-            device=g.device,
-        )
-        for g in gpus
-    ]
+
+    def placed(stamped: list[Stamped[Any]]) -> list[Any]:
+        return [
+            replace(s, t_ms=(unix_s - t0) * 1e3)
+            for unix_s, s in list(stamped)
+            if since_unix_s <= unix_s <= end
+        ]
+
+    raw.host_samples = placed(sampler.host)
+    raw.gpu_samples = placed(sampler.gpu)
     raw.nvml_status = sampler.status_now()

@@ -12,20 +12,11 @@ from typing import Any
 
 import psutil
 
-from trainadvisor.measure.nvml import GpuTick, NvmlSampler
+from trainadvisor.measure.nvml import NvmlSampler, Stamped
+from trainadvisor.records import GpuSample, HostSample
 
 # The GPUs the training processes train on, as they name them: label -> device identity.
 DeviceSource = Callable[[], dict[str, dict[str, Any]]]
-
-
-@dataclass
-class HostTick:
-    unix_s: float
-    main_cpu_pct: float
-    workers_cpu_pct: float
-    main_rss_bytes: int
-    workers_rss_bytes: int
-    workers: int
 
 
 @dataclass
@@ -35,8 +26,8 @@ class Sampler:
     pid: int
     devices: DeviceSource | None = None
     interval_s: float = 0.1
-    host: list[HostTick] = field(default_factory=list)
-    gpu: list[GpuTick] = field(default_factory=list)
+    host: list[Stamped[HostSample]] = field(default_factory=list)
+    gpu: list[Stamped[GpuSample]] = field(default_factory=list)
     nvml_status: str = "not sampled: the run used no NVIDIA GPU"
 
     def __post_init__(self) -> None:
@@ -85,7 +76,7 @@ class Sampler:
             self._procs[pid].cpu_percent(None)  # the first reading only starts the interval
         return self._procs[pid]
 
-    def _host_tick(self) -> HostTick | None:
+    def _host_tick(self) -> Stamped[HostSample] | None:
         try:
             main = self._process(self.pid)
             with main.oneshot():
@@ -101,4 +92,4 @@ class Sampler:
                 workers_rss += proc.memory_info().rss
             except psutil.Error:
                 continue
-        return HostTick(time.time(), main_cpu, workers_cpu, main_rss, workers_rss, len(children))
+        return time.time(), HostSample(0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children))

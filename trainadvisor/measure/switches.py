@@ -86,13 +86,18 @@ def install_step_control(recorder: Patcher, scaler: Any, accumulate: int) -> Non
     if scaler is not None:
         _unscale_before_clipping(recorder, scaler, built, lambda: (calls[0] + 1) % accumulate == 0)
     if accumulate > 1:
-        original_module_zero_grad = torch.nn.Module.__dict__["zero_grad"]
+        _module_zero_grad_on_updates(recorder, lambda: calls[0] % accumulate == 0)
 
-        def module_zero_grad(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
-            if calls[0] % accumulate == 0:
-                original_module_zero_grad(self, *args, **kwargs)
 
-        recorder.patch(torch.nn.Module, "zero_grad", module_zero_grad)
+def _module_zero_grad_on_updates(recorder: Patcher, updated: Callable[[], bool]) -> None:
+    """`module.zero_grad()` clears gradients only right after an update was applied."""
+    original = torch.nn.Module.__dict__["zero_grad"]
+
+    def module_zero_grad(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        if updated():
+            original(self, *args, **kwargs)
+
+    recorder.patch(torch.nn.Module, "zero_grad", module_zero_grad)
 
 
 def _unscale_before_clipping(
