@@ -460,7 +460,7 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     run), NVML samples the GPU the script named, and the report shows both clocks."""
     result = run_cli(
         "profile", "--warmup", "3", "--steps", "10", "--out", tmp_path / "r",
-        EXAMPLES / "slow_input_mnist.py", "--samples", "8000", "--latency-ms", "0.5", "--device", "cpu",
+        EXAMPLES / "slow_input_mnist.py", "--samples", "20000", "--latency-ms", "0.5", "--device", "cpu",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.judge import compare, verdict
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.records import (
@@ -403,11 +404,12 @@ def _confirm(
 
 
 def _short_run(raw: RawRun) -> str:
-    needed = raw.warmup_steps + raw.window_steps
+    traced = PROFILER_WARMUP_STEPS + raw.profile_steps if raw.profile_steps else 0
+    needed = raw.warmup_steps + raw.window_steps + traced
     return (
         f"the script ended after {raw.steps_seen} steps, before the confirmation run's window "
-        f"({raw.warmup_steps} warmup and {raw.window_steps} timed steps) was complete: give the "
-        "script more steps to train (more data or epochs) to confirm it"
+        f"({raw.warmup_steps} warmup, {raw.window_steps} timed and {traced} traced steps) was "
+        "complete: give the script more steps to train (more data or epochs) to confirm it"
         if 0 < raw.steps_seen < needed
         else "the confirmation run did not complete"
     )

@@ -10,6 +10,9 @@ from pathlib import Path
 from trainadvisor import _serial
 from trainadvisor.records import Overrides
 
+# Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
+PROFILER_WARMUP_STEPS = 1
+
 
 @dataclass
 class ChildConfig:

@@ -18,10 +18,8 @@ from typing import Any, Literal
 import torch
 
 from trainadvisor.measure import gpu
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.records import StepRecord
-
-# Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
-PROFILER_WARMUP_STEPS = 1
 
 Phase = Literal["warmup", "timed", "traced", "done"]
 
