@@ -12,6 +12,7 @@ import typing
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from conftest import run_cli
@@ -378,3 +379,32 @@ def test_framework_callbacks_are_one_class_and_pickle_as_fresh_advisors(tmp_path
     assert (copy.advisor.warmup, copy.advisor.out) == (2, tmp_path / "b")
     for callback in (first, second, copy):
         callback.advisor.close()
+
+
+def test_trials_measure_the_workers_fix_in_this_process_and_put_everything_back(tmp_path: Path) -> None:
+    """advise(trials=True) on a loop whose DataLoader reads slowly: the workers fix is measured
+    in windows of this process (no restart), its worker processes are gone afterwards, and the
+    loop's own iterator goes on where it stopped."""
+    model, optimizer = _model()
+    loader = DataLoader(_Slow(), batch_size=4)  # 8 samples x 2 ms: 2 batches an epoch
+    seen = []
+    before = _state()
+    with advise(warmup=2, steps=6, out=tmp_path / "r", trials=True) as advisor:
+        for _ in range(120):
+            for x, y in loader:
+                seen.append(int(x.shape[0]))
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                advisor.step(loss)
+    assert not advisor.active and advisor.trials is None and _state() == before
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
+    assert workers["mode"] == "in_process" and workers["trials"], workers
+    assert workers["trials"][0]["label"] == "num_workers=2" and workers["trials"][0]["status"] == "measured"
+    assert workers["status"] in ("unconfirmed", "no_gain")
+    labels = [w["label"] for w in report["trial_windows"]]
+    assert labels[0] == "baseline" and labels[-1] == "baseline-again"
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]  # workers gone
+    assert set(seen) == {4}

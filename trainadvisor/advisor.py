@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import atexit
 import functools
-import gc
 import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -39,17 +39,15 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from trainadvisor import engine, fixes
-from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
+from trainadvisor.advise_report import advise_report, data_parallel_modules, main_script, profile_command
 from trainadvisor.errors import UsageError
 from trainadvisor.measure import gpu, hooks, loaders
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
-from trainadvisor.records import SCHEMA_VERSION, FixOutcome, LoaderInfo, Overrides, RawRun, Report
+from trainadvisor.records import LoaderInfo, RawRun, Report
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
-from trainadvisor.runs import ProfileOptions, reproduce_command
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -71,6 +69,7 @@ class Advisor:
         rules: list[str | Path] | None = None,
         echo: Callable[[str], None] | None = None,
         clock: Clock | None = None,
+        trials: bool = False,
     ) -> None:
         if warmup < 1 or steps < 1:
             raise ValueError("advise: warmup and steps must be at least 1")
@@ -92,6 +91,10 @@ class Advisor:
         self.calls = 0  # steps ended so far
         self.call_start: float | None = None
         self.loaders: list[LoaderInfo] = []
+        self.trials_wanted = trials  # measure the in-process fixes in windows after this one
+        self.trials: Any = None  # advise_trials.AdviseTrials, while they run
+        self.values: dict[str, Any] = {}  # the window's measurements, as the rules saw them
+        self._serving: tuple[Any, int] | None = None  # (weakref to the loop's iterator, loader)
         self.sampler: Sampler | None = None
         self._undo: list[Callable[[], None]] = []
         self._started = time.monotonic()
@@ -182,7 +185,7 @@ class Advisor:
         self.sampler.start()
         self._time_loaders()
         self._undo.append(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
-        return gpu.torch_facts(_data_parallel_modules(), None)
+        return gpu.torch_facts(data_parallel_modules(), None)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.window.optimizer_stepped(optimizer, counted=True)
@@ -196,7 +199,13 @@ class Advisor:
         def timed_next(iterator: _BaseDataLoaderIter) -> Any:
             t0 = clock()
             try:
-                batch = original(iterator)
+                batch = original(getattr(iterator, "_trainadvisor_delegate", None) or iterator)
+            except StopIteration:
+                again = getattr(iterator, "_trainadvisor_again", None)  # a trial stand-in's next pass
+                if again is None:
+                    raise
+                iterator._trainadvisor_delegate = again()  # type: ignore[attr-defined]
+                batch = original(iterator._trainadvisor_delegate)  # type: ignore[attr-defined]
             finally:
                 advisor.window.add_data_wait(clock() - t0)
             advisor._loader_batch(iterator, batch)
@@ -209,7 +218,8 @@ class Advisor:
         if index is None:
             index = iterator._trainadvisor_advised = len(self.loaders)  # type: ignore[attr-defined]
             self.loaders.append(loaders.describe_iterator(iterator, index))
-        if self.window.measuring:
+        self._serving = (weakref.ref(iterator), index)
+        if self.window.measuring and self.trials is None:
             self.loaders[index].batches_in_window += 1
         tensors = list(hooks.batch_tensors(batch))
         counted = tensors and tensors[0].dim() > 0 and not self.decorated  # else the call's arguments
@@ -226,6 +236,8 @@ class Advisor:
         global _open_window
         self.active = False
         steps: list[Callable[[], None]] = [self.window.stop_profiler]
+        if self.trials is not None:  # a trial's stand-in loader and switches go first
+            steps.append(self.trials.abandon)
         if self.sampler is not None:
             steps.append(self.sampler.stop)
         steps += reversed(self._undo)
@@ -275,10 +287,12 @@ class Advisor:
         if profiler is not None:
             (self.out / trace_rel).parent.mkdir(parents=True, exist_ok=True)
             hooks.export_trace(profiler, self.out / trace_rel)
-        if sampler is not None:
+        trials = self.trials_wanted
+        if sampler is not None and not trials:
             sampler.stop()
             self.sampler = None
-        self._cleanup()
+        if not trials:
+            self._cleanup()
         raw = hooks.window_run(
             window,
             label="advise",
@@ -291,59 +305,61 @@ class Advisor:
             trace_file=trace_rel if profiler is not None else None,
         )
         if sampler is not None:
-            attach_samples(raw, sampler)
+            attach_samples(raw, sampler, until_unix_s=time.time())
         self.report = self._report(raw)
         write_report(self.report, self.out, templates_dir())
         self.echo(terminal_summary(self.report, self.out))
+        if trials:
+            self._start_trials(self.report)
+
+    # ---- trial windows (advise(trials=True)) ----
+
+    def _start_trials(self, report: Report) -> None:
+        from trainadvisor.advise_trials import AdviseTrials
+
+        self.trials = AdviseTrials(self, report, self.values)
+        first = self.trials.next_window() if self.trials.any() else None
+        if first is None:
+            self.trials = None
+            self._cleanup()
+            return
+        self.echo(f"trainadvisor: measuring {', '.join(self.trials.fix_ids())} in windows of this process")
+        self.window = first
+
+    def serving(self) -> tuple[Any, LoaderInfo] | None:
+        """The DataLoader iterator the loop is calling, and its loader's description."""
+        if self._serving is None:
+            return None
+        iterator = self._serving[0]()
+        return (iterator, self.loaders[self._serving[1]]) if iterator is not None else None
+
+    def attach_window_samples(self, raw: RawRun) -> None:
+        if self.sampler is not None:
+            attach_samples(raw, self.sampler, raw.window_start_unix_s or 0.0, time.time())
+
+    def trial_window_closes(self, window: Window) -> None:
+        """A trial window is measured: the next one, or the end of the trials."""
+        trials = self.trials
+        trials.window_done(window)
+        following = trials.next_window()
+        if following is not None:
+            self.window = following
+            return
+        final = trials.finish(self._profile_command(main_script()))
+        self.trials = None
+        self._cleanup()
+        self.report = final
+        write_report(final, self.out, templates_dir())
+        self.echo(terminal_summary(final, self.out))
 
     def _report(self, raw: RawRun) -> Report:
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook
-        script = Path(main_file) if main_file and str(main_file).endswith(".py") else None
-        trace = attach_trace(raw, self.out, script)
-        run = summarize(raw)
-        run.trace = trace
-        diagnosis = engine.diagnose(named_measurements(run), engine.rules_for(self.rule_dirs))
-        plan = fixes.plan(diagnosis.findings, diagnosis.values)
-        command = self._profile_command(script)
-        restart = f"measure it with: {' '.join(command)}" if command else _NO_SCRIPT
-        outcomes = [
-            FixOutcome(
-                p.fix, p.rule, "needs_restart" if p.applicable else "not_applicable",
-                restart if p.applicable else p.reason, Overrides(), [],
-            )
-            for p in plan
-        ]  # fmt: skip
-        notes = [
-            "Measured in-process by @advise: fixes are not applied here. `trainadvisor profile` "
-            "reruns the script with each fix and measures it before and after."
-        ]
-        return Report(
-            schema_version=SCHEMA_VERSION,
-            command=command or ["@advise"],
-            script=str(script) if script else "<in-process>",
-            environment=raw.device,
-            baseline=run,
-            findings=diagnosis.findings,
-            plan=plan,
-            fix_outcomes=outcomes,
-            notes=notes,
-            elapsed_s=time.monotonic() - self._started,
+        report, self.values = advise_report(
+            raw, self.out, self.rule_dirs, self._started, self._profile_command
         )
+        return report
 
     def _profile_command(self, script: Path | None) -> list[str] | None:
-        """The `trainadvisor profile` command that measures the fixes, writing beside this
-        report rather than over it."""
-        if script is None or not script.is_file():
-            return None
-        options = ProfileOptions(
-            script=script,
-            args=sys.argv[1:],
-            out_dir=self.out.with_name(self.out.name + "-profile"),
-            warmup=self.warmup,
-            steps=self.steps,
-            rule_dirs=self.rule_dirs,
-        )
-        return reproduce_command(options)
+        return profile_command(script, self.out, self.warmup, self.steps, self.rule_dirs)
 
     # ---- `with advise() as advisor:` ----
 
@@ -366,18 +382,6 @@ class Advisor:
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         self.decorated = True
         return _wrap(fn, self)
-
-
-_NO_SCRIPT = "restart the training from a script to measure it with `trainadvisor profile`"
-
-
-def _data_parallel_modules() -> int:
-    """nn.DataParallel modules over two or more GPUs that exist now (the window's facts, as
-    profile's child counts those built): looked up once, when the timed steps begin."""
-    parallel = torch.nn.DataParallel
-    # type(), not isinstance(): isinstance asks an object's __class__, which some objects compute
-    found = [obj for obj in gc.get_objects() if issubclass(type(obj), parallel)]
-    return sum(1 for module in found if len(module.device_ids or []) >= 2)
 
 
 def _loss_of(result: Any) -> torch.Tensor | None:
@@ -424,6 +428,7 @@ def advise(
     steps: int = 20,
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
+    trials: bool = False,
 ) -> Advisor: ...
 
 
@@ -435,8 +440,10 @@ def advise(
     steps: int = 20,
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
+    trials: bool = False,
 ) -> Callable[P, R] | Advisor:
     """Profile a training step where it runs: `@advise`, `@advise(warmup=5, steps=20)`, or
-    `with advise() as advisor: ... advisor.step()`. See the module's documentation."""
-    advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
+    `with advise() as advisor: ... advisor.step()`. With `trials=True` the fixes that can switch
+    while the loop runs are measured in windows after it. See the module's documentation."""
+    advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules, trials=trials)
     return advisor(fn) if fn is not None else advisor
