@@ -13,79 +13,23 @@ from typing import Any, NoReturn
 import click
 
 from trainadvisor import __version__
+from trainadvisor.cli_options import (
+    ANALYZE_EXIT_CODES,
+    DURATION,
+    EXIT_CODES,
+    option,
+    out_option,
+    rules_option,
+    torchrun_options,
+)
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
 from trainadvisor.records import Report
 from trainadvisor.report import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
-EXIT_CODES = """\b
-Exit codes:
-  0  the report was written
-  2  a usage problem: no such script, no training step seen, bad --out or rule file
-  3  the script failed (its error is shown; what was measured is still reported)
-  1  trainadvisor itself failed (please report it)"""
-
-
-_rules_option = click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rule files (*.toml); may be given several times; a rule with a "
-    "built-in id replaces the built-in rule.",
-)
-
-
-def _option(name: str, default: Any, kind: Any, help_text: str, *names: str) -> Any:
-    """An option whose default `--help` shows."""
-    return click.option(name, *names, default=default, show_default=True, type=kind, help=help_text)
-
-
-def _out_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option(
-        "--out",
-        "out_dir",
-        default="trainadvisor-report",
-        show_default=True,
-        type=click.Path(file_okay=False, path_type=Path),
-        help=help_text + " A folder of yours that is not a report is never written into.",
-    )
-
-
-ANALYZE_EXIT_CODES = """\b
-Exit codes:
-  0  the report was written
-  2  a usage problem: a missing path, a folder without traces, a file that is not a complete
-     trace, an empty trace, a bad --out or rule file
-  1  trainadvisor itself failed (please report it)"""
-
 
 def _echo(message: str) -> None:
     click.echo(message, err=True)
-
-
-class Duration(click.ParamType):
-    """A length of time: 90, 90s, 10m, 1.5h (seconds when no unit is given)."""
-
-    name = "duration"
-    _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, (int, float)):
-            return float(value)
-        text = str(value).strip().lower()
-        unit = self._UNITS.get(text[-1:], None)
-        number = text[:-1] if unit is not None else text
-        try:
-            seconds = float(number) * (unit or 1.0)
-        except ValueError:
-            self.fail(f"{value!r} is not a duration: write it as 90s, 10m or 1.5h", param, ctx)
-        if seconds <= 0:
-            self.fail(f"{value!r}: a duration must be more than zero", param, ctx)
-        return seconds
-
-
-DURATION = Duration()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -104,20 +48,20 @@ def main() -> None:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog=EXIT_CODES,
 )
-@_option(
+@option(
     "--warmup",
     5,
     click.IntRange(min=1),
     "Training steps to run before profiling (compilation, caches, worker start-up).",
 )
-@_option(
+@option(
     "--steps",
     20,
     click.IntRange(min=2),
     "Training steps to time (then up to 10 more are traced with torch.profiler).",
 )
-@_out_option("Report folder: report.html, report.md, report.json and the raw traces.")
-@_rules_option
+@out_option("Report folder: report.html, report.md, report.json and the raw traces.")
+@rules_option
 @click.option(
     "--run-to-end",
     is_flag=True,
@@ -126,7 +70,7 @@ def main() -> None:
 @click.option(
     "--no-fix", "no_fix", is_flag=True, help="Only diagnose: do not rerun the script with fixes applied."
 )
-@_option(
+@option(
     "--seed",
     0,
     int,
@@ -153,7 +97,7 @@ def main() -> None:
     metavar="ID",
     help="Measure only this fix (repeatable), e.g. --fix dataloader-workers.",
 )
-@_option(
+@option(
     "--trials",
     "auto",
     click.Choice(["auto", "restart"]),
@@ -263,23 +207,9 @@ def _profile(options: Any) -> int:
     return 0
 
 
-def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:
-    """The torch.distributed.run options given, in its own spelling; none: no torchrun. A
-    single node without rendezvous options gets --standalone (a free local port)."""
-    given = {key: value for key, value in launcher.items() if value is not None}
-    if nproc_per_node is None and not given:
-        return []
-    options = ["--nproc-per-node", str(nproc_per_node or 1)]
-    for key, value in given.items():
-        options += [f"--{key.replace('_', '-')}", str(value)]
-    if not given:
-        options.append("--standalone")
-    return options
-
-
 @main.command(epilog=ANALYZE_EXIT_CODES)
-@_out_option("Report folder: report.html, report.md and report.json.")
-@_rules_option
+@out_option("Report folder: report.html, report.md and report.json.")
+@rules_option
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the report JSON to stdout instead of the diagnosis."
 )
@@ -381,7 +311,7 @@ Exit codes:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write the report here instead of into DIR (needed with several DIRs).",
 )
-@_rules_option
+@rules_option
 @click.argument("folders", metavar="DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
 def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Path, ...]) -> None:
     """Re-render report.html and report.md from DIR/report.json, without rerunning anything
@@ -424,20 +354,20 @@ Exit codes:
   1  HEAD's throughput is lower than BASE's by more than --max-regression, beyond noise
   2  a usage problem: no report at a path, a report without the run asked for"""
 )
-@_option(
+@option(
     "--max-regression",
     5.0,
     click.FloatRange(min=0),
     "Largest throughput loss, in percent, that still passes.",
 )
-@_option(
+@option(
     "--format",
     "markdown",
     click.Choice(["markdown", "json"]),
     "Markdown for a pull-request comment, or JSON for scripts.",
     "output",
 )
-@_option(
+@option(
     "--run",
     "baseline",
     click.Choice(["baseline", "after"]),
