@@ -100,11 +100,12 @@ def trial_spec(options: ProfileOptions, label: str, overrides: Overrides, **chan
 
 def confirmation_spec(options: ProfileOptions, overrides: Overrides) -> RunSpec:
     """The fresh run that confirms the chosen settings: the buffer the workers fill while the
-    first, slow steps run is drained in its warmup (as in a trial run); its window spans three
-    rounds of the workers' batches (as a trial window does), so a setting chosen in windows of
-    the first run fits a script about as long as that run was."""
+    first, slow steps run is drained in its warmup (as in a trial run), and its window holds
+    three throughput windows of two rounds of the workers' batches each (the spread the verdict
+    is judged on), whatever the prefetch depth."""
     warmup, _ = settle_steps(options, overrides)
-    _, steps = window_steps(options, overrides)
+    workers = sum(int(loader.get("num_workers", 0)) for loader in overrides.loaders.values())
+    steps = max(options.steps, 6 * workers)
     return spec_for(options, "after", warmup=warmup, steps=steps, overrides=overrides, show_output=False)
 
 
