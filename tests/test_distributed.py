@@ -66,6 +66,12 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
     report = load_report(out)
     [outcome] = report["fix_outcomes"]
     assert outcome["fix"] == "dataloader-workers" and outcome["status"] == "kept"
+    # every rank would have to switch at the same step: each candidate restarts the script
+    assert (outcome["mode"], outcome["mode_reason"]) == (
+        "restart",
+        "under torchrun every rank would have to switch its setting at the same step",
+    )
+    assert report["trial_windows"] == []
     # kept means: 5% faster or more, the slow windows after beat the fast ones before
     assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
     assert report["comparison"]["loss_check"]["equivalent"] is True
