@@ -16,6 +16,7 @@ import torch
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
 from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report
+from trainadvisor.redact import mask_arguments, masked_note
 from trainadvisor.runs import ProfileOptions, reproduce_command
 
 _NO_SCRIPT = "restart the training from a script to measure it with `trainadvisor profile`"
@@ -54,6 +55,8 @@ def advise_report(
         "Measured in-process by @advise: fixes are not applied here. `trainadvisor profile` "
         "reruns the script with each fix and measures it before and after."
     ]
+    masked = masked_note(mask_arguments(sys.argv[1:])[1]) if command else None
+    notes += [masked] if masked else []
     report = Report(
         schema_version=SCHEMA_VERSION,
         command=command or ["@advise"],

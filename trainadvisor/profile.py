@@ -31,7 +31,8 @@ from trainadvisor.records import (
     Run,
     merge_overrides,
 )
-from trainadvisor.report import check_out_dir
+from trainadvisor.redact import mask_arguments, masked_note
+from trainadvisor.report import hold_out_dir
 from trainadvisor.runs import (
     ProfileOptions,
     confirmation_spec,
@@ -115,6 +116,12 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
     `save` as it finishes (an interruption leaves the report of what was measured); returns the
     last."""
     job = _Job(options, _prepare(options), echo, save or (lambda _report: None), time.monotonic())
+    with hold_out_dir(options.out_dir):
+        return _profile(job)
+
+
+def _profile(job: _Job) -> Report:
+    options, echo = job.options, job.echo
     echo(
         f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
         f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)"
@@ -233,7 +240,8 @@ def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started:
 
 
 def _prepare(options: ProfileOptions) -> list[engine.Rule]:
-    """What can be refused before anything runs: the script, the rules, the report folder."""
+    """What can be refused before anything runs: the script, the fixes named, the rules (the
+    report folder is checked when it is locked, `hold_out_dir`)."""
     if not options.script.is_file():
         raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
     unknown = [fix for fix in options.only_fixes if fix not in fixes.REGISTRY]
@@ -241,9 +249,7 @@ def _prepare(options: ProfileOptions) -> list[engine.Rule]:
         raise UsageError(
             f"--fix {unknown[0]}: no such fix; the fixes are {', '.join(sorted(fixes.REGISTRY))}"
         )
-    rules = engine.rules_for(options.rule_dirs)
-    check_out_dir(options.out_dir)
-    return rules
+    return engine.rules_for(options.rule_dirs)
 
 
 def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseline: Run) -> _Diagnosed:
@@ -327,6 +333,7 @@ def _report(
     tuning: Tuning | None = None,
 ) -> Report:
     notes = [*(extra_notes or []), *(tuning.notes if tuning else []), _modes_note(outcomes)]
+    notes.append(masked_note(mask_arguments(options.args)[1]))
     return Report(
         schema_version=SCHEMA_VERSION,
         command=reproduce_command(options),

@@ -4,10 +4,12 @@ the short terminal diagnosis. Pure: a Report in, text out."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,11 +260,63 @@ def check_out_dir(out_dir: Path, option: str = "--out") -> None:
         if folder.exists() and not folder.is_dir():
             where = "exists and is not a folder" if folder == out_dir else f"is inside {folder}, a file"
             raise UsageError(f"{option} {out_dir}: {where}; choose another {option}")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "report.json").exists():
+    ours = (".work", ".lock")  # what an earlier run left before its first report
+    if (
+        out_dir.is_dir()
+        and any(p.name not in ours for p in out_dir.iterdir())
+        and not (out_dir / "report.json").exists()
+    ):
         raise UsageError(
             f"{option} {out_dir}: the folder has files and is not a trainadvisor report; "
             "choose an empty or new folder so nothing of yours is overwritten"
         )
+
+
+@contextlib.contextmanager
+def hold_out_dir(out_dir: Path, option: str = "--out") -> Iterator[None]:
+    """One run at a time writes a report folder: the folder is checked (`check_out_dir`) and
+    locked for the block; a second run into it is refused, naming the first one's process."""
+    lock_path = out_dir / ".lock"
+    busy = UsageError(
+        f"{option} {out_dir}: another trainadvisor run is writing this report (process "
+        f"{_holder(lock_path)}); wait for it to end or choose another {option}"
+    )
+    if lock_path.exists() and _held(lock_path):
+        raise busy
+    check_out_dir(out_dir, option)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise busy from None
+    try:
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+        lock_path.unlink(missing_ok=True)
+
+
+def _held(lock_path: Path) -> bool:
+    with open(lock_path, "a+") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(probe, fcntl.LOCK_UN)
+    return False
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        return lock_path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -12,6 +12,7 @@ from trainadvisor.analysis.ranks import rank_stats
 from trainadvisor.analysis.summary import attach_trace, summarize
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.records import Overrides, RawRun, Run
+from trainadvisor.redact import mask_arguments
 
 
 @dataclass
@@ -33,7 +34,8 @@ class ProfileOptions:
 
 
 def reproduce_command(options: ProfileOptions) -> list[str]:
-    """The command line that repeats this run, every option spelled out."""
+    """The command line that repeats this run, every option spelled out; the values of the
+    script's credential-like arguments masked (`redact`): reports are published."""
     command = [
         "trainadvisor",
         "profile",
@@ -60,7 +62,7 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
         command += ["--fix", fix]
     if options.trials != "auto":
         command += ["--trials", options.trials]
-    return [*command, *options.torchrun, str(options.script), *options.args]
+    return [*command, *options.torchrun, str(options.script), *mask_arguments(options.args)[0]]
 
 
 # What every run of the script takes from the command's options.
