@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import psutil
-import torch
 
-from trainadvisor import _serial, fixes
+from trainadvisor import _serial
 from trainadvisor.measure.config import WindowCommand
 from trainadvisor.measure.hooks import Recorder, WindowComplete
 
@@ -64,14 +63,10 @@ def hold(recorder: Recorder, path: Path) -> None:
 
 
 def _apply(recorder: Recorder, command: WindowCommand) -> None:
+    """The settings and the window's size. They are DataLoader arguments only: the parent starts
+    a run ahead of its settings only for DataLoader fixes, on a run without a GPU."""
     config = recorder.config
     config.overrides, config.warmup, config.steps = command.overrides, command.warmup, command.steps
     config.profile_steps = command.profile_steps
     recorder.loader_overrides = command.overrides.loaders
-    recorder.non_blocking_h2d = command.overrides.non_blocking_h2d
-    if command.overrides.non_blocking_h2d and torch.cuda.is_available():
-        from trainadvisor.measure import switches
-
-        switches.install_non_blocking_copies(recorder)
-    fixes.install(recorder, command.overrides)
     recorder.window = recorder.new_window()
