@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from trainadvisor import fixes
 from trainadvisor.analysis.summary import summarize
 from trainadvisor.measure import gpu, loaders
-from trainadvisor.measure.hooks import replace_attribute, window_run
+from trainadvisor.measure.hooks import Patches, window_run
 from trainadvisor.measure.window import Window, WindowPlan
 from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Report, Trial, TrialWindow
 from trainadvisor.runs import ProfileOptions, window_steps
@@ -32,26 +32,14 @@ from trainadvisor.tuning import AS_SCRIPT, ordered
 MAX_TRIALS_PER_FIX = 8
 
 
-class _Patches:
-    """What a fix's switch patches for one window (`fixes.Fix.install`), undone after it."""
+class _Patches(Patches):
+    """A trial window's patches in the user's process: only switches that need neither a loss
+    transform nor step control are tried there (`Fix.in_process_problem`)."""
 
     loss_transform = None
 
-    def __init__(self) -> None:
-        self._undo: list[Any] = []
-
-    def patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._undo.append(replace_attribute(owner, name, replacement))
-
-    def on_uninstall(self, undo: Any) -> None:
-        self._undo.append(undo)
-
     def optimizer_step(self, *_: Any) -> None:
         pass
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
 
 
 def stand_in(iterator: Any, wanted: dict[str, Any], info: LoaderInfo) -> DataLoader | str:

@@ -58,6 +58,10 @@ class Overrides:
             for loader in self.loaders.values()
         )
 
+    def workers(self) -> int:
+        """Worker processes across the DataLoaders these overrides set."""
+        return sum(int(loader.get("num_workers", 0)) for loader in self.loaders.values())
+
     def loader(self) -> dict[str, Any]:
         """The arguments set on the one DataLoader a fix tunes ({} when none)."""
         return next(iter(self.loaders.values()), {})

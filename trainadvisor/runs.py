@@ -90,7 +90,7 @@ def window_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, in
     full. What remains is the first round of batches, finished by all workers at about the same
     time: the warmup is lengthened by one batch per worker, and the window spans at least three
     such rounds."""
-    workers = sum(int(loader.get("num_workers", 0)) for loader in overrides.loaders.values())
+    workers = overrides.workers()
     return options.warmup + workers, max(options.steps, 3 * workers)
 
 
@@ -106,8 +106,7 @@ def confirmation_spec(options: ProfileOptions, overrides: Overrides) -> RunSpec:
     three throughput windows of two rounds of the workers' batches each (the spread the verdict
     is judged on), whatever the prefetch depth."""
     warmup, _ = settle_steps(options, overrides)
-    workers = sum(int(loader.get("num_workers", 0)) for loader in overrides.loaders.values())
-    steps = max(options.steps, 6 * workers)
+    steps = max(options.steps, 6 * overrides.workers())
     return spec_for(options, "after", warmup=warmup, steps=steps, overrides=overrides, show_output=False)
 
 

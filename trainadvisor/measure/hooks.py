@@ -37,7 +37,28 @@ class WindowComplete(BaseException):
     A BaseException, so a training loop's `except Exception` does not swallow it."""
 
 
-class Recorder:
+class Patches:
+    """Attributes replaced for a while, each put back by `undo` (last first). What a fix's
+    switch patches (`fixes.Fix.install`) for one trial window."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def patch(self, owner: Any, name: str, replacement: Any) -> None:
+        """Replace `owner.name` until `undo`. The attribute may be inherited (torch's `Tensor.to`
+        and `.cuda` live on `torch._C.TensorBase`): then the replacement is set on `owner` and
+        removed again, so the inherited one shows through as before."""
+        self._undo.append(replace_attribute(owner, name, replacement))
+
+    def on_uninstall(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+class Recorder(Patches):
     """Finds the script's steps and feeds them to the measuring window (`measure.window`); owns
     every patch installed in the process, and writes what the baseline window measured."""
 
@@ -66,7 +87,7 @@ class Recorder:
         # A run started ahead of its settings (`measure.gate`): called once, at the script's
         # first DataLoader, backward() or step, it waits for them and applies them.
         self.gate: Callable[[], None] | None = None
-        self._undo: list[Callable[[], None]] = []
+        super().__init__()
         self.window = self.new_window()
 
     def new_window(self) -> Window:
@@ -85,15 +106,6 @@ class Recorder:
         """The baseline window is measured and written."""
         return self.result is not None
 
-    def patch(self, owner: Any, name: str, replacement: Any) -> None:
-        """Replace `owner.name`; undone by `uninstall`. The attribute may be inherited (torch's
-        `Tensor.to` and `.cuda` live on `torch._C.TensorBase`): then the replacement is set on
-        `owner` and removed again, so the inherited one shows through as before."""
-        self._undo.append(replace_attribute(owner, name, replacement))
-
-    def on_uninstall(self, undo: Callable[[], None]) -> None:
-        self._undo.append(undo)
-
     def refuse(self, reason: str) -> None:
         """A DataLoader override this run was started for cannot be applied: record why, stop."""
         self.write("refused", 0, reason)
@@ -102,8 +114,7 @@ class Recorder:
     def uninstall(self) -> None:
         """Put back everything `install` changed: torch is as it was before."""
         global ACTIVE
-        while self._undo:
-            self._undo.pop()()
+        self.undo()
         if ACTIVE is self:
             ACTIVE = None
 

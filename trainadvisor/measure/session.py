@@ -29,19 +29,19 @@ import torch
 from trainadvisor import _serial, fixes
 from trainadvisor.measure import gpu, loaders
 from trainadvisor.measure.config import WindowCommand, command_file, window_file
-from trainadvisor.measure.hooks import Recorder, WindowComplete, replace_attribute, window_run
+from trainadvisor.measure.hooks import Patches, Recorder, WindowComplete, window_run
 from trainadvisor.measure.window import Window, WindowPlan
 from trainadvisor.records import LoaderInfo, Overrides
 
 POLL_S = 0.005
 
 
-class WindowPatches:
-    """What a fix's switch patches for one window (`fixes.Fix.install`), undone after it."""
+class WindowPatches(Patches):
+    """A trial window's patches; the loss transform and step control go through the recorder."""
 
     def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
         self.recorder = recorder
-        self._undo: list[Any] = []
 
     @property
     def loss_transform(self) -> Any:
@@ -51,20 +51,10 @@ class WindowPatches:
     def loss_transform(self, value: Any) -> None:
         previous = self.recorder.loss_transform
         self.recorder.loss_transform = value
-        self._undo.append(lambda: setattr(self.recorder, "loss_transform", previous))
-
-    def patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._undo.append(replace_attribute(owner, name, replacement))
-
-    def on_uninstall(self, undo: Any) -> None:
-        self._undo.append(undo)
+        self.on_uninstall(lambda: setattr(self.recorder, "loss_transform", previous))
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         self.recorder.optimizer_step(optimizer, *args)
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
 
 
 class Session:
