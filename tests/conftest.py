@@ -74,7 +74,7 @@ def slow_input_report(
         out,
         EXAMPLES / "slow_input_mnist.py",
         "--samples",
-        "20000",
+        "40000",
         cwd=work,
     )
     return result, out
