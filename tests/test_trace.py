@@ -97,7 +97,7 @@ def test_a_bare_event_array_and_an_uncompressed_file(tmp_path: Path) -> None:
         (b'{"hello": 1}', "not a profiler trace"),
         (b"not json at all", "not valid JSON"),
         (gzip.compress(b'{"traceEvents": []}')[:-8], "cannot read the trace"),
-        (b'{"traceEvents": []}', "no host events"),
+        (b'{"traceEvents": []}', "no host or device events"),
     ],
 )
 def test_bad_traces_get_a_clear_error(tmp_path: Path, content: bytes, message: str) -> None:

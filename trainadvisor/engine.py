@@ -125,7 +125,8 @@ class _Formatter(string.Formatter):
 
 
 def render_message(template: str, values: dict[str, Any]) -> str:
-    return _Formatter().format(template, **values)
+    # `step_unit`: "window" where a trace marks no iterations and counts are per window
+    return _Formatter().format(template, **{"step_unit": "step", **values})
 
 
 # ---- loading ----
@@ -171,7 +172,7 @@ def load_rule(path: Path) -> Rule:
     for name in in_message:
         if not name.isidentifier():
             raise RuleError(f"{where}: message field '{{{name}}}' may only name measurements")
-    requires = sorted(in_message)
+    requires = sorted(in_message - {"step_unit"})  # step_unit has a default: "step"
     return Rule(
         id=rule_id,
         title=_text(data, "title", where),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from trainadvisor.analysis.copies import FACTORY_CALLS
 
 if TYPE_CHECKING:
-    from trainadvisor.analysis.kineto import _Collector
+    from trainadvisor.analysis.facts import Facts
 
 # Python frames (`file.py(first line): function`) of libraries, not of the user's code.
 FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")
@@ -73,7 +73,7 @@ def call_lines(file: str, line: int, func: str, callee: str, source_dirs: tuple[
     return sorted(lines)
 
 
-def user_site(c: _Collector, tid: Any, ts: float) -> str | None:
+def user_site(c: Facts, tid: Any, ts: float) -> str | None:
     """Where in the user's code an event at `ts` on thread `tid` came from: the innermost user
     frame, and the line of the torch call inside it when the source can be read (Kineto names a
     frame by the line it was at when tracing began, not by the current line)."""
@@ -90,7 +90,7 @@ def user_site(c: _Collector, tid: Any, ts: float) -> str | None:
     return f"{where} ({call} in {func})"
 
 
-def sites(c: _Collector, where: list[tuple[Any, float]]) -> list[str]:
+def sites(c: Facts, where: list[tuple[Any, float]]) -> list[str]:
     """Distinct user-code sites of events (thread, time), most frequent first."""
     counts: dict[str, int] = {}
     for tid, ts in where:

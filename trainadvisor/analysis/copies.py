@@ -6,10 +6,9 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
-from trainadvisor.analysis import intervals as iv
 
 if TYPE_CHECKING:
-    from trainadvisor.analysis.kineto import _Collector
+    from trainadvisor.analysis.facts import Facts
 
 # Host ops that make a tensor from nothing: on the host unless `device=` names another device.
 FACTORY = {
@@ -23,7 +22,7 @@ FACTORY_CALLS = {name.removeprefix("aten::") for name in FACTORY} | {"tensor"}
 GLUE = {"aten::detach_", "detach_", "aten::detach", "detach"}
 
 
-def resolve_unnamed_copies(c: _Collector) -> None:
+def resolve_unnamed_copies(c: Facts) -> None:
     """Host-to-device copies whose name gives no source memory (ROCm) made by a synchronous
     copy call count as pageable (see `_SYNC_COPIES`)."""
     c.h2d = [
@@ -32,7 +31,7 @@ def resolve_unnamed_copies(c: _Collector) -> None:
     ]
 
 
-def h2d_copy_ops(c: _Collector) -> list[tuple[float, float, Any]]:
+def h2d_copy_ops(c: Facts) -> list[tuple[float, float, Any]]:
     """The outermost copy ops (`aten::to`, `_to_copy`, `copy_`) that launched a host-to-device
     copy: (start, end, thread), sorted."""
     copies = sorted((start, end, tid) for tid, start, end, name in c.named_ops if name in COPY)
@@ -53,7 +52,7 @@ def h2d_copy_ops(c: _Collector) -> list[tuple[float, float, Any]]:
 
 
 def cpu_tensor_copies(
-    c: _Collector, h2d_ops: list[tuple[float, float, Any]]
+    c: Facts, h2d_ops: list[tuple[float, float, Any]]
 ) -> list[tuple[float, str, Any, float]]:
     """Host-to-device copies of tensors the host had just created: the copy op that launched
     the copy follows a factory op (`randn`, `zeros`, `tensor`, ...) on the same thread with no
@@ -69,9 +68,9 @@ def cpu_tensor_copies(
             glue.setdefault(tid, []).append(start)
     for ops in factories.values():
         ops.sort()
-    for starts in (*glue.values(), *c.host_starts.values()):
+    for starts in glue.values():
         starts.sort()
-    loading = iv.merge(c.roles["data_wait"])
+    loading = c.data_wait
     loading_starts = [start for start, _ in loading]
     found = []
     for copy_start, _, tid in h2d_ops:
@@ -91,7 +90,7 @@ def cpu_tensor_copies(
     return found
 
 
-def copy_syncs(c: _Collector, h2d_ops: list[tuple[float, float, Any]]) -> None:
+def copy_syncs(c: Facts, h2d_ops: list[tuple[float, float, Any]]) -> None:
     """Mark the stream syncs a blocking host-to-device copy makes inside its own copy op as
     `copy_sync`: that wait is the copy's (pageable-h2d-copy), not a sync the code asked for."""
     starts = [start for start, _, _ in h2d_ops]

@@ -5,12 +5,18 @@ FP32 units. Pure; `tests/test_kernels.py` checks it against real kernel names fr
 Names carry the answer in library conventions:
 - Tensor Core instructions or tiles: `tensorop`, `wmma`, `hmma`, `gmma`/`wgmma` (Hopper),
   `884`/`1688`/`16816`/`161616` (MMA shapes), `tensor16x8x8`, cuBLASLt's `nvjet` (Hopper and
-  Blackwell), CUTLASS 3 (`cutlass3x`), AMD `MI32x32x8` tiles, `mfma` and Composable Kernel's `xdl`;
+  Blackwell; an all-fp32 `nvjet_sss` only with `tf32`), CUTLASS 3 (`cutlass3x`), AMD Tensile
+  `MI32x32x8` tiles (hipBLASLt `Cijk_*`: the MI tile is the MFMA instruction, whatever the data
+  type), `mfma` and Composable Kernel's `xdl`;
 - TF32 or reduced-precision operands (`tf32`, `bf16`, `fp16`, `f16`, `half`, `fp8`), which cuBLAS
   and cuDNN run on Tensor Cores on every GPU that has them;
 - FP32 on the ordinary units: `ffma` (cuBLAS 12 spells plain FP32 GEMMs on Ampere and Hopper as
   `sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`), `simt`, `sgemm`, cuDNN's `scudnn`, an all-f32
-  type list (`f32f32_f32f32_f32`), or `<float` as a cuDNN engine's first template argument.
+  type list (`f32f32_f32f32_f32`), `<float` as a cuDNN engine's first template argument, or a
+  Tensile `Cijk_*` kernel of single/double type (`_SB_`, `_S_B_`) with no MI tile (`_MAC_`/`_FMA_`
+  vector kernels).
+A GEMV (`gemv`, cuBLAS `gemvx`) is memory-bound work on the ordinary units: its bf16 operands are
+no Tensor Core evidence, so its precision stays unknown unless a tile says otherwise.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ Kind = Literal["gemm", "conv", "attention", "other"]
 Precision = Literal["tensor_core", "fp32", "unknown"]
 
 # Fused attention: FlashAttention, PyTorch's memory-efficient (cutlass fmha) and cuDNN SDPA
-# kernels, TensorRT-LLM/FlashInfer fmha, vLLM and AMD Triton attention.
+# kernels, TensorRT-LLM/FlashInfer fmha, vLLM and AMD Triton attention, aiter SageAttention.
 _ATTENTION = re.compile(
     r"fmha|flash_?(?:fwd|bwd|attn|fprop|bprop)|flashattn|sdpa|attn_(?:fwd|bwd)|mha_(?:fwd|bwd)"
-    r"|attention|paged_?attention|xformers|(?:Prefill|Decode)With\w*KVCache",
+    r"|attention|paged_?attention|xformers|(?:Prefill|Decode)With\w*KVCache|\bsage_fwd",
     re.I,
 )
 _CONV = re.compile(
@@ -35,27 +41,48 @@ _CONV = re.compile(
     r"|ImplicitGemmConvolution|gtcx|naive_conv|MIOpenConv",
     re.I,
 )
-_GEMM = re.compile(r"gemm|gemv|cutlass|nvjet|xmma|hmma|mfma|matmul|^Cijk_|triton_tem_|_bmm|\bbmm", re.I)
+# `kernel_cutlass_kernel_<module><function>` is how the CuTe DSL names any kernel (FlashInfer's
+# RMSNorm among them): there `cutlass` says nothing about matmul. `bmm_` is TensorRT-LLM's
+# batched GEMM (`bmm_Bfloat16_..._sm100f` on Blackwell).
+_GEMM = re.compile(
+    r"gemm|gemv|cutlass(?!_kernel_)|nvjet|xmma|hmma|mfma|matmul|^Cijk_|triton_tem_|_bmm|\bbmm", re.I
+)
 # Not matrix work although the name says cudnn/cutlass/gemm: embedding tables (fbgemm), batch and
 # layer norms, softmax, layout changes, Triton's fused pointwise kernels (`triton_poi_fused_addmm_*`
-# is the epilogue, not the matmul), cuDNN's offset and split-K helpers.
+# is the epilogue, not the matmul), cuDNN's offset and split-K helpers, the split-KV reduction that
+# follows paged attention (vLLM `paged_attention_v2_reduce`, ROCm `paged_attention_ll4mi_reduce`)
+# and triton_kernels' MoE `_finalize_matmul` (a scatter-sum). `bn_` only as a word: a
+# TensorRT-LLM GEMM's `_BN_` flag is no batch norm.
 _NOT_MATRIX = re.compile(
-    r"fbgemm|bn_|batch_?norm|layer_?norm|rms_?norm|softmax|nchwToNhwc|nhwcToNchw|elementwise"
-    r"|triton_(?:poi|per|red)_|Offsets|ReduceSplitK|splitKreduce|im2col|scalePackedTensor",
+    r"fbgemm|\bbn_|batch_?norm|layer_?norm|rms_?norm|softmax|nchwToNhwc|nhwcToNchw|elementwise"
+    r"|triton_(?:poi|per|red)_|Offsets|ReduceSplitK|splitKreduce|im2col|scalePackedTensor"
+    r"|paged_?attention\w*reduce|finalize_matmul",
     re.I,
 )
+# `tensorop` as CUTLASS spells it (`cutlass_80_tensorop_`), not MIOpen's `SubTensorOp` copies; MMA
+# shapes only as whole numbers (not digits inside `o204820481`); `nvjet` except fp32/fp64 `sss`/
+# `ddd` ones, which `tf32` alone marks as Tensor Core work.
 _TENSOR_CORE = re.compile(
-    r"tensorop|wmma|hmma|gmma|884|1688|16816|161616|tensor\d+x\d+x\d+|nvjet|cutlass3x|_MI\d+x\d+"
-    r"|mfma|_xdl_|tf32|s161616",
+    r"(?<![a-z])tensorop|wmma|hmma|gmma|(?<!\d)(?:884|1688|16816|161616)(?!\d)|tensor\d+x\d+x\d+"
+    r"|nvjet_(?!(?:sm\d+\w?_)?(?:sss|ddd)_)|cutlass3x|_MI\d+x\d+|mfma|_xdl_|tf32",
     re.I,
 )
 _REDUCED = re.compile(
     r"bf16|bfloat16|fp16|f16|half|__nv_bfloat16|DF16b|\bh884|hgemm|fp8|e4m3|e5m2|mxfp4|int8|i8i8", re.I
 )
 _FFMA = re.compile(r"ffma|simt", re.I)  # the strongest evidence: named first
+# Tensile (rocBLAS/hipBLASLt) names carry the data type after the index letters: `_SB_`/`_S_B_`
+# is single precision (`DB` double). Read only after the MI-tile test: with none, a vector kernel.
+_TENSILE_FP32 = r"^C[a-z]+_A[A-Za-z]+_B[A-Za-z]+_[SD]_?B?H?_"
 _FP32 = re.compile(
-    r"sgemm|scudnn|f32f32_f32f32_f32|dgemm|cgemm|zgemm|_f32_|\bfp32|^(?:void )?[\w:]+<float\b", re.I
+    r"sgemm|scudnn|f32f32_f32f32_f32|dgemm|cgemm|zgemm|_f32_|\bfp32|^(?:void )?[\w:]+<float\b|"
+    + _TENSILE_FP32,
+    re.I,
 )
+# Matrix-vector kernels: memory-bound, on the ordinary units whatever the operand type.
+_GEMV = re.compile(r"gemv", re.I)
+# What a kernel's name is preceded by: `void ` or cuBLAS's `std::enable_if<..., void>::type `.
+_RETURN = re.compile(r"^(?:void |std::enable_if<[^<>]*>::type )")
 # Wrappers whose first template argument is the real kernel: cutlass::Kernel<cutlass_80_...>.
 _WRAPPER = re.compile(r"(?:^|::)(?:Kernel2?|device_kernel)$")
 
@@ -87,7 +114,7 @@ class KernelClass:
 def _identity(name: str) -> str:
     """The kernel's own name: without `void `, template arguments and parameters, except that a
     generic wrapper (`cutlass::Kernel<X>`) is named by its first template argument."""
-    base = name.removeprefix("void ").strip()
+    base = _RETURN.sub("", name).strip()
     cut = [i for i in (base.find("<"), base.find("(")) if i >= 0]
     head = base[: min(cut)] if cut else base
     if _WRAPPER.search(head) and "<" in base:
@@ -115,12 +142,14 @@ def classify(name: str) -> KernelClass:
 
 
 def precision(name: str) -> Precision:
-    """Tensor Cores when the name shows MMA tiles or reduced-precision operands; FP32 units when
-    it shows FFMA/SIMT/single-precision kernels; else unknown. The full name is read: a
-    wrapper's template arguments and a cuDNN engine's `<float` carry it."""
+    """Tensor Cores when the name shows MMA tiles or reduced-precision operands (not for a GEMV);
+    FP32 units when it shows FFMA/SIMT/single-precision kernels; else unknown. The full name is
+    read: a wrapper's template arguments and a cuDNN engine's `<float` carry it."""
     if _FFMA.search(name):
         return "fp32"
-    if _TENSOR_CORE.search(name) or _REDUCED.search(name):
+    if _TENSOR_CORE.search(name):
+        return "tensor_core"
+    if _REDUCED.search(name) and not _GEMV.search(_identity(name)):
         return "tensor_core"
     if _FP32.search(name):
         return "fp32"

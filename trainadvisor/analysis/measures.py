@@ -32,14 +32,25 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
     if a.kernels:  # the share of the step in NCCL/RCCL kernels
         table["communication_pct"] = a.breakdown_pct.get("communication")
     table.update(_gpu_facts(a))
-    if a.kernels and n:
-        table["short_kernel_pct"] = 100.0 * a.short_kernels / a.kernels
-    # Counts per step only where the trace marks steps: a trace without ProfilerStep#N is one
-    # window of unknown length, and its totals are not per-step figures.
-    if a.kernels and n and a.steps_marked:
-        table["kernels_per_step"] = a.kernels / n
-    if n and step_ms and a.steps_marked:
+    launched = a.kernels - a.graph_kernels  # a graph's kernels are not launched by the host
+    if launched and n:
+        table["short_kernel_pct"] = 100.0 * a.short_kernels / launched
+    # Counts per step only where steps were found (markers, or iterations the loop's events
+    # show): a trace that is one window of unknown length gives its totals per window.
+    if launched and n and a.steps_found:
+        table["kernels_per_step"] = launched / n
+    if n and step_ms:
         table.update(_per_step(a, step_ms))
+    if a.steps_found and n:
+        table.update(allocator_measurements(a, step_ms))
+    if a.graph_launches:
+        table["graph_launches"] = a.graph_launches
+        table["graph_kernels"] = a.graph_kernels
+    table["step_unit"] = "step" if a.steps_found else "window"
+    table["training_loop"] = a.loop == "training"
+    table["inference_loop"] = a.loop == "inference"
+    if a.tensor_core_unknown_pct is not None:
+        table["tensor_core_unknown_pct"] = a.tensor_core_unknown_pct
     if a.sync_sites:
         table["sync_site"] = a.sync_sites[0]
         table["sync_sites"] = "; ".join(a.sync_sites[:3])
@@ -50,6 +61,19 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
         table["cpu_tensor_sites"] = "; ".join(a.cpu_tensor_sites[:3])
     table.update(memory_measurements(a.peak_allocated_bytes, a.peak_reserved_bytes, a.gpu_memory_bytes))
     return {k: v for k, v in table.items() if v is not None}
+
+
+def allocator_measurements(a: TraceAnalysis, step_ms: float | None) -> dict[str, Any]:
+    """Device malloc/free calls in the steps (the caching allocator's job is to avoid them)."""
+    steps = a.steps
+    calls = sum(s.allocator_calls for s in steps)
+    spent_ms = sum(s.allocator_ms for s in steps)
+    table: dict[str, Any] = {"allocator_calls_per_step": calls / len(steps)}
+    table["allocator_ms_per_step"] = spent_ms / len(steps)
+    if step_ms:
+        table["allocator_pct"] = 100.0 * table["allocator_ms_per_step"] / step_ms
+    table["allocator_steps_with_calls"] = sum(1 for s in steps if s.allocator_calls)
+    return table
 
 
 def memory_measurements(allocated: int | None, reserved: int | None, total: int | None) -> dict[str, Any]:

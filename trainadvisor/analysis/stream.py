@@ -34,6 +34,10 @@ class Args(msgspec.Struct, gc=False):
     total_reserved: Any = msgspec.field(name="Total Reserved", default=None)
     device_id: Any = msgspec.field(name="Device Id", default=None)
     device_type: Any = msgspec.field(name="Device Type", default=None)
+    # The op a kernel or runtime call belongs to; 2021-era traces spell it in lower case.
+    external_id: Any = msgspec.field(name="External id", default=None)
+    external_id_2021: Any = msgspec.field(name="external id", default=None)
+    input_type: Any = msgspec.field(name="Input type", default=None)  # with record_shapes
 
 
 class Event(msgspec.Struct, gc=False):
@@ -72,6 +76,9 @@ def _loose(items: Any) -> list[Event]:
                         args.get("Total Reserved"),
                         args.get("Device Id"),
                         args.get("Device Type"),
+                        args.get("External id"),
+                        args.get("external id"),
+                        args.get("Input type"),
                     ),
                 )
             )

@@ -1,0 +1,81 @@
+"""Issue 14, item 7: `analyze` on a 1.9 GB trace. The trace is HTA's df_index_resolver trace
+(216k events) repeated 40 times with shifted timestamps (8.6 M events); the yardstick is plain
+`json.loads` of the same trace repeated 8 times (one fifth of the size). Each measurement runs in
+a child process of its own, so wall time and peak RSS are that child's alone.
+
+    .venv/bin/python benchmarks/analyze_scale.py [--copies 40] [--work /tmp/trainadvisor-scale]
+
+Prints the time and peak RSS of each, and the ratio (target: <= 1.3x, peak <= 600 MB). The
+enlarged files are built once and kept in --work (about 2.3 GB)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT.parent / "shared" / "traces" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
+
+_MEASURE = (
+    "import resource, subprocess, sys, time; t = time.perf_counter();"
+    "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL);"
+    "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
+)
+
+
+def measured(command: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of one child process."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *command], check=True, capture_output=True, text=True)
+    wall, rss = out.stdout.split()
+    return float(wall), float(rss)
+
+
+def enlarge(source: Path, target: Path, copies: int) -> int:
+    """Write `copies` repetitions of the trace's events, each shifted past the previous one,
+    streaming: one copy's events are held at a time."""
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    events = document.pop("traceEvents")
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000
+    with open(target, "w") as out:
+        out.write('{"traceEvents": [')
+        for copy in range(copies):
+            shifted = []
+            for event in events:
+                event = dict(event)
+                if isinstance(event.get("ts"), (int, float)):
+                    event["ts"] += copy * span
+                shifted.append(event)
+            text = json.dumps(shifted)[1:-1]
+            out.write(("," if copy else "") + text)
+        out.write("], " + json.dumps(document)[1:])
+    return len(events) * copies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", type=int, default=40)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/trainadvisor-scale"))
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    big, small = args.work / f"x{args.copies}.json", args.work / f"x{args.copies // 5}.json"
+    for path, copies in ((big, args.copies), (small, args.copies // 5)):
+        if not path.exists():
+            events = enlarge(TRACE, path, copies)
+            print(f"built {path} ({path.stat().st_size / 1e9:.2f} GB, {events:,} events)", flush=True)
+    loads_s, loads_mb = measured(
+        [sys.executable, "-c", "import json, sys; json.loads(open(sys.argv[1], 'rb').read())", str(small)]
+    )
+    print(f"json.loads of {small.name} ({small.stat().st_size / 1e9:.2f} GB): {loads_s:.1f} s, {loads_mb:.0f} MB")
+    ours_s, ours_mb = measured([sys.executable, "-m", "trainadvisor.cli", "analyze", str(big), "--out", str(args.work / "report")])
+    print(f"trainadvisor analyze {big.name} ({big.stat().st_size / 1e9:.2f} GB): {ours_s:.1f} s, peak RSS {ours_mb:.0f} MB")
+    print(f"time relative to json.loads of the file one fifth the size: {ours_s / loads_s:.2f}x (target <= 1.3x)")
+    print(f"peak RSS: {ours_mb:.0f} MB (target <= 600 MB)")
+
+
+if __name__ == "__main__":
+    main()

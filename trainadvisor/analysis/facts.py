@@ -1,0 +1,125 @@
+"""The few events of a trace that are read one by one: syncs, copy and factory ops, host-to-device
+copies and user-code frames, picked from the columns by name (a Python loop over them, never
+over the whole trace). `copies` and `callsites` read these."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainadvisor.analysis import callsites, copies
+from trainadvisor.analysis import intervals as iv
+from trainadvisor.analysis.columns import HOST_KINDS, KERNEL, MEMCPY, PYTHON, RUNTIME, Table
+
+SYNCS = {
+    "cudaStreamSynchronize": "stream_sync", "hipStreamSynchronize": "stream_sync",
+    "cudaDeviceSynchronize": "device_sync", "hipDeviceSynchronize": "device_sync",
+    "aten::_local_scalar_dense": "item",
+    # ROCm: a blocking copy (`.item()`, `.cpu()`, a pageable upload) is one synchronous
+    # hipMemcpyWithStream, with no stream sync after it. Inside a host-to-device copy op it is
+    # the copy's own wait (`copies.copy_syncs`); elsewhere the host waited for the device.
+    "hipMemcpyWithStream": "stream_sync", "hipMemcpy": "stream_sync",
+}  # fmt: skip
+# Runtime calls that copy synchronously: ROCm names no source memory ("Memcpy HtoD (Host ->
+# Device)"), so a host-to-device copy they make counts as pageable: the host waits for it as for
+# a pageable copy, and the fix (pinned memory, non-blocking copy) is the same.
+SYNC_COPIES = {"hipMemcpyWithStream", "hipMemcpy"}
+_NAMED_OPS = copies.FACTORY | copies.COPY | copies.GLUE
+
+
+@dataclass
+class Facts:
+    source_dirs: tuple[Path, ...]
+    syncs: list[tuple[float, str, float, Any]] = field(default_factory=list)  # (ts, kind, dur, tid)
+    named_ops: list[tuple[Any, float, float, str]] = field(default_factory=list)  # (tid, start, end, name)
+    h2d: list[tuple[float, float, str, int, Any]] = field(default_factory=list)  # (ts, dur, kind, bytes, corr)
+    sync_copies: set[Any] = field(default_factory=set)  # correlations of synchronous copy calls
+    runtime_start: dict[Any, float] = field(default_factory=dict)  # of the copies' launches
+    host_starts: dict[Any, np.ndarray] = field(default_factory=dict)  # tid -> sorted op starts
+    data_wait: iv.Intervals = field(default_factory=list)  # merged DataLoader waits
+    frames: dict[Any, list[tuple[float, float, str]]] = field(default_factory=dict)  # "file|line|func"
+    builtins: dict[Any, list[tuple[float, float, str]]] = field(default_factory=dict)
+    kernels_seen: bool = False
+
+
+def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader: np.ndarray) -> Facts:
+    """`host_ops`: the rows of host ops that are neither step markers nor DataLoader calls;
+    `loader`: the DataLoader calls."""
+    f = Facts(source_dirs, kernels_seen=bool(np.any(t.kind == KERNEL)))
+    ts, end, dur = t.ts, t.end, t.dur
+    for r in _named(t, t.rows(*HOST_KINDS, RUNTIME), SYNCS.__contains__).tolist():
+        name = t.names[t.name[r]]
+        f.syncs.append((float(ts[r]), SYNCS[name], float(dur[r]), int(t.tid[r])))
+        if t.kind[r] == RUNTIME and name in SYNC_COPIES and t.corr[r] >= 0:
+            f.sync_copies.add(int(t.corr[r]))
+    f.syncs.sort(key=lambda s: s[0])
+    for r in _named(t, host_ops, _NAMED_OPS.__contains__).tolist():
+        f.named_ops.append((int(t.tid[r]), float(ts[r]), float(end[r]), t.names[t.name[r]]))
+    f.named_ops.sort(key=lambda op: op[1])
+    for r in _named(t, t.rows(MEMCPY), lambda n: "HtoD" in n or "HostToDevice" in n).tolist():
+        name = t.names[t.name[r]]
+        kind = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else "unknown"
+        f.h2d.append((float(ts[r]), float(dur[r]), kind, t.copy_bytes.get(r, 0), int(t.corr[r])))
+    f.h2d.sort(key=lambda c: c[0])
+    if f.h2d:
+        _copy_context(t, f, host_ops)
+    f.data_wait = iv.Union(ts[loader], end[loader]).pairs()
+    _python_frames(t, f)
+    return f
+
+
+def _named(t: Table, rows: np.ndarray, predicate: Any) -> np.ndarray:
+    ids = [i for i, name in enumerate(t.names) if predicate(name)]
+    return rows[np.isin(t.name[rows], ids)] if ids else rows[:0]
+
+
+def _copy_context(t: Table, f: Facts, host_ops: np.ndarray) -> None:
+    """What the copy analysis needs besides the copies: when each copy was launched, and every
+    host op's start per thread (to see what ran between a factory op and a copy)."""
+    runtime = t.rows(RUNTIME)
+    wanted = runtime[np.isin(t.corr[runtime], [c for *_, c in f.h2d])]
+    for r in wanted.tolist():
+        f.runtime_start.setdefault(int(t.corr[r]), float(t.ts[r]))
+    tids = t.tid[host_ops]
+    for tid in np.unique(tids).tolist():
+        f.host_starts[tid] = np.sort(t.ts[host_ops[tids == tid]])
+
+
+def _python_frames(t: Table, f: Facts) -> None:
+    """The Python frames of the user's own code (traces recorded with_stack=True), and the
+    calls of torch built-ins that sync or create tensors, to name the call."""
+    labels: dict[int, tuple[str, str]] = {}
+    for i, name in enumerate(t.names):
+        label = _frame_label(name)
+        if label is not None:
+            labels[i] = label
+    if not labels:
+        return
+    rows = t.rows(PYTHON)
+    rows = rows[np.isin(t.name[rows], list(labels))]
+    for r in rows.tolist():
+        which, label = labels[int(t.name[r])]
+        spans = f.builtins if which == "builtin" else f.frames
+        spans.setdefault(int(t.tid[r]), []).append((float(t.ts[r]), float(t.end[r]), label))
+    for python_spans in (*f.frames.values(), *f.builtins.values()):
+        python_spans.sort()
+
+
+def _frame_label(name: str) -> tuple[str, str] | None:
+    if name.startswith("<built-in"):
+        callee = callsites.BUILTIN.match(name)
+        if callee and callee["name"] in callsites.CALLEES:
+            return "builtin", callee["name"]
+        return None
+    if name.startswith(("<", "nn.Module:")) or name.startswith(callsites.LIBRARIES):
+        return None
+    match = callsites.FRAME.match(name)
+    if match is None or "site-packages" in match["file"] or match["file"].startswith("/usr/lib"):
+        return None
+    if match["file"].split("/")[0].removesuffix(".py") in sys.stdlib_module_names:
+        return None
+    return "frame", f"{match['file']}|{match['line']}|{match['func']}"
