@@ -24,6 +24,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 SEVERITIES = ("high", "medium", "low")
+LOOPS = ("training", "inference")
 
 
 @dataclass
@@ -173,6 +174,9 @@ def load_rule(path: Path) -> Rule:
         if not name.isidentifier():
             raise RuleError(f"{where}: message field '{{{name}}}' may only name measurements")
     requires = sorted(in_message - {"step_unit"})  # step_unit has a default: "step"
+    loops = tuple(data.get("loops") or LOOPS)
+    if not set(loops) <= set(LOOPS):
+        raise RuleError(f"{where}: loops must name some of {', '.join(LOOPS)}, not {list(loops)}")
     return Rule(
         id=rule_id,
         title=_text(data, "title", where),
@@ -186,6 +190,7 @@ def load_rule(path: Path) -> Rule:
         anti_pattern=_text(recommendation, "anti_pattern", f"{where} [recommendation]"),
         best_practice=_text(recommendation, "best_practice", f"{where} [recommendation]"),
         threshold_source=_text(data, "threshold_source", where),
+        loops=loops,
     )
 
 
@@ -220,6 +225,8 @@ def _holds(rule: Rule, level: Level, values: dict[str, Any]) -> bool:
 
 def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
     if any(name not in values for name in rule.requires):
+        return None
+    if values.get("inference_loop") and "inference" not in rule.loops:
         return None
     level = next((lv for lv in rule.levels if _holds(rule, lv, values)), None)
     if level is None:

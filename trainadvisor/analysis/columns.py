@@ -7,6 +7,7 @@ peaks. No Python object is kept per event, so a 2 GB trace fits in a few hundred
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,12 @@ _CATEGORIES = {
     "python_function": PYTHON,
     "cuda_runtime": RUNTIME, "runtime": RUNTIME, "cuda_driver": RUNTIME, "hip_runtime": RUNTIME,
     "kernel": KERNEL, "gpu_memcpy": MEMCPY, "memcpy": MEMCPY, "gpu_memset": MEMSET, "memset": MEMSET,
+    "cpu_instant_event": MEMORY, "": MEMORY,  # memory events (2021 traces give them no category)
 }  # fmt: skip
+
+
+def _category(cat: str) -> int:
+    return _CATEGORIES.get(cat.lower(), DROP)
 HOST_KINDS = (HOST, ANNOTATION)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
 
@@ -65,10 +71,14 @@ class Table:
     op_precision: dict[int, int] = field(default_factory=dict)  # external id -> REDUCED/FLOAT32
     peak_allocated: float | None = None
     peak_reserved: float | None = None
+    _end: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def end(self) -> np.ndarray:
-        return self.ts + self.dur
+        """ts + dur, computed once."""
+        if self._end is None or len(self._end) != len(self.ts):
+            self._end = self.ts + self.dur
+        return self._end
 
     def flags(self, predicate: Any) -> np.ndarray:
         """A per-row mask from a predicate over names (evaluated once per distinct name)."""
@@ -81,8 +91,14 @@ class Table:
 _COLUMNS = ("kind", "ts", "dur", "name", "tid", "corr", "ext")
 
 
+_CAT, _NAME, _TID = attrgetter("cat"), attrgetter("name"), attrgetter("tid")
+_TS, _DUR, _CORR = attrgetter("ts"), attrgetter("dur"), attrgetter("args.correlation")
+_EXT, _EXT_2021 = attrgetter("args.external_id"), attrgetter("args.external_id_2021")
+
+
 class TableReader:
-    """The callback `stream.read_trace` feeds: each chunk of events becomes column pieces."""
+    """The callback `stream.read_trace` feeds: each chunk of events becomes column pieces, one
+    C-level pass per column (`map` and `np.fromiter`), no Python code per event."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -90,7 +106,8 @@ class TableReader:
         self._name_ids: dict[str, int] = {}
         self._tid_ids: dict[Any, int] = {}
         self._categories: dict[str, int] = {}
-        self._matrix_names: set[int] = set()
+        self._matrix_names: list[int] = []
+        self._memory_name = -1
         self._parts: dict[str, list[np.ndarray]] = {column: [] for column in _COLUMNS}
         self.rows = 0
         self.copy_bytes: dict[int, int] = {}
@@ -98,70 +115,82 @@ class TableReader:
         self.peak_allocated: float | None = None
         self.peak_reserved: float | None = None
 
-    def __call__(self, events: list[Event]) -> None:
-        categories = self._categories
-        for cat in {e.cat for e in events}:
-            if cat not in categories:
-                categories[cat] = _CATEGORIES.get(cat.lower(), DROP)
-        codes = [categories[e.cat] if e.ph == "X" else MEMORY if e.name == "[memory]" else DROP for e in events]
-        memory = [e for e, code in zip(events, codes) if code == MEMORY]
-        if memory:
-            self._memory(memory)
-        kept = [e for e, code in zip(events, codes) if DROP < code < MEMORY]
-        if kept:
-            self._append(kept, np.array([code for code in codes if DROP < code < MEMORY], np.int8))
+    @staticmethod
+    def _codes(values: list[Any], table: dict[Any, int], code: Any) -> np.ndarray:
+        for value in set(values).difference(table):
+            table[value] = code(value)
+        return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
 
-    def _append(self, kept: list[Event], kind: np.ndarray) -> None:
-        count = len(kept)
-        names = [e.name for e in kept]
-        ids = self._name_ids
-        for name in set(names).difference(ids):
-            ids[name] = len(self.names)
-            self.names.append(name)
-            if name.startswith(MATRIX_OP_PREFIXES):
-                self._matrix_names.add(ids[name])
-        tids = [e.tid for e in kept]
-        for tid in set(tids).difference(self._tid_ids):
-            self._tid_ids[tid] = len(self.tids)
-            self.tids.append(tid)
-        args = [e.args for e in kept]
-        part = self._parts
-        part["kind"].append(kind)
-        part["ts"].append(np.fromiter((e.ts for e in kept), np.float64, count))
-        part["dur"].append(np.fromiter((e.dur for e in kept), np.float64, count))
-        name_ids = np.fromiter(map(ids.__getitem__, names), np.int32, count)
-        part["name"].append(name_ids)
-        part["tid"].append(np.fromiter(map(self._tid_ids.__getitem__, tids), np.int32, count))
-        part["corr"].append(_ints([a.correlation if a is not None else None for a in args]))
+    def _intern_name(self, name: str) -> int:
+        self.names.append(name)
+        if name.startswith(MATRIX_OP_PREFIXES):
+            self._matrix_names.append(len(self.names) - 1)
+        if name == "[memory]":
+            self._memory_name = len(self.names) - 1
+        return len(self.names) - 1
+
+    def _intern_tid(self, tid: Any) -> int:
+        self.tids.append(tid)
+        return len(self.tids) - 1
+
+    def __call__(self, events: list[Event]) -> None:
+        # The category decides the row kind: Kineto writes spans as "X" and memory events as "i"
+        # instants of their own category; flows and metadata fall in categories not read.
+        kind = self._codes(list(map(_CAT, events)), self._categories, _category)
+        name = self._codes(list(map(_NAME, events)), self._name_ids, self._intern_name)
+        kind[(kind == MEMORY) & (name != self._memory_name)] = DROP
+        memory = np.flatnonzero(kind == MEMORY)
+        if len(memory):
+            self._memory([events[i] for i in memory.tolist()])
+        keep = np.flatnonzero((kind > DROP) & (kind < MEMORY))
+        if len(keep) < len(events):
+            events = [events[i] for i in keep.tolist()]
+            kind, name = kind[keep], name[keep]
+        if not events:
+            return
+        count, part = len(events), self._parts
+        part["kind"].append(kind.astype(np.int8))
+        part["name"].append(name)
+        part["ts"].append(np.fromiter(map(_TS, events), np.float64, count))
+        part["dur"].append(np.fromiter(map(_DUR, events), np.float64, count))
+        part["tid"].append(self._codes(list(map(_TID, events)), self._tid_ids, self._intern_tid))
+        part["corr"].append(np.fromiter(map(_CORR, events), np.int64, count))
         ext = np.full(count, -1, np.int64)
-        for i in np.flatnonzero((kind == KERNEL) | (kind == HOST)).tolist():
-            a = args[i]
-            if a is not None and (kind[i] == KERNEL or a.input_type is not None):
-                ext[i] = _external(a)
+        linked = np.flatnonzero((kind == KERNEL) | ((kind == HOST) & np.isin(name, self._matrix_names)))
+        if len(linked):
+            subset = [events[i] for i in linked.tolist()]
+            ext[linked] = np.maximum(
+                np.fromiter(map(_EXT, subset), np.int64, len(subset)),
+                np.fromiter(map(_EXT_2021, subset), np.int64, len(subset)),
+            )
         part["ext"].append(ext)
-        self._side_tables(kept, kind, name_ids, ext)
+        self._side_tables(events, kind, name, ext)
         self.rows += count
 
-    def _side_tables(self, kept: list[Event], kind: np.ndarray, name_ids: np.ndarray, ext: np.ndarray) -> None:
+    def _side_tables(self, events: list[Event], kind: np.ndarray, name: np.ndarray, ext: np.ndarray) -> None:
         for i in np.flatnonzero(kind == MEMCPY).tolist():
-            a = kept[i].args
-            if a is not None and isinstance(a.bytes, int):
-                self.copy_bytes[self.rows + i] = a.bytes
-        for i in np.flatnonzero((kind == HOST) & (ext >= 0)).tolist():
-            if int(name_ids[i]) in self._matrix_names:
-                precision = input_precision(kept[i].args.input_type)  # type: ignore[union-attr]
-                if precision:
-                    self.op_precision[int(ext[i])] = precision
+            nbytes = events[i].args.bytes
+            if nbytes:
+                self.copy_bytes[self.rows + i] = nbytes
+        if not self._matrix_names:
+            return
+        for i in np.flatnonzero((kind == HOST) & (ext >= 0) & np.isin(name, self._matrix_names)).tolist():
+            precision = input_precision(events[i].args.input_type)
+            if precision:
+                self.op_precision[int(ext[i])] = precision
 
     def _memory(self, events: list[Event]) -> None:
-        for e in events:
-            a = e.args
-            if a is None or a.device_type not in (1, 6):  # CUDA (ROCm reports it too) / HIP
-                continue
-            if isinstance(a.total_allocated, (int, float)):
-                self.peak_allocated = max(self.peak_allocated or 0, a.total_allocated)
-            if isinstance(a.total_reserved, (int, float)):
-                self.peak_reserved = max(self.peak_reserved or 0, a.total_reserved)
+        """Peaks of the device's allocated and reserved memory."""
+        device = np.fromiter((e.args.device_type for e in events), np.int64, len(events))
+        on_device = np.isin(device, (1, 6))  # CUDA (ROCm reports it too) / HIP
+        if not on_device.any():
+            return
+        allocated = np.fromiter((e.args.total_allocated for e in events), np.float64, len(events))[on_device]
+        reserved = np.fromiter((e.args.total_reserved for e in events), np.float64, len(events))[on_device]
+        if allocated.max() >= 0:
+            self.peak_allocated = max(self.peak_allocated or 0.0, float(allocated.max()))
+        if reserved.max() >= 0:
+            self.peak_reserved = max(self.peak_reserved or 0.0, float(reserved.max()))
 
     def table(self) -> Table:
         dtypes = {"kind": np.int8, "ts": np.float64, "dur": np.float64, "name": np.int32, "tid": np.int32}
@@ -179,16 +208,3 @@ class TableReader:
             peak_allocated=self.peak_allocated,
             peak_reserved=self.peak_reserved,
         )
-
-
-def _external(a: Any) -> int:
-    value = a.external_id if a.external_id is not None else a.external_id_2021
-    return value if isinstance(value, int) else -1
-
-
-def _ints(values: list[Any]) -> np.ndarray:
-    """Correlation ids as int64 (-1 for none); a trace with odd ids (strings) is read loosely."""
-    try:
-        return np.array([-1 if v is None else v for v in values], np.int64)
-    except (TypeError, ValueError, OverflowError):
-        return np.array([v if isinstance(v, int) and 0 <= v < 2**62 else -1 for v in values], np.int64)

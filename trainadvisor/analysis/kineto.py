@@ -21,10 +21,10 @@ import numpy as np
 
 from trainadvisor.analysis import callsites, copies, device
 from trainadvisor.analysis import intervals as iv
-from trainadvisor.analysis.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table, TableReader
+from trainadvisor.analysis.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
 from trainadvisor.analysis.facts import Facts, gather
 from trainadvisor.analysis.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
-from trainadvisor.analysis.stream import read_trace
+from trainadvisor.analysis.reading import read_table
 from trainadvisor.errors import UsageError
 
 ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "data_wait", "other_host")
@@ -112,16 +112,14 @@ def analyze_trace(path: Path, source_dirs: tuple[Path, ...] = ()) -> TraceAnalys
 
 
 def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
-    reader = TableReader()
-    meta = read_trace(path, reader)
-    t = reader.table()
+    t, meta = read_table(path)
     steps = find_steps(t)
     if not steps.spans:
         steps = _device_window(t, path)
     roles = _role_rows(t)
     work = device.DeviceWork(t)
     spans = _extended(steps, t, work)
-    step_list = _breakdown(t, roles, spans)
+    step_list, merged = _breakdown(t, roles, spans)
     facts = gather(t, source_dirs, roles["other_host"], roles["data_wait"])
     copies.resolve_unnamed_copies(facts)
     h2d_ops = copies.h2d_copy_ops(facts)
@@ -129,7 +127,6 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
     copies.copy_syncs(facts, h2d_ops)
     host_spans = [(host_start, host_end) for *_, host_start, host_end in spans]
     _per_step_counts(step_list, host_spans, facts, creations, device.allocator_calls(t))
-    merged = {role: iv.Union(t.ts[roles[role]], t.end[roles[role]]) for role in ("communication", "kernel")}
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work)
     return analysis
@@ -193,25 +190,26 @@ def _extended(steps: Steps, t: Table, work: device.DeviceWork) -> list[tuple[int
 
 def _breakdown(
     t: Table, roles: dict[str, np.ndarray], spans: list[tuple[int, float, float, float, float]]
-) -> list[StepBreakdown]:
+) -> tuple[list[StepBreakdown], dict[str, iv.Union]]:
     """Each step's time by the first role covering each instant: the length of the union of
-    roles up to r inside the step, less that of the roles before r."""
+    roles up to r inside the step, less that of the roles before r. Also each role's union."""
     starts = np.array([span[1] for span in spans])
     ends = np.array([span[2] for span in spans])
+    merged = {role: iv.Union(t.ts[rows], t.end[rows]) for role, rows in roles.items()}
     covered = iv.Union(np.empty(0), np.empty(0))
     before = np.zeros(len(spans))
     per_role: dict[str, np.ndarray] = {}
     for role in ROLES:
-        rows = roles[role]
-        covered = covered.plus(t.ts[rows], t.end[rows])
+        covered = covered.plus(merged[role].starts, merged[role].ends)
         now = covered.within(starts, ends)
         per_role[role] = now - before
         before = now
     per_role["idle"] = (ends - starts) - before
-    return [
+    steps = [
         StepBreakdown(number, start, end - start, {key: float(per_role[key][i]) / 1e3 for key in BREAKDOWN})
         for i, (number, start, end, _, _) in enumerate(spans)
     ]
+    return steps, merged
 
 
 def _per_step_counts(

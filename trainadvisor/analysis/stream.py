@@ -28,16 +28,19 @@ _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
 class Args(msgspec.Struct, gc=False):
-    correlation: Any = None
-    bytes: Any = None
-    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: Any = msgspec.field(name="Total Reserved", default=None)
-    device_id: Any = msgspec.field(name="Device Id", default=None)
-    device_type: Any = msgspec.field(name="Device Type", default=None)
+    """The arguments the analysis reads, typed so that columns can be taken without Python code
+    per event; a chunk with other types (a string id) is read loosely (`_loose`)."""
+
+    correlation: int = -1
+    bytes: int = 0
+    total_allocated: float = msgspec.field(name="Total Allocated", default=-1.0)  # memory events
+    total_reserved: float = msgspec.field(name="Total Reserved", default=-1.0)
+    device_type: int = msgspec.field(name="Device Type", default=-1)
     # The op a kernel or runtime call belongs to; 2021-era traces spell it in lower case.
-    external_id: Any = msgspec.field(name="External id", default=None)
-    external_id_2021: Any = msgspec.field(name="external id", default=None)
+    external_id: int = msgspec.field(name="External id", default=-1)
+    external_id_2021: int = msgspec.field(name="external id", default=-1)
     input_type: Any = msgspec.field(name="Input type", default=None)  # with record_shapes
+
 
 
 class Event(msgspec.Struct, gc=False):
@@ -47,10 +50,31 @@ class Event(msgspec.Struct, gc=False):
     ts: float = 0.0
     dur: float = 0.0
     tid: Any = None
-    args: Args | None = None
+    args: Args = msgspec.field(default_factory=Args)
 
 
 _decode_events = msgspec.json.Decoder(list[Event]).decode
+
+
+def _int(value: Any, default: int = -1) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else -1.0
+
+
+def _loose_args(args: dict[str, Any]) -> Args:
+    return Args(
+        correlation=_int(args.get("correlation")),
+        bytes=_int(args.get("bytes"), 0),
+        total_allocated=_number(args.get("Total Allocated")),
+        total_reserved=_number(args.get("Total Reserved")),
+        device_type=_int(args.get("Device Type")),
+        external_id=_int(args.get("External id")),
+        external_id_2021=_int(args.get("external id")),
+        input_type=args.get("Input type"),
+    )
 
 
 def _loose(items: Any) -> list[Event]:
@@ -69,17 +93,7 @@ def _loose(items: Any) -> list[Event]:
                     ts=float(item.get("ts", 0.0)),
                     dur=float(item.get("dur", 0.0) or 0.0),
                     tid=item.get("tid"),
-                    args=Args(
-                        args.get("correlation"),
-                        args.get("bytes"),
-                        args.get("Total Allocated"),
-                        args.get("Total Reserved"),
-                        args.get("Device Id"),
-                        args.get("Device Type"),
-                        args.get("External id"),
-                        args.get("external id"),
-                        args.get("Input type"),
-                    ),
+                    args=_loose_args(args),
                 )
             )
         except (TypeError, ValueError):
@@ -140,6 +154,13 @@ def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: Pat
             break
     if head is None:
         return _whole_document(buffer + b"".join(blocks), path, on_events)
+    return _events_to_end(blocks, buffer, on_events, path, head)
+
+
+def _events_to_end(
+    blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None], path: Path, head: bytes
+) -> dict[str, Any]:
+    """The events from `buffer` and `blocks` to the end of the array, and the keys after it."""
     events = 0
     for block in blocks:
         buffer += block
@@ -157,6 +178,84 @@ def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: Pat
     meta = _metadata(head, tail)
     meta["_events"] = events
     return meta
+
+
+# ---- reading an uncompressed trace in parts, one per worker process ----
+
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+def split_points(path: Path, parts: int) -> tuple[list[int], dict[str, Any]] | None:
+    """Byte offsets that cut an uncompressed trace's event array into `parts` ranges at event
+    starts ([first event, cut, ..., end of file]) and the keys before the array; None for a
+    compressed file or one where no clean cut is found (it is then read whole)."""
+    with open(path, "rb") as f:
+        head = f.read(4 * BLOCK_BYTES)
+    match = _ARRAY_START.search(head)
+    if head[:2] == b"\x1f\x8b" or match is None:
+        return None
+    size = path.stat().st_size
+    cuts = [match.end()]
+    for k in range(1, parts):
+        cut = _event_start(path, cuts[0] + (size - cuts[0]) * k // parts)
+        if cut is None or cut <= cuts[-1]:
+            return None
+        cuts.append(cut)
+    return [*cuts, size], _metadata(head[: match.start()], b"")
+
+
+def _event_start(path: Path, offset: int) -> int | None:
+    """The first offset at or after `offset` where an event of the array starts: a `{` after
+    `}, ` whose object, up to the next such boundary, decodes to an event (with "ph")."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        window = f.read(BLOCK_BYTES)
+    for found in _BOUNDARY.finditer(window):
+        start = found.end() - 1
+        following = _BOUNDARY.search(window, found.end())
+        if following is None:
+            return None
+        try:
+            event = msgspec.json.decode(window[start : following.start() + 1])
+        except msgspec.DecodeError:
+            continue  # the boundary was inside a string or a nested object
+        if isinstance(event, dict) and "ph" in event and ("ts" in event or "name" in event):
+            return offset + start
+    return None
+
+
+def read_range(path: Path, start: int, end: int, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
+    """The events in [start, end) of an uncompressed trace (offsets from `split_points`); the
+    range that ends the file also returns the keys after the array."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            if end >= path.stat().st_size:
+                return _events_to_end(_blocks(f), b"", on_events, path, b"")
+            return _events_within(_bounded(f, end - start), on_events, path)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
+
+
+def _bounded(stream: IO[bytes], length: int) -> Iterator[bytes]:
+    while length > 0 and (block := stream.read(min(BLOCK_BYTES, length))):
+        length -= len(block)
+        yield block
+
+
+def _events_within(blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path) -> dict[str, Any]:
+    events, buffer = 0, b""
+    for block in blocks:
+        buffer += block
+        buffer, decoded = _drain(buffer, final=False)
+        events += _feed(decoded or [], on_events)
+    rest = buffer.rstrip().rstrip(b",")
+    if rest:
+        try:
+            events += _feed(_decode(b"[" + rest + b"]"), on_events)
+        except msgspec.DecodeError:
+            raise UsageError(f"{path}: the trace's event list is malformed; is the file complete?") from None
+    return {"_events": events}
 
 
 def _feed(events: list[Event], on_events: Callable[[list[Event]], None]) -> int:
