@@ -36,7 +36,7 @@ def test_the_slow_rank_is_named(tmp_path: Path) -> None:
     [straggler] = [f for f in report["findings"] if f["rule"] == "straggler"]
     evidence = {e["measurement"]: e["value"] for e in straggler["evidence"]}
     assert evidence["slowest_rank"] == 1 and straggler["severity"] == "high"
-    assert straggler["message"].startswith("Rank 1 spends ")
+    assert straggler["message"].startswith("Rank 1 holds the others back: it spends ")
     for rank in (0, 1):
         assert (out / "traces" / "baseline" / f"trainadvisor.rank{rank}.pt.trace.json.gz").is_file()
     assert "<h3>Ranks (torchrun)</h3>" in (out / "report.html").read_text()

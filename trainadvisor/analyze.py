@@ -4,8 +4,11 @@ reading the files."""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
+import dataclasses
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +16,13 @@ from trainadvisor import engine
 from trainadvisor._serial import to_plain
 from trainadvisor.analysis.kineto import TraceAnalysis, analyze_trace
 from trainadvisor.analysis.measures import trace_measurements
+from trainadvisor.analysis.rank_table import rank_table, rank_values
+from trainadvisor.analysis.reading import cores
 from trainadvisor.analysis.summary import stats, window_throughputs
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-
-
-@dataclass
-class RankComparison:
-    ranks: list[int | None]
-    step_time_ms: list[float]
-    communication_pct: list[float]
-    slowest_rank: int | None
-    skew_pct: float  # (slowest - fastest) / mean step time
 
 
 def find_traces(paths: list[Path]) -> list[Path]:
@@ -114,47 +110,124 @@ def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def compare_ranks(analyses: list[TraceAnalysis]) -> RankComparison | None:
-    """Per distinct rank (the spans of one rank averaged), when there are several ranks."""
-    by_rank: dict[int, list[TraceAnalysis]] = {}
-    for a in analyses:
-        if a.rank is not None and a.step_time_ms_mean:
-            by_rank.setdefault(a.rank, []).append(a)
-    if len(by_rank) < 2:
-        return None
-    ranks = sorted(by_rank)
-    times = [statistics.mean(a.step_time_ms_mean or 0.0 for a in by_rank[r]) for r in ranks]
-    comm = [statistics.mean(a.breakdown_pct.get("communication", 0.0) for a in by_rank[r]) for r in ranks]
-    return RankComparison(
-        ranks=list(ranks),
-        step_time_ms=times,
-        communication_pct=comm,
-        slowest_rank=ranks[max(range(len(ranks)), key=lambda i: times[i])],
-        skew_pct=100.0 * (max(times) - min(times)) / statistics.mean(times),
-    )
+def _analyze_all(paths: list[Path]) -> list[TraceAnalysis]:
+    """Each trace, on as many worker processes as there are cores when there are several
+    (each worker reads its files one by one, in bounded memory); one large file alone is read
+    in parts on those cores instead (`analysis.reading`)."""
+    workers = min(cores(), len(paths), 8)
+    if workers < 2:
+        return [analyze_trace(path) for path in paths]
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            return list(pool.map(_analyze_one, paths))
+    except BrokenProcessPool:  # a worker was killed (memory): one file at a time, here
+        return [analyze_trace(path) for path in paths]
+
+
+def _analyze_one(path: Path) -> TraceAnalysis:
+    return analyze_trace(path, workers=1)
+
+
+def _unit(analysis: TraceAnalysis, label: str, several: bool) -> str:
+    return f"rank {analysis.rank}" if analysis.rank is not None and several else label
+
+
+def _ranges(numbers: list[int]) -> str:
+    """0, 2-5, 7"""
+    parts: list[str] = []
+    for n in sorted(set(numbers)):
+        if parts and n == int(parts[-1].split("-")[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+def _worst(found: list[tuple[str, TraceAnalysis, Finding]]) -> tuple[str, TraceAnalysis, Finding]:
+    """The most severe, then the one whose first measured evidence is largest."""
+
+    def key(item: tuple[str, TraceAnalysis, Finding]) -> tuple[int, float]:
+        first = next((e.value for e in item[2].evidence if isinstance(e.value, (int, float))), 0.0)
+        return engine.SEVERITIES.index(item[2].severity), -float(first)
+
+    return min(found, key=key)
+
+
+def merged_findings(per_trace: list[tuple[str, TraceAnalysis, list[Finding]]]) -> list[Finding]:
+    """One finding per rule over all traces, naming where it holds and the worst trace."""
+    by_rule: dict[str, list[tuple[str, TraceAnalysis, Finding]]] = {}
+    for label, analysis, findings in per_trace:
+        for finding in findings:
+            by_rule.setdefault(finding.rule, []).append((label, analysis, finding))
+    ranked = {a.rank for _, a, _ in per_trace if a.rank is not None}
+    merged = []
+    for found in by_rule.values():
+        label, _, worst = _worst(found)
+        finding = dataclasses.replace(worst)
+        if len(per_trace) > 1:
+            ranks = [a.rank for _, a, _ in found if a.rank is not None]
+            if len(ranked) > 1 and len(ranks) == len(found):
+                where = f"ranks {_ranges(ranks)} ({len(set(ranks))} of {len(ranked)})"
+            else:
+                where = f"{len(found)} of {len(per_trace)} traces"
+            finding.message = (
+                f"{label}: {worst.message}" if len(found) == 1 else f"On {where}; worst, {label}: {worst.message}"
+            )
+        merged.append(finding)
+    return sorted(merged, key=lambda f: engine.SEVERITIES.index(f.severity))
+
+
+def _notes(analyses: list[TraceAnalysis], labels: list[str]) -> list[str]:
+    """How each trace's steps were found, and what kind of loop it shows."""
+    notes = []
+    methods: dict[str, list[str]] = {}
+    for analysis, label in zip(analyses, labels):
+        methods.setdefault(analysis.step_method, []).append(label)
+    for method, where in methods.items():
+        names = where[0] if len(where) == 1 else f"{len(where)} traces"
+        notes.append(f"Steps of {names}: {method}.")
+    inference = [label for a, label in zip(analyses, labels) if a.loop == "inference"]
+    if inference:
+        names = inference[0] if len(inference) == 1 else f"{len(inference)} traces"
+        notes.append(
+            f"{names} is not a training loop (no backward pass and no optimizer step): training "
+            "advice (input-pipeline workers, mixed precision for training, ranks) is not given."
+        )
+    for analysis, label in zip(analyses, labels):
+        if not analysis.host_events:
+            notes.append(f"{label} holds no host (CPU) events: its figures are the device's alone.")
+    return notes
 
 
 def analyze(
     paths: list[Path], rule_dirs: list[Path], command: list[str]
 ) -> tuple[Report, list[TraceAnalysis]]:
     rules = engine.rules_for(rule_dirs)
-    analyses = [analyze_trace(path) for path in find_traces(paths)]
+    analyses = _analyze_all(find_traces(paths))
     runs = [to_run(a) for a in analyses]
-    findings: list[Finding] = []
-    notes: list[str] = []
-    for analysis, run in zip(analyses, runs):
-        for finding in engine.diagnose(measurements(analysis, run), rules).findings:
-            if len(analyses) > 1:
-                finding.message = f"{run.label}: {finding.message}"
-            findings.append(finding)
-        if not analysis.steps_marked:
-            notes.append(f"{run.label} has no ProfilerStep#N markers: it was analysed as one window.")
-    ranks = compare_ranks(analyses)
-    if ranks is not None:
+    several_ranks = len({a.rank for a in analyses if a.rank is not None}) > 1
+    labels = [_unit(a, run.label, several_ranks) for a, run in zip(analyses, runs)]
+    if len(set(labels)) < len(labels):  # several spans of one rank: name their files
+        labels = [f"{label} ({run.label})" if several_ranks else run.label for label, run in zip(labels, runs)]
+    per_trace = [
+        (label, a, engine.diagnose(measurements(a, run), rules).findings)
+        for label, a, run in zip(labels, analyses, runs)
+    ]
+    findings = merged_findings(per_trace)
+    notes = _notes(analyses, labels)
+    table = rank_table(analyses)
+    if table is not None:
+        values = rank_values(table)
+        values["inference_loop"] = all(a.loop == "inference" for a in analyses)
+        straggler = [r for r in rules if r.id == "straggler"]
+        findings = [f for f in findings if f.rule != "straggler"] + engine.diagnose(values, straggler).findings
+        findings.sort(key=lambda f: engine.SEVERITIES.index(f.severity))
         notes.append(
-            f"{len(ranks.ranks)} ranks: step time {min(ranks.step_time_ms):.1f}-"
-            f"{max(ranks.step_time_ms):.1f} ms, "
-            f"skew {ranks.skew_pct:.1f}%, slowest rank {ranks.slowest_rank}."
+            f"{len(table.rows)} ranks: step time {min(r.step_ms for r in table.rows):.1f}-"
+            f"{max(r.step_ms for r in table.rows):.1f} ms; rank {table.straggler} has the "
+            f"{'least time in collectives' if table.straggler_by == 'communication' else 'longest steps'}: "
+            f"the others lose {table.skew_pct:.1f}% of the step waiting for it."
         )
     report = Report(
         schema_version=SCHEMA_VERSION,
@@ -162,9 +235,9 @@ def analyze(
         script=", ".join(a.path for a in analyses),
         environment=runs[0].raw.device,
         baseline=runs[0],
-        findings=sorted(findings, key=lambda f: engine.SEVERITIES.index(f.severity)),
+        findings=findings,
         notes=notes,
         traces=[to_plain(a) for a in analyses],
-        ranks=to_plain(ranks),
+        ranks=to_plain(table),
     )
     return report, analyses

@@ -229,7 +229,8 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
       trainadvisor analyze --out report/ ./log/resnet50/
     """
     from trainadvisor.analyze import analyze as run_analysis
-    from trainadvisor.report import analysis_summary, check_out_dir, report_json
+    from trainadvisor.analyze_report import analysis_summary
+    from trainadvisor.report import check_out_dir, report_json
 
     def work() -> int:
         check_out_dir(out_dir)

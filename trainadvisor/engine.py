@@ -56,6 +56,9 @@ class Rule:
     anti_pattern: str
     best_practice: str
     threshold_source: str
+    # the loops its advice is for: a training-only rule stays quiet on a trace that shows
+    # inference (no backward pass, no optimizer step)
+    loops: tuple[str, ...] = LOOPS
 
 
 # ---- conditions ----

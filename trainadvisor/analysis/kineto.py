@@ -98,21 +98,21 @@ class TraceAnalysis:
     time_unit_note: str = ""
 
 
-def analyze_trace(path: Path, source_dirs: tuple[Path, ...] = ()) -> TraceAnalysis:
+def analyze_trace(path: Path, source_dirs: tuple[Path, ...] = (), workers: int | None = None) -> TraceAnalysis:
     """Measure one trace file. The cyclic garbage collector is paused meanwhile: reading
     allocates millions of short-lived acyclic objects, and collecting over them repeatedly
     would cost about a third of the time."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(path, source_dirs)
+        return _analyze(path, source_dirs, workers)
     finally:
         if enabled:
             gc.enable()
 
 
-def _analyze(path: Path, source_dirs: tuple[Path, ...]) -> TraceAnalysis:
-    t, meta = read_table(path)
+def _analyze(path: Path, source_dirs: tuple[Path, ...], workers: int | None) -> TraceAnalysis:
+    t, meta = read_table(path, workers)
     steps = find_steps(t)
     if not steps.spans:
         steps = _device_window(t, path)

@@ -57,4 +57,9 @@ def rank_measurements(stats: list[RankStats]) -> dict[str, Any]:
         rank_step_time_ms_max=max(s.step_time_ms_mean or 0.0 for s in measured),
         rank_step_time_ms_min=min(s.step_time_ms_mean or 0.0 for s in measured),
     )
+    table["straggler_evidence"] = (
+        f"it spends {slowest.pre_backward_ms_mean or 0.0:.1f} ms per step before its backward pass "
+        f"against {median:.1f} ms on the other ranks, which wait for it in the gradient all-reduce "
+        f"({table['rank_skew_pct']:.0f}% of every step)"
+    )
     return table
