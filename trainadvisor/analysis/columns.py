@@ -60,25 +60,33 @@ class Table:
 
     kind: np.ndarray  # int8 row kind
     ts: np.ndarray  # float64 microseconds
-    dur: np.ndarray  # float64 microseconds
+    end: np.ndarray  # float64 microseconds
     name: np.ndarray  # int32 index into names
     tid: np.ndarray  # int32 index into tids
     corr: np.ndarray  # int64 correlation id, -1 when none
-    ext: np.ndarray  # int64 external id (kernels, and ops with recorded shapes), -1 when none
     names: list[str]
     tids: list[Any]
+    # External ids (the op a kernel belongs to; matrix ops with recorded shapes), sparse: rows
+    # in order, and their ids.
+    ext_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    ext_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # Times are microseconds since base_us (the trace's first timestamp, whole): absolute
+    # timestamps (1.7e15 us since the epoch) leave float64 a quarter-microsecond of precision.
+    base_us: float = 0.0
     copy_bytes: dict[int, int] = field(default_factory=dict)  # memcpy row -> bytes
     op_precision: dict[int, int] = field(default_factory=dict)  # external id -> REDUCED/FLOAT32
     peak_allocated: float | None = None
     peak_reserved: float | None = None
-    _end: np.ndarray | None = field(default=None, repr=False)
 
-    @property
-    def end(self) -> np.ndarray:
-        """ts + dur, computed once."""
-        if self._end is None or len(self._end) != len(self.ts):
-            self._end = self.ts + self.dur
-        return self._end
+    def duration(self, rows: np.ndarray) -> np.ndarray:
+        return self.end[rows] - self.ts[rows]
+
+    def external(self, rows: np.ndarray) -> np.ndarray:
+        """The external id of each row, -1 where it has none."""
+        if not len(self.ext_rows):
+            return np.full(len(rows), -1, np.int64)
+        pos = np.clip(np.searchsorted(self.ext_rows, rows), 0, len(self.ext_rows) - 1)
+        return np.where(self.ext_rows[pos] == rows, self.ext_ids[pos], -1)
 
     def flags(self, predicate: Any) -> np.ndarray:
         """A per-row mask from a predicate over names (evaluated once per distinct name)."""
@@ -88,7 +96,7 @@ class Table:
         return np.flatnonzero(np.isin(self.kind, kinds))
 
 
-_COLUMNS = ("kind", "ts", "dur", "name", "tid", "corr", "ext")
+_COLUMNS = ("kind", "ts", "end", "name", "tid", "corr", "ext_rows", "ext_ids")
 
 
 _CAT, _NAME, _TID = attrgetter("cat"), attrgetter("name"), attrgetter("tid")
@@ -114,6 +122,7 @@ class TableReader:
         self.op_precision: dict[int, int] = {}
         self.peak_allocated: float | None = None
         self.peak_reserved: float | None = None
+        self.base_us: float | None = None
 
     @staticmethod
     def _codes(values: list[Any], table: dict[Any, int], code: Any) -> np.ndarray:
@@ -151,8 +160,12 @@ class TableReader:
         count, part = len(events), self._parts
         part["kind"].append(kind.astype(np.int8))
         part["name"].append(name)
-        part["ts"].append(np.fromiter(map(_TS, events), np.float64, count))
-        part["dur"].append(np.fromiter(map(_DUR, events), np.float64, count))
+        ts = np.fromiter(map(_TS, events), np.float64, count)
+        if self.base_us is None:
+            self.base_us = float(np.floor(ts.min()))
+        ts -= self.base_us
+        part["ts"].append(ts)
+        part["end"].append(ts + np.fromiter(map(_DUR, events), np.float64, count))
         part["tid"].append(self._codes(list(map(_TID, events)), self._tid_ids, self._intern_tid))
         part["corr"].append(np.fromiter(map(_CORR, events), np.int64, count))
         ext = np.full(count, -1, np.int64)
@@ -163,7 +176,9 @@ class TableReader:
                 np.fromiter(map(_EXT, subset), np.int64, len(subset)),
                 np.fromiter(map(_EXT_2021, subset), np.int64, len(subset)),
             )
-        part["ext"].append(ext)
+        known = np.flatnonzero(ext >= 0)
+        part["ext_rows"].append(known + self.rows)
+        part["ext_ids"].append(ext[known])
         self._side_tables(events, kind, name, ext)
         self.rows += count
 
@@ -192,19 +207,68 @@ class TableReader:
         if reserved.max() >= 0:
             self.peak_reserved = max(self.peak_reserved or 0.0, float(reserved.max()))
 
+    def pieces(self) -> Pieces:
+        """What was read, not yet joined (a worker process returns this: joining there would
+        hold its rows twice)."""
+        return Pieces(
+            self._parts, self.rows, self.names, self.tids, self.copy_bytes, self.op_precision,
+            self.peak_allocated, self.peak_reserved, self.base_us,
+        )  # fmt: skip
+
     def table(self) -> Table:
-        dtypes = {"kind": np.int8, "ts": np.float64, "dur": np.float64, "name": np.int32, "tid": np.int32}
-        columns = {}
-        for column in _COLUMNS:
-            parts = self._parts.pop(column)
-            columns[column] = np.concatenate(parts) if parts else np.empty(0, dtypes.get(column, np.int64))
-            parts.clear()
-        return Table(
-            **columns,
-            names=self.names,
-            tids=self.tids,
-            copy_bytes=self.copy_bytes,
-            op_precision=self.op_precision,
-            peak_allocated=self.peak_allocated,
-            peak_reserved=self.peak_reserved,
-        )
+        return join([self.pieces()])
+
+
+@dataclass
+class Pieces:
+    """A reader's columns before they are joined: per column, the arrays of its chunks."""
+
+    parts: dict[str, list[np.ndarray]]
+    rows: int
+    names: list[str]
+    tids: list[Any]
+    copy_bytes: dict[int, int]
+    op_precision: dict[int, int]
+    peak_allocated: float | None
+    peak_reserved: float | None
+    base_us: float | None
+
+
+_EMPTY = {"kind": np.int8, "ts": np.float64, "end": np.float64, "name": np.int32, "tid": np.int32}
+
+
+def join(pieces: list[Pieces]) -> Table:
+    """One table of the rows of several readers (parts of one file, in order): names and
+    threads re-interned, times onto the first part's base. Each column is joined and its pieces
+    freed before the next, so memory holds the rows about once."""
+    names: dict[str, int] = {}
+    tids: dict[Any, int] = {}
+    name_maps = [np.array([names.setdefault(n, len(names)) for n in p.names], np.int32) for p in pieces]
+    tid_maps = [np.array([tids.setdefault(x, len(tids)) for x in p.tids], np.int32) for p in pieces]
+    offsets = np.cumsum([0] + [p.rows for p in pieces]).tolist()
+    base = next((p.base_us for p in pieces if p.base_us is not None), 0.0)
+    columns: dict[str, np.ndarray] = {}
+    for column in _COLUMNS:
+        chunks = []
+        for i, p in enumerate(pieces):
+            for chunk in p.parts.pop(column, []):
+                if column == "name":
+                    chunk = name_maps[i][chunk]
+                elif column == "tid":
+                    chunk = tid_maps[i][chunk]
+                elif column == "ext_rows":
+                    chunk = chunk + offsets[i]
+                elif column in ("ts", "end") and p.base_us is not None and p.base_us != base:
+                    chunk = chunk + (p.base_us - base)
+                chunks.append(chunk)
+        columns[column] = np.concatenate(chunks) if chunks else np.empty(0, _EMPTY.get(column, np.int64))
+        del chunks
+    table = Table(**columns, names=list(names), tids=list(tids), base_us=base)
+    for p, offset in zip(pieces, offsets):
+        table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})
+        table.op_precision.update(p.op_precision)
+        for peak in ("peak_allocated", "peak_reserved"):
+            value = getattr(p, peak)
+            if value is not None:
+                setattr(table, peak, max(getattr(table, peak) or 0.0, value))
+    return table

@@ -50,8 +50,8 @@ class DeviceWork:
             self.last = np.maximum.reduceat(t.end[rows][order], heads)
         else:
             self.first = self.last = np.empty(0)
-        runtime = np.flatnonzero((t.kind == RUNTIME) & (t.corr >= 0))
-        self.runtime_start, self.runtime_end, self.runtime_corr = t.ts[runtime], t.end[runtime], t.corr[runtime]
+        self.table = t
+        self.runtime = np.flatnonzero((t.kind == RUNTIME) & (t.corr >= 0)).astype(np.int32)
 
     def index(self, corrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions of `corrs` in the table, and which were found."""
@@ -65,11 +65,13 @@ class DeviceWork:
         starts = np.array([s for s, _ in spans])
         ends = np.array([e for _, e in spans])
         device_end, launched = np.full(len(spans), -np.inf), np.zeros(len(spans), np.int64)
-        step = np.searchsorted(starts, self.runtime_start, side="right") - 1
-        pos, found = self.index(self.runtime_corr)
+        t, runtime = self.table, self.runtime
+        runtime_start = t.ts[runtime]
+        step = np.searchsorted(starts, runtime_start, side="right") - 1
+        pos, found = self.index(t.corr[runtime])
         inside = found & (step >= 0)
         safe = np.maximum(step, 0)
-        inside &= (self.runtime_start < ends[safe]) & (self.runtime_end <= ends[safe])
+        inside &= (runtime_start < ends[safe]) & (t.end[runtime] <= ends[safe])
         np.maximum.at(device_end, step[inside], self.last[pos[inside]])
         np.add.at(launched, step[inside], self.counts[pos[inside]])
         return device_end, launched
@@ -79,7 +81,7 @@ def allocator_calls(t: Table) -> list[tuple[float, float]]:
     """(start, duration) of every device malloc/free runtime call."""
     ids = [i for i, name in enumerate(t.names) if ALLOCATOR_CALL.match(name)]
     rows = np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, ids)) if ids else np.empty(0, np.int64)
-    return list(zip(t.ts[rows].tolist(), t.dur[rows].tolist()))
+    return list(zip(t.ts[rows].tolist(), t.duration(rows).tolist()))
 
 
 def describe(a: TraceAnalysis, t: Table, work: DeviceWork) -> None:
@@ -89,7 +91,7 @@ def describe(a: TraceAnalysis, t: Table, work: DeviceWork) -> None:
     graph_rows = np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, graph_ids)) if graph_ids else kernels[:0]
     in_graph = np.isin(t.corr[kernels], t.corr[graph_rows]) & (t.corr[kernels] >= 0)
     a.graph_launches, a.graph_kernels = len(graph_rows), int(in_graph.sum())
-    durations = t.dur[kernels]
+    durations = t.duration(kernels)
     a.kernels = len(kernels)
     a.short_kernels = int((durations[~in_graph] < SHORT_KERNEL_US).sum())
     a.kernel_us_median = float(np.median(durations)) if len(kernels) else None
@@ -109,7 +111,7 @@ def _launch_delay(t: Table, kernels: np.ndarray, work: DeviceWork) -> float | No
     order = np.argsort(corr[launched], kind="stable")
     corrs, heads = np.unique(corr[launched][order], return_index=True)
     first = np.minimum.reduceat(t.ts[kernels][launched][order], heads)
-    runtime_corr, runtime_start = work.runtime_corr, work.runtime_start
+    runtime_corr, runtime_start = t.corr[work.runtime], t.ts[work.runtime]
     by_corr = np.argsort(runtime_corr, kind="stable")
     sorted_corr = runtime_corr[by_corr]
     pos = np.clip(np.searchsorted(sorted_corr, corrs), 0, max(len(sorted_corr) - 1, 0))
@@ -150,12 +152,13 @@ def _precision(a: TraceAnalysis, t: Table, kernels: np.ndarray) -> None:
     if t.op_precision:
         ext_sorted = np.array(sorted(t.op_precision), np.int64)
         values = np.array([t.op_precision[e] for e in ext_sorted.tolist()], np.int64)
-        ext = t.ext[compute]
+        ext = t.external(compute)
         pos = np.clip(np.searchsorted(ext_sorted, ext), 0, len(ext_sorted) - 1)
         hit = (ext_sorted[pos] == ext) & (ext >= 0)
         inputs[hit] = values[pos[hit]]
     keys = t.name[compute].astype(np.int64) * 3 + inputs
-    totals = np.bincount(keys, weights=t.dur[compute]) if len(compute) else np.empty(0)
+    durations = t.duration(compute)
+    totals = np.bincount(keys, weights=durations) if len(compute) else np.empty(0)
     us = {"matrix": 0.0, "tensor_core": 0.0, "fp32": 0.0, "unknown": 0.0, "conv": 0.0}
     for key in np.flatnonzero(totals).tolist():
         name = t.names[key // 3]
@@ -166,7 +169,7 @@ def _precision(a: TraceAnalysis, t: Table, kernels: np.ndarray) -> None:
         us["matrix"] += spent
         us[combined(kind.precision, key % 3, name)] += spent
         us["conv"] += spent if kind.kind == "conv" else 0.0
-    total = float(t.dur[compute].sum())
+    total = float(durations.sum())
     if total:
         a.tensor_core_pct = 100.0 * us["tensor_core"] / total
         a.matmul_pct = 100.0 * us["matrix"] / total

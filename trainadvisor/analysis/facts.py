@@ -50,10 +50,10 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
     """`host_ops`: the rows of host ops that are neither step markers nor DataLoader calls;
     `loader`: the DataLoader calls."""
     f = Facts(source_dirs, kernels_seen=bool(np.any(t.kind == KERNEL)))
-    ts, end, dur = t.ts, t.end, t.dur
+    ts, end = t.ts, t.end
     for r in _named(t, t.rows(*HOST_KINDS, RUNTIME), SYNCS.__contains__).tolist():
         name = t.names[t.name[r]]
-        f.syncs.append((float(ts[r]), SYNCS[name], float(dur[r]), int(t.tid[r])))
+        f.syncs.append((float(ts[r]), SYNCS[name], float(end[r] - ts[r]), int(t.tid[r])))
         if t.kind[r] == RUNTIME and name in SYNC_COPIES and t.corr[r] >= 0:
             f.sync_copies.add(int(t.corr[r]))
     f.syncs.sort(key=lambda s: s[0])
@@ -63,7 +63,7 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
     for r in _named(t, t.rows(MEMCPY), lambda n: "HtoD" in n or "HostToDevice" in n).tolist():
         name = t.names[t.name[r]]
         kind = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else "unknown"
-        f.h2d.append((float(ts[r]), float(dur[r]), kind, t.copy_bytes.get(r, 0), int(t.corr[r])))
+        f.h2d.append((float(ts[r]), float(end[r] - ts[r]), kind, t.copy_bytes.get(r, 0), int(t.corr[r])))
     f.h2d.sort(key=lambda c: c[0])
     if f.h2d:
         _copy_context(t, f, host_ops)

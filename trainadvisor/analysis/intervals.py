@@ -114,8 +114,12 @@ def merge_arrays(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.n
     """Sorted, disjoint union of spans given as arrays (touching spans join, as in `merge`)."""
     if not len(starts):
         return np.empty(0), np.empty(0)
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
+    if np.all(starts[1:] >= starts[:-1]):  # in order already (spans of one thread, say)
+        s, e = starts, ends
+    else:
+        order = np.argsort(starts, kind="stable")
+        s, e = starts[order], ends[order]
+        del order
     reach = np.maximum.accumulate(e)
     first = np.empty(len(s), bool)
     first[0] = True

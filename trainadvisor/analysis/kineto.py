@@ -151,7 +151,7 @@ def _role_rows(t: Table) -> dict[str, np.ndarray]:
     is_marker, is_loader = np.isin(host_names, markers), np.isin(host_names, loader)
     kernels = t.rows(KERNEL)
     comm = np.isin(t.name[kernels], [i for i, n in enumerate(t.names) if device.is_communication(n)])
-    return {
+    rows = {
         "kernel": kernels[~comm],
         "memcpy": t.rows(MEMCPY),
         "memset": t.rows(MEMSET),
@@ -160,6 +160,7 @@ def _role_rows(t: Table) -> dict[str, np.ndarray]:
         "data_wait": host[is_loader],
         "other_host": host[~is_loader & ~is_marker],
     }
+    return {role: index.astype(np.int32) if len(t.kind) < 2**31 else index for role, index in rows.items()}
 
 
 def _extended(steps: Steps, t: Table, work: device.DeviceWork) -> list[tuple[int, float, float, float, float]]:
@@ -195,12 +196,17 @@ def _breakdown(
     roles up to r inside the step, less that of the roles before r. Also each role's union."""
     starts = np.array([span[1] for span in spans])
     ends = np.array([span[2] for span in spans])
-    merged = {role: iv.Union(t.ts[rows], t.end[rows]) for role, rows in roles.items()}
+    kept: dict[str, iv.Union] = {}
     covered = iv.Union(np.empty(0), np.empty(0))
     before = np.zeros(len(spans))
     per_role: dict[str, np.ndarray] = {}
-    for role in ROLES:
-        covered = covered.plus(merged[role].starts, merged[role].ends)
+    for role in ROLES:  # one role's spans at a time: memory holds one role's copy
+        rows = roles[role]
+        union = iv.Union(t.ts[rows], t.end[rows])
+        if role in ("communication", "kernel"):
+            kept[role] = union
+        covered = covered.plus(union.starts, union.ends)
+        del union
         now = covered.within(starts, ends)
         per_role[role] = now - before
         before = now
@@ -209,7 +215,7 @@ def _breakdown(
         StepBreakdown(number, start, end - start, {key: float(per_role[key][i]) / 1e3 for key in BREAKDOWN})
         for i, (number, start, end, _, _) in enumerate(spans)
     ]
-    return steps, merged
+    return steps, kept
 
 
 def _per_step_counts(

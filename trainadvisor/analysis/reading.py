@@ -5,6 +5,7 @@ the part that spreads over cores. Compressed and small traces are read in this p
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import sys
@@ -15,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from trainadvisor.analysis.columns import Table, TableReader
+from trainadvisor.analysis.columns import Pieces, Table, TableReader, join
 from trainadvisor.analysis.stream import read_range, read_trace, split_points
 
 PARALLEL_MIN_BYTES = 96 << 20  # below this, starting workers costs more than they save
-_COLUMNS = ("kind", "ts", "dur", "name", "tid", "corr", "ext")
 
 
 def cores() -> int:
@@ -43,7 +43,9 @@ def read_table(path: Path, workers: int | None = None) -> tuple[Table, dict[str,
             pass
     reader = TableReader()
     meta = read_trace(path, reader)
-    return reader.table(), meta
+    table = reader.table()
+    _return_freed_memory()
+    return table, meta
 
 
 def _read_in_parts(path: Path, cuts: list[int], meta: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
@@ -56,45 +58,25 @@ def _read_in_parts(path: Path, cuts: list[int], meta: dict[str, Any]) -> tuple[T
         events += part_meta.pop("_events", 0)
         meta.update(part_meta)
     meta["_events"] = events
-    return join([table for table, _ in results]), meta
+    table = join([pieces for pieces, _ in results])
+    del results
+    _return_freed_memory()
+    return table, meta
 
 
-def _read_part(path: Path, start: int, end: int) -> tuple[Table, dict[str, Any]]:
+def _read_part(path: Path, start: int, end: int) -> tuple[Pieces, dict[str, Any]]:
     import gc
 
     gc.disable()  # millions of short-lived acyclic objects (see kineto.analyze_trace)
     reader = TableReader()
     meta = read_range(path, start, end, reader)
-    return reader.table(), meta
+    return reader.pieces(), meta
 
 
-def join(tables: list[Table]) -> Table:
-    """One table of several parts' rows, in order; each column is joined and its parts freed
-    before the next, so memory holds the rows about once."""
-    names: dict[str, int] = {}
-    tids: dict[Any, int] = {}
-    name_maps = [np.array([names.setdefault(n, len(names)) for n in t.names], np.int32) for t in tables]
-    tid_maps = [np.array([tids.setdefault(x, len(tids)) for x in t.tids], np.int32) for t in tables]
-    offsets = np.cumsum([0] + [len(t.kind) for t in tables]).tolist()
-    columns: dict[str, np.ndarray] = {}
-    for column in _COLUMNS:
-        pieces = []
-        for i, t in enumerate(tables):
-            piece = getattr(t, column)
-            if column == "name" and len(name_maps[i]):
-                piece = name_maps[i][piece]
-            elif column == "tid" and len(tid_maps[i]):
-                piece = tid_maps[i][piece]
-            pieces.append(piece)
-            setattr(t, column, None)
-        columns[column] = np.concatenate(pieces)
-        del pieces
-    joined = Table(**columns, names=list(names), tids=list(tids))
-    for t, offset in zip(tables, offsets):
-        joined.copy_bytes.update({row + offset: n for row, n in t.copy_bytes.items()})
-        joined.op_precision.update(t.op_precision)
-        for peak in ("peak_allocated", "peak_reserved"):
-            value = getattr(t, peak)
-            if value is not None:
-                setattr(joined, peak, max(getattr(joined, peak) or 0.0, value))
-    return joined
+def _return_freed_memory() -> None:
+    """Give the heap's freed pages back to the system (glibc keeps them otherwise, and the
+    analysis after reading would count on top of them)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
