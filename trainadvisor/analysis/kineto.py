@@ -168,8 +168,7 @@ def _extended(steps: Steps, t: Table, work: device.DeviceWork) -> list[tuple[int
     the warm-up iteration dropped after extending, and trailing steps whose device work was
     not fully captured dropped. Each: (number, start, end, host start, host end)."""
     spans = sorted(steps.all_spans, key=lambda s: s[1])
-    one_window = not steps.marked and steps.warmup is None
-    if one_window or not work.corrs.size:  # a window is the host's span, as the plugin takes it
+    if not work.corrs.size:
         return [(n, s, e, s, e) for n, s, e in (spans[1:] if steps.warmup is not None else spans)]
     device_end, launched = work.launched_within([(s, e) for _, s, e in spans])
     extended, previous_end = [], spans[0][1]
