@@ -34,7 +34,9 @@ _MEASURE = (
 
 def measured(command: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS in MB) of one child process."""
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *command], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *command], check=True, capture_output=True, text=True
+    )
     wall, rss = out.stdout.split()
     return float(wall), float(rss)
 
@@ -94,14 +96,29 @@ def main() -> None:
     loads_s, loads_mb = measured(
         [sys.executable, "-c", "import json, sys; json.loads(open(sys.argv[1], 'rb').read())", str(small)]
     )
-    print(f"json.loads of {small.name} ({small.stat().st_size / 1e9:.2f} GB): {loads_s:.1f} s, {loads_mb:.0f} MB")
-    command = [sys.executable, "-m", "trainadvisor.cli", "analyze", str(big), "--out", str(args.work / "report")]
+    print(
+        f"json.loads of {small.name} ({small.stat().st_size / 1e9:.2f} GB): "
+        f"{loads_s:.1f} s, {loads_mb:.0f} MB"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "trainadvisor.cli",
+        "analyze",
+        str(big),
+        "--out",
+        str(args.work / "report"),
+    ]
     ours_s, ours_mb = measured(command)
     _, largest_mb, tree_mb = measured_tree(command)
     print(f"trainadvisor analyze {big.name} ({big.stat().st_size / 1e9:.2f} GB): {ours_s:.1f} s")
-    print(f"time relative to json.loads of the file one fifth the size: {ours_s / loads_s:.2f}x (target <= 1.3x)")
+    print(
+        "time relative to json.loads of the file one fifth the size: "
+        f"{ours_s / loads_s:.2f}x (target <= 1.3x)"
+    )
     print(f"peak RSS, largest process: {ours_mb:.0f} MB (sampled: {largest_mb:.0f} MB; target <= 600 MB)")
     print(f"peak RSS, the analysis and its reader processes together (sampled): {tree_mb:.0f} MB")
+
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,8 @@ def write_rule(folder: Path, rule_id: str = "x", condition: str = "a > 1", messa
 
 
 SHIPPED = [
-    "allocator-churn", "anomaly-detection-on", "comm-bound", "cpu-tensor-creation", "cudnn-benchmark", "data-parallel",
-    "data-stall", "gpu-underutilized", "host-sync", "launch-bound", "memory-pressure",
+    "allocator-churn", "anomaly-detection-on", "comm-bound", "cpu-tensor-creation", "cudnn-benchmark",
+    "data-parallel", "data-stall", "gpu-underutilized", "host-sync", "launch-bound", "memory-pressure",
     "no-mixed-precision", "pageable-h2d-copy", "straggler",
 ]  # fmt: skip
 

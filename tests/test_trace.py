@@ -81,9 +81,7 @@ def test_rocm_trace() -> None:
 
 def test_a_bare_event_array_and_an_uncompressed_file(tmp_path: Path) -> None:
     source = shared_trace("hta/trace_filter/sampled_rank-0.json.gz")
-    events = json.loads(gzip.decompress(source.read_bytes()))[
-        "traceEvents"
-    ]
+    events = json.loads(gzip.decompress(source.read_bytes()))["traceEvents"]
     path = tmp_path / "bare.json"
     path.write_text(json.dumps(events))
     assert [s.number for s in analyze_trace(path).steps] == [551, 552]

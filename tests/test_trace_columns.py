@@ -34,7 +34,16 @@ SGEMM = "ampere_sgemm_128x64_nn"
 
 
 def span(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 7 if cat == "kernel" else 1, "ts": ts, "dur": dur, "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": 7 if cat == "kernel" else 1,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
 
 
 def write(path: Path, events: list[dict[str, Any]]) -> Path:
@@ -67,7 +76,11 @@ def test_kernels_take_their_ops_input_dtypes(tmp_path: Path, external_key: str) 
     bf16, fp32 = ["c10::BFloat16", "c10::BFloat16"], ["float", "float"]
     events = [span("cpu_op", "ProfilerStep#1", 0, 1000)]
     for i, (op, types, kernel, dur) in enumerate(
-        [("aten::mm", bf16, NVJET, 100), ("aten::mm", fp32, SM90, 50), ("aten::addmm", bf16, TRITON_TEMPLATE, 30)]
+        [
+            ("aten::mm", bf16, NVJET, 100),
+            ("aten::mm", fp32, SM90, 50),
+            ("aten::addmm", bf16, TRITON_TEMPLATE, 30),
+        ]
     ):
         ts = 100 + 200 * i
         events += [
@@ -79,7 +92,10 @@ def test_kernels_take_their_ops_input_dtypes(tmp_path: Path, external_key: str) 
     # 100 us on Tensor Cores by both sources, 30 by dtype alone; 50 where they disagree
     assert round(a.tensor_core_pct or 0, 2) == round(100 * 130 / 180, 2)
     assert round(a.tensor_core_unknown_pct or 0, 2) == round(100 * 50 / 180, 2)
-    assert a.precision_source == "kernel names and the input dtypes of their ops (3 kernels linked, record_shapes)"
+    assert (
+        a.precision_source
+        == "kernel names and the input dtypes of their ops (3 kernels linked, record_shapes)"
+    )
 
 
 def test_our_bf16_trace_records_the_dtypes_kernels_would_be_linked_to() -> None:
@@ -106,7 +122,13 @@ def test_allocator_calls_in_steady_steps_fire_allocator_churn(tmp_path: Path) ->
             span("cpu_op", f"ProfilerStep#{step + 1}", t0, 1000),
             span("cuda_runtime", "hipMalloc", t0 + 10, 80, correlation=100 + 3 * step),
             span("cuda_runtime", "hipLaunchKernel", t0 + 100, 10, correlation=101 + 3 * step),
-            span("kernel", "Cijk_Ailk_Bljk_BBS_BH_MT128x64x64_MI32x32x8x1_SN", t0 + 120, 600, correlation=101 + 3 * step),
+            span(
+                "kernel",
+                "Cijk_Ailk_Bljk_BBS_BH_MT128x64x64_MI32x32x8x1_SN",
+                t0 + 120,
+                600,
+                correlation=101 + 3 * step,
+            ),
             span("cuda_runtime", "hipFree", t0 + 800, 70, correlation=102 + 3 * step),
         ]
     a = analyze_trace(write(tmp_path / "churn.json", events))
@@ -117,7 +139,9 @@ def test_allocator_calls_in_steady_steps_fire_allocator_churn(tmp_path: Path) ->
     rules = engine.load_rules([rules_dir()])
     churn = [f for f in engine.diagnose(values, rules).findings if f.rule == "allocator-churn"]
     assert [f.severity for f in churn] == ["high"]
-    assert churn[0].message.startswith("Steady-state steps called the device allocator 2.0 times per step (0.15 ms")
+    assert churn[0].message.startswith(
+        "Steady-state steps called the device allocator 2.0 times per step (0.15 ms"
+    )
 
 
 def _same(a: Any, b: Any, where: str = "") -> None:
@@ -135,11 +159,15 @@ def _same(a: Any, b: Any, where: str = "") -> None:
         assert a == b, where
 
 
-def test_a_large_trace_read_in_parts_gives_the_same_analysis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_trace_read_in_parts_gives_the_same_analysis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """HTA's df_index_resolver trace (54 MB of JSON, 216k events) read by three worker processes
     against one: the same analysis, to rounding."""
     plain = tmp_path / "trace.json"
-    plain.write_bytes(gzip.decompress(shared_trace("hta/df_index_resolver/df_index_resolver.json.gz").read_bytes()))
+    plain.write_bytes(
+        gzip.decompress(shared_trace("hta/df_index_resolver/df_index_resolver.json.gz").read_bytes())
+    )
     split = split_points(plain, 3)
     assert split is not None and len(split[0]) == 4 and split[1]["distributedInfo"]["rank"] == 1
     monkeypatch.setattr(reading, "PARALLEL_MIN_BYTES", 0)
@@ -184,3 +212,53 @@ def test_without_collectives_the_longest_steps_name_the_straggler() -> None:
     table = _straggler([_row(0, 100.0, 0.0), _row(1, 130.0, 0.0), _row(2, 101.0, 0.0)])
     assert table.straggler == 1 and table.straggler_by == "step time"
     assert table.skew_pct == pytest.approx(100 * (130.0 - 100.5) / (331.0 / 3))  # the others: median 100.5
+
+
+def test_ranks_without_distributed_info_are_named_by_their_files(tmp_path: Path) -> None:
+    """Older Kineto wrote no distributedInfo: rank0.json and rank1.json are still two ranks, and
+    rank 1, with the shorter all-reduce (the others wait there for it), is the straggler."""
+    from trainadvisor.analyze import analyze
+
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    for rank, allreduce_us in ((0, 400.0), (1, 100.0)):
+        events = []
+        for step in range(3):
+            t0 = 1000.0 * step
+            events += [
+                span("cpu_op", f"ProfilerStep#{step + 1}", t0, 1000),
+                span("cuda_runtime", "cudaLaunchKernel", t0 + 10, 5, correlation=10 * step + 1),
+                span("kernel", "volta_sgemm_128x64_nn", t0 + 20, 400, correlation=10 * step + 1),
+                span("cuda_runtime", "ncclKernel", t0 + 30, 5, correlation=10 * step + 2),
+                span("kernel", nccl, t0 + 900 - allreduce_us, allreduce_us, correlation=10 * step + 2),
+                span("user_annotation", "Optimizer.step#SGD.step", t0 + 950, 20),  # a training loop
+            ]
+        write(tmp_path / f"rank{rank}.json", events)
+    report, _ = analyze([tmp_path], [], ["trainadvisor", "analyze"])
+    table = report.ranks
+    assert [row["rank"] for row in table["rows"]] == [0, 1]
+    assert [round(row["communication_ms"], 6) for row in table["rows"]] == [0.4, 0.1]
+    assert table["straggler"] == 1 and round(table["skew_pct"], 1) == 30.0
+    [straggler] = [f for f in report.findings if f.rule == "straggler"]
+    assert straggler.severity == "high" and straggler.message.startswith("Rank 1 holds the others back")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "tensor_core_pct", "matmul_pct", "unknown_pct"),
+    [("h100", 36.64, 36.65, 0.0), ("mi300", 48.29, 52.44, 7.91)],
+)
+def test_precision_of_real_traces_with_recorded_shapes(
+    gpu: str, tensor_core_pct: float, matmul_pct: float, unknown_pct: float
+) -> None:
+    """The same Qwen1.5-0.5B inference on an H100 and an MI300X (record_shapes on): 193 matrix
+    kernels linked to their ops' bf16 inputs. On the MI300X, 7.9% of the matrix time stays
+    unknown: the Triton attention kernel `attn_fwd`, whose name gives no type and whose op
+    (scaled_dot_product_attention) is not linked to it."""
+    a = analyze_trace(
+        shared_trace(f"more/tracelens/{gpu}/Qwen_Qwen1.5-0.5B-Chat__1016005.hf_token_redacted.json.gz")
+    )
+    assert (
+        a.precision_source
+        == "kernel names and the input dtypes of their ops (193 kernels linked, record_shapes)"
+    )
+    assert (round(a.tensor_core_pct or 0, 2), round(a.matmul_pct or 0, 2)) == (tensor_core_pct, matmul_pct)
+    assert round(a.tensor_core_unknown_pct or 0, 2) == unknown_pct

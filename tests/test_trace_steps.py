@@ -4,6 +4,8 @@ recorded by others (../shared/traces). Exact figures of the stored files."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,13 @@ def findings(path: Path) -> dict[str, str]:
         # the legacy torch.autograd.profiler API
         ("autograd_profiler", SGD.replace("SGD", "Adam"), 5, 11.159, 89.49),
         # a schedule without prof.step(): one ProfilerStep#0 spans the whole loop
-        ("schedule_no_step", f"one ProfilerStep#0 marker holds 6 iterations, found from {SGD}", 5, 10.105, 92.53),
+        (
+            "schedule_no_step",
+            f"one ProfilerStep#0 marker holds 6 iterations, found from {SGD}",
+            5,
+            10.105,
+            92.53,
+        ),
         # no optimizer: parameters updated by hand, one backward pass per iteration
         (
             "backward_only",
@@ -64,7 +72,9 @@ def test_steps_without_markers_in_our_cpu_traces(
 def test_a_trace_where_nothing_marks_an_iteration_stays_one_window() -> None:
     """PARAM's AlexNet benchmark: two annotated forwards, but nothing that repeats over the
     trace's time: one window, whose 16 pageable copies are still worth a finding."""
-    a = analyze_trace(shared_trace("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"))
+    a = analyze_trace(
+        shared_trace("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz")
+    )
     assert a.step_method == "nothing marks an iteration: the trace is one window"
     assert len(a.steps) == 1 and not a.steps_found and a.h2d_pageable == 16
     values = measurements(a, to_run(a))
@@ -75,7 +85,9 @@ def test_a_trace_where_nothing_marks_an_iteration_stays_one_window() -> None:
 def test_backward_passes_of_an_mi300x_trace_and_its_warm_up() -> None:
     """TraceLens' normalization test: 3 x (forward, MSE, backward) without markers or optimizer;
     the first pass (1.17 s of MIOpen start-up, all 7 hipMalloc) is set apart."""
-    a = analyze_trace(shared_trace("more/tracelens/perf_model/normalization/normalization_layer_test.json.gz"))
+    a = analyze_trace(
+        shared_trace("more/tracelens/perf_model/normalization/normalization_layer_test.json.gz")
+    )
     assert a.step_method == "backward passes (MseLossBackward0): 3 iterations, the first (warm-up) set apart"
     assert [round(s.dur_us, 3) for s in a.steps] == [3627.482, 2518.718]
     assert round(a.warmup_ms or 0, 3) == 1174.295
@@ -88,7 +100,9 @@ def test_backward_passes_of_an_mi300x_trace_and_its_warm_up() -> None:
 def test_one_profiler_step_holding_several_iterations_is_split() -> None:
     """OWLv2 on an H100: one ProfilerStep#6 spans 5 forwards and 6 DataLoader calls."""
     a = analyze_trace(
-        shared_trace("more/tracelens/h100/google_owlv2-large-patch14-ensemble__1016001.hf_token_redacted.json.gz")
+        shared_trace(
+            "more/tracelens/h100/google_owlv2-large-patch14-ensemble__1016001.hf_token_redacted.json.gz"
+        )
     )
     assert a.step_method == (
         "one ProfilerStep#6 marker holds 5 iterations, found from DataLoader __next__ calls: "
@@ -113,7 +127,11 @@ def test_a_gpu_only_trace_gets_a_device_breakdown(tmp_path: Path) -> None:
     a = analyze_trace(path)
     assert not a.host_events and a.step_method.startswith("no host events (a GPU-only trace)")
     assert round(a.steps[0].dur_us, 3) == 6024.766
-    assert {k: round(v, 2) for k, v in a.breakdown_pct.items() if v} == {"kernel": 88.69, "runtime": 2.41, "idle": 8.9}
+    assert {k: round(v, 2) for k, v in a.breakdown_pct.items() if v} == {
+        "kernel": 88.69,
+        "runtime": 2.41,
+        "idle": 8.9,
+    }
     assert a.loop == "training" and a.loop_evidence == "backward kernels"
     result = run_cli("analyze", "--out", tmp_path / "r", path, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -156,10 +174,48 @@ def test_inference_traces_get_no_training_advice(trace: str, shared: bool) -> No
 
 def test_analyze_says_how_steps_were_found_and_that_a_loop_is_not_training(tmp_path: Path) -> None:
     result = run_cli(
-        "analyze", "--out", tmp_path / "r", OWN / "inference.json.gz", OWN / "no_schedule_workers0.json.gz", cwd=tmp_path
+        "analyze",
+        "--out",
+        tmp_path / "r",
+        OWN / "inference.json.gz",
+        OWN / "no_schedule_workers0.json.gz",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
-    assert "note: Steps of inference.json.gz: DataLoader __next__ calls: 6 iterations, the first (warm-up) set apart." in text
+    assert (
+        "note: Steps of inference.json.gz: DataLoader __next__ calls: 6 iterations, the first "
+        "(warm-up) set apart." in text
+    )
     assert "inference.json.gz is not a training loop (no backward pass and no optimizer step)" in text
-    assert "[high] data-stall: no_schedule_workers0.json.gz: The loop waited for its next batch for 93%" in text
+    assert (
+        "[high] data-stall: no_schedule_workers0.json.gz: The loop waited for its next batch for 93%" in text
+    )
+
+
+@pytest.mark.parametrize(
+    ("folder", "data_wait_pct"), [("resnet50_num_workers_0", 32.6), ("resnet50_num_workers_4", 0.4)]
+)
+def test_a_2021_trace_without_markers_or_device_properties(
+    tmp_path: Path, folder: str, data_wait_pct: float
+) -> None:
+    """The TensorBoard plugin's 2021 V100 ResNet-50 samples as the autograd-API profiler wrote
+    them: no ProfilerStep#N, no deviceProperties (`external id` in lower case already). Steps come
+    from the optimizer; the first iteration is set apart; the steady data wait is that of the
+    marked steps (33.4% and 0.8% there); the GPU's generation comes from its kernels' names."""
+    [source] = sorted(shared_trace(f"tb_plugin/{folder}").glob("*.json.gz"))[:1]
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    del document["deviceProperties"]
+    document["traceEvents"] = [
+        e for e in document["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    path = tmp_path / "autograd_api.json"
+    path.write_text(json.dumps(document))
+    a = analyze_trace(path)
+    assert a.step_method == SGD and len(a.steps) == 5
+    assert round(a.breakdown_pct["data_wait"], 1) == data_wait_pct
+    assert (a.gpu_name, a.compute_capability) == ("Volta-class GPU (named by its kernels)", 7)
+    fired = findings(path)
+    assert fired["no-mixed-precision"] == "high" and fired.get("data-stall") == (
+        "high" if data_wait_pct > 20 else None
+    )

@@ -172,7 +172,9 @@ def merged_findings(per_trace: list[tuple[str, TraceAnalysis, list[Finding]]]) -
             else:
                 where = f"{len(found)} of {len(per_trace)} traces"
             finding.message = (
-                f"{label}: {worst.message}" if len(found) == 1 else f"On {where}; worst, {label}: {worst.message}"
+                f"{label}: {worst.message}"
+                if len(found) == 1
+                else f"On {where}; worst, {label}: {worst.message}"
             )
         merged.append(finding)
     return sorted(merged, key=lambda f: engine.SEVERITIES.index(f.severity))
@@ -209,7 +211,9 @@ def analyze(
     several_ranks = len({a.rank for a in analyses if a.rank is not None}) > 1
     labels = [_unit(a, run.label, several_ranks) for a, run in zip(analyses, runs)]
     if len(set(labels)) < len(labels):  # several spans of one rank: name their files
-        labels = [f"{label} ({run.label})" if several_ranks else run.label for label, run in zip(labels, runs)]
+        labels = [
+            f"{label} ({run.label})" if several_ranks else run.label for label, run in zip(labels, runs)
+        ]
     per_trace = [
         (label, a, engine.diagnose(measurements(a, run), rules).findings)
         for label, a, run in zip(labels, analyses, runs)
@@ -221,7 +225,9 @@ def analyze(
         values = rank_values(table)
         values["inference_loop"] = all(a.loop == "inference" for a in analyses)
         straggler = [r for r in rules if r.id == "straggler"]
-        findings = [f for f in findings if f.rule != "straggler"] + engine.diagnose(values, straggler).findings
+        findings = [f for f in findings if f.rule != "straggler"] + engine.diagnose(
+            values, straggler
+        ).findings
         findings.sort(key=lambda f: engine.SEVERITIES.index(f.severity))
         notes.append(
             f"{len(table.rows)} ranks: step time {min(r.step_ms for r in table.rows):.1f}-"

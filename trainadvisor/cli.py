@@ -220,13 +220,19 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
 
     Each trace gets a per-step breakdown of wall time (GPU kernels, memcpy, memset,
     communication, CUDA runtime, data wait, other host work, idle), GPU busy share, Tensor Core
-    share, pageable and pinned host-to-device copies, host syncs, kernel launch statistics and
-    peak memory; several ranks are compared. The rules of `profile` run on the result. Traces
-    are read as a stream, in bounded memory.
+    share (from kernel names and, with record_shapes, the ops' input dtypes), pageable and
+    pinned host-to-device copies, host syncs, allocator calls, kernel launch statistics and
+    peak memory. Steps are the ProfilerStep#N markers; without them (a plain profile() block,
+    torch.autograd.profiler, no prof.step()) iterations are found from optimizer steps,
+    backward passes, DataLoader calls or a repeated annotation, the first set apart as warm-up.
+    Several ranks give one finding per rule and a rank table naming the straggler. Inference
+    traces get no training advice. Large traces are read in parts on all cores, as compact
+    columns.
 
     \b
-    Example:
+    Examples:
       trainadvisor analyze --out report/ ./log/resnet50/
+      trainadvisor analyze --json trace_rank*.json.gz > report.json
     """
     from trainadvisor.analyze import analyze as run_analysis
     from trainadvisor.analyze_report import analysis_summary

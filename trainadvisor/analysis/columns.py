@@ -27,6 +27,8 @@ _CATEGORIES = {
 
 def _category(cat: str) -> int:
     return _CATEGORIES.get(cat.lower(), DROP)
+
+
 HOST_KINDS = (HOST, ANNOTATION)
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
 
@@ -263,7 +265,10 @@ def join(pieces: list[Pieces]) -> Table:
                 chunks.append(chunk)
         columns[column] = np.concatenate(chunks) if chunks else np.empty(0, _EMPTY.get(column, np.int64))
         del chunks
-    table = Table(**columns, names=list(names), tids=list(tids), base_us=base)
+    table = Table(
+        columns["kind"], columns["ts"], columns["end"], columns["name"], columns["tid"], columns["corr"],
+        list(names), list(tids), columns["ext_rows"], columns["ext_ids"], base_us=base,
+    )  # fmt: skip
     for p, offset in zip(pieces, offsets):
         table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})
         table.op_precision.update(p.op_precision)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     from trainadvisor.analysis.facts import Facts
 
@@ -82,7 +81,8 @@ def cpu_tensor_copies(
         k = bisect.bisect_right(loading_starts, f_start) - 1
         if k >= 0 and f_start <= loading[k][1]:
             continue
-        host, tid_glue = c.host_starts.get(tid, []), glue.get(tid, [])
+        host: Any = c.host_starts.get(tid, [])
+        tid_glue = glue.get(tid, [])
         between = bisect.bisect_left(host, copy_start) - bisect.bisect_right(host, f_end)
         between -= bisect.bisect_left(tid_glue, copy_start) - bisect.bisect_right(tid_glue, f_end)
         if between == 0:

@@ -31,6 +31,28 @@ ALLOCATOR_CALL = re.compile(
 _REDUCED_NAME = re.compile(r"bf16|bfloat16|fp16|f16|half|h884|h1688|hgemm|fp8|e4m3|e5m2", re.I)
 
 
+# NVIDIA library kernels name the architecture they were built for; a kernel built for one
+# cannot run on an older GPU, so the newest named is a lower bound of the GPU's (sm80 kernels
+# do run on Hopper). (major compute capability, family)
+_ARCHITECTURES = (
+    (re.compile(r"(?:^|[^a-z])volta_|sm70_"), 7, "Volta"),
+    (re.compile(r"(?:^|[^a-z])turing_|sm75_"), 7, "Turing"),
+    (re.compile(r"(?:^|[^a-z])ampere_|sm8[069]_|cutlass_80_|nvjet_sm8"), 8, "Ampere"),
+    (re.compile(r"sm90_|sm90a|nvjet_sm90|nvjet_tst|cutlass3x_sm90"), 9, "Hopper"),
+    (re.compile(r"sm10[03]|sm100f|nvjet_sm10"), 10, "Blackwell"),
+)
+
+
+def architecture(kernel_names: list[str]) -> tuple[int, str] | None:
+    """The newest NVIDIA architecture the kernels were built for, from their names."""
+    found = None
+    for major, family in (
+        (m, f) for pattern, m, f in _ARCHITECTURES if any(pattern.search(n) for n in kernel_names)
+    ):
+        found = (major, family)
+    return found
+
+
 def is_communication(name: str) -> bool:
     lowered = name.lower()
     return "nccl" in lowered or "rccl" in lowered
@@ -88,7 +110,9 @@ def describe(a: TraceAnalysis, t: Table, work: DeviceWork) -> None:
     """Fill in the device measurements of an analysis."""
     kernels = np.flatnonzero(t.kind == KERNEL)
     graph_ids = [i for i, name in enumerate(t.names) if _GRAPH_LAUNCH.match(name)]
-    graph_rows = np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, graph_ids)) if graph_ids else kernels[:0]
+    graph_rows = (
+        np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, graph_ids)) if graph_ids else kernels[:0]
+    )
     in_graph = np.isin(t.corr[kernels], t.corr[graph_rows]) & (t.corr[kernels] >= 0)
     a.graph_launches, a.graph_kernels = len(graph_rows), int(in_graph.sum())
     durations = t.duration(kernels)
@@ -100,6 +124,11 @@ def describe(a: TraceAnalysis, t: Table, work: DeviceWork) -> None:
     if len(work.corrs) and wall_ms:
         a.gpu_busy_pct = 100.0 * _busy_ms(t, a) / wall_ms
     _precision(a, t, kernels)
+    if a.gpu_name is None and a.compute_capability is None and len(kernels):
+        names = [t.names[i] for i in np.unique(t.name[kernels]).tolist()]
+        found = architecture(names)
+        if found is not None:  # a 2021 trace without deviceProperties, say
+            a.compute_capability, a.gpu_name = found[0], f"{found[1]}-class GPU (named by its kernels)"
 
 
 def _launch_delay(t: Table, kernels: np.ndarray, work: DeviceWork) -> float | None:

@@ -36,7 +36,9 @@ class Facts:
     source_dirs: tuple[Path, ...]
     syncs: list[tuple[float, str, float, Any]] = field(default_factory=list)  # (ts, kind, dur, tid)
     named_ops: list[tuple[Any, float, float, str]] = field(default_factory=list)  # (tid, start, end, name)
-    h2d: list[tuple[float, float, str, int, Any]] = field(default_factory=list)  # (ts, dur, kind, bytes, corr)
+    h2d: list[tuple[float, float, str, int, Any]] = field(
+        default_factory=list
+    )  # (ts, dur, kind, bytes, corr)
     sync_copies: set[Any] = field(default_factory=set)  # correlations of synchronous copy calls
     runtime_start: dict[Any, float] = field(default_factory=dict)  # of the copies' launches
     host_starts: dict[Any, np.ndarray] = field(default_factory=dict)  # tid -> sorted op starts
@@ -94,9 +96,9 @@ def _python_frames(t: Table, f: Facts) -> None:
     calls of torch built-ins that sync or create tensors, to name the call."""
     labels: dict[int, tuple[str, str]] = {}
     for i, name in enumerate(t.names):
-        label = _frame_label(name)
-        if label is not None:
-            labels[i] = label
+        found = _frame_label(name)
+        if found is not None:
+            labels[i] = found
     if not labels:
         return
     rows = t.rows(PYTHON)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ from trainadvisor.analysis import callsites, copies, device
 from trainadvisor.analysis import intervals as iv
 from trainadvisor.analysis.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
 from trainadvisor.analysis.facts import Facts, gather
-from trainadvisor.analysis.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
 from trainadvisor.analysis.reading import read_table
+from trainadvisor.analysis.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
 from trainadvisor.errors import UsageError
 
 ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "data_wait", "other_host")
@@ -98,7 +99,9 @@ class TraceAnalysis:
     time_unit_note: str = ""
 
 
-def analyze_trace(path: Path, source_dirs: tuple[Path, ...] = (), workers: int | None = None) -> TraceAnalysis:
+def analyze_trace(
+    path: Path, source_dirs: tuple[Path, ...] = (), workers: int | None = None
+) -> TraceAnalysis:
     """Measure one trace file. The cyclic garbage collector is paused meanwhile: reading
     allocates millions of short-lived acyclic objects, and collecting over them repeatedly
     would cost about a third of the time."""
@@ -163,7 +166,9 @@ def _role_rows(t: Table) -> dict[str, np.ndarray]:
     return {role: index.astype(np.int32) if len(t.kind) < 2**31 else index for role, index in rows.items()}
 
 
-def _extended(steps: Steps, t: Table, work: device.DeviceWork) -> list[tuple[int, float, float, float, float]]:
+def _extended(
+    steps: Steps, t: Table, work: device.DeviceWork
+) -> list[tuple[int, float, float, float, float]]:
     """Host step spans extended to the device work launched inside them (the plugin's rule),
     the warm-up iteration dropped after extending, and trailing steps whose device work was
     not fully captured dropped. Each: (number, start, end, host start, host end)."""
@@ -289,11 +294,13 @@ def _summarize(
     major = gpu.get("computeMajor")
     loop, evidence = loop_kind(t)
     host_events = bool(len(t.rows(*HOST_KINDS)))
-    loaders = sorted({n[len("enumerate(DataLoader)#") : -len(".__next__")] for n in t.names if is_loader_call(n)})
+    loaders = sorted(
+        {n[len("enumerate(DataLoader)#") : -len(".__next__")] for n in t.names if is_loader_call(n)}
+    )
     return TraceAnalysis(
         path=str(path),
         events=int(meta.get("_events", 0)),
-        rank=dist.get("rank"),
+        rank=dist.get("rank") if isinstance(dist.get("rank"), int) else _rank_in_name(path),
         world_size=dist.get("world_size"),
         gpu_name=gpu.get("name"),
         gpu_memory_bytes=gpu.get("totalGlobalMem"),
@@ -328,6 +335,13 @@ def _summarize(
         host_events=host_events,
         allocator_calls=sum(s.allocator_calls for s in steps),
     )
+
+
+def _rank_in_name(path: Path) -> int | None:
+    """A rank named by the file (`rank5.json`, `trace_rank-3.pt.trace.json.gz`) when the trace has
+    no distributedInfo (older Kineto versions wrote none)."""
+    found = re.search(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", path.name, re.I)
+    return int(found.group(1)) if found else None
 
 
 def _overlap_pct(communication: iv.Union, compute: iv.Union) -> float | None:

@@ -79,7 +79,14 @@ def _straggler(rows: list[RankRow]) -> RankTable:
         straggler = min(rows, key=lambda r: r.communication_ms)
         others = statistics.median(r.communication_ms for r in rows if r is not straggler)
         lost = others - straggler.communication_ms
-        return RankTable(rows, straggler.rank, "communication", 100.0 * lost / mean_step, straggler.communication_ms, others)
+        return RankTable(
+            rows,
+            straggler.rank,
+            "communication",
+            100.0 * lost / mean_step,
+            straggler.communication_ms,
+            others,
+        )
     straggler = max(rows, key=lambda r: r.step_ms)
     others = statistics.median(r.step_ms for r in rows if r is not straggler)
     lost = straggler.step_ms - others

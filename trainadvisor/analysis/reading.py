@@ -14,8 +14,6 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from trainadvisor.analysis.columns import Pieces, Table, TableReader, join
 from trainadvisor.analysis.stream import read_range, read_trace, split_points
 

@@ -151,7 +151,9 @@ def _backward_passes(t: Table, backward: np.ndarray, others: np.ndarray) -> tupl
     opened = [0]
     for r in np.flatnonzero(t.name[backward] == root)[1:].tolist():
         idle_from = reach[r - 1]
-        if idle_from < starts[r] and np.searchsorted(others, starts[r]) > np.searchsorted(others, idle_from, "right"):
+        if idle_from < starts[r] and np.searchsorted(others, starts[r]) > np.searchsorted(
+            others, idle_from, "right"
+        ):
             opened.append(r)
     bounds = [*opened[1:], len(backward)]
     pass_ends = np.array([reach[b - 1] for b in bounds])

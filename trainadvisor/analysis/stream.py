@@ -42,7 +42,6 @@ class Args(msgspec.Struct, gc=False):
     input_type: Any = msgspec.field(name="Input type", default=None)  # with record_shapes
 
 
-
 class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
@@ -243,7 +242,9 @@ def _bounded(stream: IO[bytes], length: int) -> Iterator[bytes]:
         yield block
 
 
-def _events_within(blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path) -> dict[str, Any]:
+def _events_within(
+    blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path
+) -> dict[str, Any]:
     events, buffer = 0, b""
     for block in blocks:
         buffer += block
