@@ -251,8 +251,8 @@ def test_precision_of_real_traces_with_recorded_shapes(
 ) -> None:
     """The same Qwen1.5-0.5B inference on an H100 and an MI300X (record_shapes on): 193 matrix
     kernels linked to their ops' bf16 inputs. On the MI300X, 7.9% of the matrix time stays
-    unknown: the Triton attention kernel `attn_fwd`, whose name gives no type and whose op
-    (scaled_dot_product_attention) is not linked to it."""
+    unknown: the Triton attention kernel `attn_fwd`, whose name gives no type and which carries no
+    external id to link it to an op."""
     a = analyze_trace(
         shared_trace(f"more/tracelens/{gpu}/Qwen_Qwen1.5-0.5B-Chat__1016005.hf_token_redacted.json.gz")
     )
