@@ -76,3 +76,38 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith("trainadvisor: error:") and message in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_an_archive_of_rank_traces(tmp_path: Path) -> None:
+    """A set of ranks shipped as one .tar.gz: its traces are analysed as if unpacked; a member's
+    path never decides where it is written."""
+    import tarfile
+
+    archive = tmp_path / "ranks.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for rank in (0, 1):
+            source = shared_trace(f"hta/trace_filter/sampled_rank-{rank}.json.gz")
+            tar.add(source, arcname=f"job/sampled_rank-{rank}.json.gz")
+        tar.add(shared_trace("hta/trace_filter/sampled_rank-0.json.gz"), arcname="../outside.json.gz")
+    result = run_cli("analyze", "--json", "--out", tmp_path / "r", archive, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [t["path"] for t in report["traces"]] == [
+        "ranks.tar.gz:../outside.json.gz",
+        "ranks.tar.gz:job/sampled_rank-0.json.gz",
+        "ranks.tar.gz:job/sampled_rank-1.json.gz",
+    ]
+    assert not (tmp_path.parent / "outside.json.gz").exists()
+    assert [row["rank"] for row in report["ranks"]["rows"]] == [0, 1]
+    assert [row["traces"] for row in report["ranks"]["rows"]] == [2, 1]
+
+
+def test_an_archive_without_traces_is_a_usage_error(tmp_path: Path) -> None:
+    import tarfile
+
+    archive = tmp_path / "empty.tar"
+    (tmp_path / "notes.txt").write_text("no traces here")
+    with tarfile.open(archive, "w") as tar:
+        tar.add(tmp_path / "notes.txt", arcname="notes.txt")
+    result = run_cli("analyze", "--out", tmp_path / "r", archive, cwd=tmp_path)
+    assert result.returncode == 2 and "no trace files (*.json, *.json.gz) in this archive" in result.stderr

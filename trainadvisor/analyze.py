@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
+from trainadvisor.analysis import archives
 from trainadvisor.analysis.kineto import TraceAnalysis, analyze_trace
 from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.analysis.rank_table import rank_table, rank_values
@@ -25,19 +27,22 @@ from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Re
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def find_traces(paths: list[Path]) -> list[Path]:
-    """The trace files named, and those inside the folders named (recursively)."""
-    found: list[Path] = []
-    for path in paths:
+def find_traces(paths: list[Path], unpack_into: Path | None = None) -> list[tuple[Path, str]]:
+    """(file, name to show) of the trace files named, those inside the folders named
+    (recursively), and those inside the archives named (unpacked into `unpack_into`)."""
+    found: list[tuple[Path, str]] = []
+    for i, path in enumerate(paths):
         if not path.exists():
             raise UsageError(f"{path}: no such file or folder")
         if path.is_dir():
             inside = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
             if not inside:
                 raise UsageError(f"{path}: no trace files (*.json, *.json.gz) in this folder")
-            found += inside
+            found += [(p, str(p)) for p in inside]
+        elif archives.is_archive(path) and unpack_into is not None:
+            found += archives.unpack(path, unpack_into / str(i))
         else:
-            found.append(path)
+            found.append((path, str(path)))
     return found
 
 
@@ -206,7 +211,11 @@ def analyze(
     paths: list[Path], rule_dirs: list[Path], command: list[str]
 ) -> tuple[Report, list[TraceAnalysis]]:
     rules = engine.rules_for(rule_dirs)
-    analyses = _analyze_all(find_traces(paths))
+    with tempfile.TemporaryDirectory(prefix="trainadvisor-traces-") as unpacked:
+        traces = find_traces(paths, Path(unpacked))
+        analyses = _analyze_all([path for path, _ in traces])
+    for analysis, (_, shown) in zip(analyses, traces):
+        analysis.path = shown
     runs = [to_run(a) for a in analyses]
     several_ranks = len({a.rank for a in analyses if a.rank is not None}) > 1
     labels = [_unit(a, run.label, several_ranks) for a, run in zip(analyses, runs)]

@@ -216,7 +216,8 @@ def _profile(options: Any) -> int:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tuple[Path, ...]) -> None:
     """Analyse existing torch.profiler (Kineto) traces: PATHS are trace files (.json or
-    .json.gz) or folders of them (one file per rank, or tensorboard_trace_handler output).
+    .json.gz), folders of them (one file per rank, or tensorboard_trace_handler output) or
+    archives of them (.tar, .tar.gz, .tgz).
 
     Each trace gets a per-step breakdown of wall time (GPU kernels, memcpy, memset,
     communication, CUDA runtime, data wait, other host work, idle), GPU busy share, Tensor Core
