@@ -285,12 +285,8 @@ def _summarize(
     gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
     dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
     kinds = [kind for _, _, kind, _, _ in f.h2d]
-    syncs: dict[str, int] = {}
-    for _, kind, _, _ in f.syncs:
-        syncs[kind] = syncs.get(kind, 0) + 1
-    created: dict[str, int] = {}
-    for _, name, _, _ in creations:
-        created[name] = created.get(name, 0) + 1
+    syncs = _counted(kind for _, kind, _, _ in f.syncs)
+    created = _counted(name for _, name, _, _ in creations)
     major = gpu.get("computeMajor")
     loop, evidence = loop_kind(t)
     host_events = bool(len(t.rows(*HOST_KINDS)))
@@ -335,6 +331,13 @@ def _summarize(
         host_events=host_events,
         allocator_calls=sum(s.allocator_calls for s in steps),
     )
+
+
+def _counted(keys: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _rank_in_name(path: Path) -> int | None:
