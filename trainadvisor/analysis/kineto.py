@@ -281,25 +281,13 @@ def _summarize(
 ) -> TraceAnalysis:
     wall_ms = sum(s.dur_us for s in steps) / 1e3
     totals = {key: sum(s.ms[key] for s in steps) for key in BREAKDOWN}
-    props = meta.get("deviceProperties") or []
-    gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
-    dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
     kinds = [kind for _, _, kind, _, _ in f.h2d]
-    syncs = _counted(kind for _, kind, _, _ in f.syncs)
-    created = _counted(name for _, name, _, _ in creations)
-    major = gpu.get("computeMajor")
     loop, evidence = loop_kind(t)
-    host_events = bool(len(t.rows(*HOST_KINDS)))
     loaders = sorted(
         {n[len("enumerate(DataLoader)#") : -len(".__next__")] for n in t.names if is_loader_call(n)}
     )
     return TraceAnalysis(
-        path=str(path),
-        events=int(meta.get("_events", 0)),
-        rank=dist.get("rank") if isinstance(dist.get("rank"), int) else _rank_in_name(path),
-        world_size=dist.get("world_size"),
-        gpu_name=gpu.get("name"),
-        gpu_memory_bytes=gpu.get("totalGlobalMem"),
+        **_identity(path, meta),
         steps_marked=found.marked,
         steps=steps,
         breakdown_pct={k: 100.0 * v / wall_ms for k, v in totals.items()} if wall_ms else {},
@@ -314,13 +302,12 @@ def _summarize(
         h2d_pinned=kinds.count("pinned"),
         h2d_unknown=kinds.count("unknown"),
         h2d_pageable_bytes=sum(b for _, _, kind, b, _ in f.h2d if kind == "pageable"),
-        syncs=syncs,
+        syncs=_counted(kind for _, kind, _, _ in f.syncs),
         peak_allocated_bytes=int(t.peak_allocated) if t.peak_allocated is not None else None,
         peak_reserved_bytes=int(t.peak_reserved) if t.peak_reserved is not None else None,
         loader_iterators=loaders,
-        compute_capability=major if isinstance(major, int) else None,
         sync_sites=_sync_sites(f),
-        cpu_tensor_ops=created,
+        cpu_tensor_ops=_counted(name for _, name, _, _ in creations),
         communication_overlap_pct=_overlap_pct(merged["communication"], merged["kernel"]),
         cpu_tensor_sites=callsites.sites(f, [(tid, f_start) for _, _, tid, f_start in creations]),
         steps_found=found.marked or found.warmup is not None,
@@ -328,9 +315,26 @@ def _summarize(
         warmup_ms=(found.warmup[1] - found.warmup[0]) / 1e3 if found.warmup else None,
         loop=loop,
         loop_evidence=evidence,
-        host_events=host_events,
+        host_events=bool(len(t.rows(*HOST_KINDS))),
         allocator_calls=sum(s.allocator_calls for s in steps),
     )
+
+
+def _identity(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Which trace, rank and GPU, from the trace's top-level keys."""
+    props = meta.get("deviceProperties") or []
+    gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
+    dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
+    major = gpu.get("computeMajor")
+    return {
+        "path": str(path),
+        "events": int(meta.get("_events", 0)),
+        "rank": dist.get("rank") if isinstance(dist.get("rank"), int) else _rank_in_name(path),
+        "world_size": dist.get("world_size"),
+        "gpu_name": gpu.get("name"),
+        "gpu_memory_bytes": gpu.get("totalGlobalMem"),
+        "compute_capability": major if isinstance(major, int) else None,
+    }
 
 
 def _counted(keys: Any) -> dict[str, int]:
