@@ -196,9 +196,13 @@ def _notes(analyses: list[TraceAnalysis], labels: list[str]) -> list[str]:
         notes.append(f"Steps of {names}: {method}.")
     inference = [label for a, label in zip(analyses, labels) if a.loop == "inference"]
     if inference:
-        names = inference[0] if len(inference) == 1 else f"{len(inference)} traces"
+        names = (
+            f"{inference[0]} is not a training loop"
+            if len(inference) == 1
+            else (f"{len(inference)} traces are not training loops")
+        )
         notes.append(
-            f"{names} is not a training loop (no backward pass and no optimizer step): training "
+            f"{names} (no backward pass and no optimizer step): training "
             "advice (input-pipeline workers, mixed precision for training, ranks) is not given."
         )
     for analysis, label in zip(analyses, labels):
@@ -219,10 +223,10 @@ def analyze(
     runs = [to_run(a) for a in analyses]
     several_ranks = len({a.rank for a in analyses if a.rank is not None}) > 1
     labels = [_unit(a, run.label, several_ranks) for a, run in zip(analyses, runs)]
-    if len(set(labels)) < len(labels):  # several spans of one rank: name their files
-        labels = [
-            f"{label} ({run.label})" if several_ranks else run.label for label, run in zip(labels, runs)
-        ]
+    for label in {x for x in labels if labels.count(x) > 1}:  # a rank's spans, or same-named files
+        for i in [i for i, x in enumerate(labels) if x == label]:
+            shown = analyses[i].path if label == runs[i].label else runs[i].label
+            labels[i] = shown if label == runs[i].label else f"{label} ({shown})"
     per_trace = [
         (label, a, engine.diagnose(measurements(a, run), rules).findings)
         for label, a, run in zip(labels, analyses, runs)

@@ -52,7 +52,8 @@ def rank_table(analyses: list[TraceAnalysis]) -> RankTable | None:
     for a in analyses:
         if a.rank is not None and a.steps:
             by_rank.setdefault(int(a.rank), []).append(a)
-    if len(by_rank) < 2:
+    world_sizes = {a.world_size for group in by_rank.values() for a in group if a.world_size is not None}
+    if len(by_rank) < 2 or len(world_sizes) > 1:  # traces of different jobs are not one job's ranks
         return None
     rows = []
     for rank in sorted(by_rank):
