@@ -5,11 +5,7 @@ reading the files."""
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
-import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +15,7 @@ from trainadvisor.analysis import archives
 from trainadvisor.analysis.kineto import TraceAnalysis, analyze_trace
 from trainadvisor.analysis.measures import trace_measurements
 from trainadvisor.analysis.rank_table import rank_table, rank_values
-from trainadvisor.analysis.reading import cores
+from trainadvisor.analysis.reading import cores, on_workers
 from trainadvisor.analysis.summary import stats, window_throughputs
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
@@ -122,12 +118,8 @@ def _analyze_all(paths: list[Path]) -> list[TraceAnalysis]:
     workers = min(cores(), len(paths), 8)
     if workers < 2:
         return [analyze_trace(path) for path in paths]
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    try:
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            return list(pool.map(_analyze_one, paths))
-    except BrokenProcessPool:  # a worker was killed (memory): one file at a time, here
-        return [analyze_trace(path) for path in paths]
+    analysed = on_workers(workers, _analyze_one, paths)
+    return analysed if analysed is not None else [analyze_trace(path) for path in paths]
 
 
 def _analyze_one(path: Path) -> TraceAnalysis:

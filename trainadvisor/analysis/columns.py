@@ -85,17 +85,24 @@ class Table:
 
     def external(self, rows: np.ndarray) -> np.ndarray:
         """The external id of each row, -1 where it has none."""
-        if not len(self.ext_rows):
-            return np.full(len(rows), -1, np.int64)
-        pos = np.clip(np.searchsorted(self.ext_rows, rows), 0, len(self.ext_rows) - 1)
-        return np.where(self.ext_rows[pos] == rows, self.ext_ids[pos], -1)
+        pos, found = positions(self.ext_rows, rows)
+        return np.where(found, self.ext_ids[pos], -1) if len(self.ext_rows) else np.full(len(rows), -1)
 
-    def flags(self, predicate: Any) -> np.ndarray:
-        """A per-row mask from a predicate over names (evaluated once per distinct name)."""
-        return np.fromiter((bool(predicate(n)) for n in self.names), bool, len(self.names))[self.name]
+    def matching(self, rows: np.ndarray, predicate: Any) -> np.ndarray:
+        """Which of `rows` have a name the predicate accepts (asked once per distinct name)."""
+        ids = [i for i, name in enumerate(self.names) if predicate(name)]
+        return np.isin(self.name[rows], ids) if ids else np.zeros(len(rows), bool)
 
     def rows(self, *kinds: int) -> np.ndarray:
         return np.flatnonzero(np.isin(self.kind, kinds))
+
+
+def positions(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each key stands in `sorted_keys`, and whether it is there."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+    pos = np.clip(np.searchsorted(sorted_keys, keys), 0, len(sorted_keys) - 1)
+    return pos, sorted_keys[pos] == keys
 
 
 _COLUMNS = ("kind", "ts", "end", "name", "tid", "corr", "ext_rows", "ext_ids")

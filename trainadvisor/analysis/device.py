@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainadvisor.analysis.columns import DEVICE_KINDS, FLOAT32, KERNEL, REDUCED, RUNTIME, Table
+from trainadvisor.analysis.columns import DEVICE_KINDS, FLOAT32, KERNEL, REDUCED, RUNTIME, Table, positions
+from trainadvisor.analysis.intervals import Union
 from trainadvisor.analysis.kernels import classify
 
 if TYPE_CHECKING:
@@ -75,12 +76,6 @@ class DeviceWork:
         self.table = t
         self.runtime = np.flatnonzero((t.kind == RUNTIME) & (t.corr >= 0)).astype(np.int32)
 
-    def index(self, corrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions of `corrs` in the table, and which were found."""
-        pos = np.clip(np.searchsorted(self.corrs, corrs), 0, max(len(self.corrs) - 1, 0))
-        found = self.corrs[pos] == corrs if len(self.corrs) else np.zeros(len(corrs), bool)
-        return pos, found
-
     def launched_within(self, spans: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Per host span: the last end of the device work launched by runtime calls inside it,
         and how many device events those calls launched."""
@@ -90,7 +85,7 @@ class DeviceWork:
         t, runtime = self.table, self.runtime
         runtime_start = t.ts[runtime]
         step = np.searchsorted(starts, runtime_start, side="right") - 1
-        pos, found = self.index(t.corr[runtime])
+        pos, found = positions(self.corrs, t.corr[runtime])
         inside = found & (step >= 0)
         safe = np.maximum(step, 0)
         inside &= (runtime_start < ends[safe]) & (t.end[runtime] <= ends[safe])
@@ -101,18 +96,17 @@ class DeviceWork:
 
 def allocator_calls(t: Table) -> list[tuple[float, float]]:
     """(start, duration) of every device malloc/free runtime call."""
-    ids = [i for i, name in enumerate(t.names) if ALLOCATOR_CALL.match(name)]
-    rows = np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, ids)) if ids else np.empty(0, np.int64)
+    runtime = t.rows(RUNTIME)
+    rows = runtime[t.matching(runtime, ALLOCATOR_CALL.match)]
     return list(zip(t.ts[rows].tolist(), t.duration(rows).tolist()))
 
 
-def describe(a: TraceAnalysis, t: Table, work: DeviceWork) -> None:
-    """Fill in the device measurements of an analysis."""
+def describe(a: TraceAnalysis, t: Table, work: DeviceWork, compute: np.ndarray, busy: Union) -> None:
+    """Fill in the device measurements of an analysis. `compute`: the kernels other than
+    collectives; `busy`: the union of all device work (kernels, copies, memsets, collectives)."""
     kernels = np.flatnonzero(t.kind == KERNEL)
-    graph_ids = [i for i, name in enumerate(t.names) if _GRAPH_LAUNCH.match(name)]
-    graph_rows = (
-        np.flatnonzero((t.kind == RUNTIME) & np.isin(t.name, graph_ids)) if graph_ids else kernels[:0]
-    )
+    runtime = t.rows(RUNTIME)
+    graph_rows = runtime[t.matching(runtime, _GRAPH_LAUNCH.match)]
     in_graph = np.isin(t.corr[kernels], t.corr[graph_rows]) & (t.corr[kernels] >= 0)
     a.graph_launches, a.graph_kernels = len(graph_rows), int(in_graph.sum())
     durations = t.duration(kernels)
@@ -120,10 +114,12 @@ def describe(a: TraceAnalysis, t: Table, work: DeviceWork) -> None:
     a.short_kernels = int((durations[~in_graph] < SHORT_KERNEL_US).sum())
     a.kernel_us_median = float(np.median(durations)) if len(kernels) else None
     a.launch_delay_us_median = _launch_delay(t, kernels, work)
-    wall_ms = sum(s.dur_us for s in a.steps) / 1e3
-    if len(work.corrs) and wall_ms:
-        a.gpu_busy_pct = 100.0 * _busy_ms(t, a) / wall_ms
-    _precision(a, t, kernels)
+    starts = np.array([s.start_us for s in a.steps])
+    ends = starts + np.array([s.dur_us for s in a.steps])
+    wall_us = float((ends - starts).sum())
+    if len(work.corrs) and wall_us:  # time inside the steps when the device ran anything
+        a.gpu_busy_pct = 100.0 * float(busy.within(starts, ends).sum()) / wall_us
+    _precision(a, t, compute)
     if a.gpu_name is None and a.compute_capability is None and len(kernels):
         names = [t.names[i] for i in np.unique(t.name[kernels]).tolist()]
         found = architecture(names)
@@ -142,23 +138,10 @@ def _launch_delay(t: Table, kernels: np.ndarray, work: DeviceWork) -> float | No
     first = np.minimum.reduceat(t.ts[kernels][launched][order], heads)
     runtime_corr, runtime_start = t.corr[work.runtime], t.ts[work.runtime]
     by_corr = np.argsort(runtime_corr, kind="stable")
-    sorted_corr = runtime_corr[by_corr]
-    pos = np.clip(np.searchsorted(sorted_corr, corrs), 0, max(len(sorted_corr) - 1, 0))
-    found = sorted_corr[pos] == corrs if len(sorted_corr) else np.zeros(len(corrs), bool)
+    pos, found = positions(runtime_corr[by_corr], corrs)
     if not found.any():
         return None
     return float(np.median(first[found] - runtime_start[by_corr][pos[found]]))
-
-
-def _busy_ms(t: Table, a: TraceAnalysis) -> float:
-    """Time inside the steps when the device ran anything (kernels, copies, collectives)."""
-    from trainadvisor.analysis.intervals import Union
-
-    rows = np.flatnonzero(np.isin(t.kind, DEVICE_KINDS))
-    busy = Union(t.ts[rows], t.end[rows])
-    starts = np.array([s.start_us for s in a.steps])
-    ends = starts + np.array([s.dur_us for s in a.steps])
-    return float(busy.within(starts, ends).sum()) / 1e3
 
 
 def combined(name_precision: str, input_precision: int, name: str) -> str:
@@ -173,17 +156,16 @@ def combined(name_precision: str, input_precision: int, name: str) -> str:
     return name_precision
 
 
-def _precision(a: TraceAnalysis, t: Table, kernels: np.ndarray) -> None:
+def _precision(a: TraceAnalysis, t: Table, compute: np.ndarray) -> None:
     """Shares of compute-kernel time in matrix work, on Tensor Cores, on the FP32 units, and
     of unknown precision."""
-    compute = kernels[~np.isin(t.name[kernels], [i for i, n in enumerate(t.names) if is_communication(n)])]
     inputs = np.zeros(len(compute), np.int64)
     if t.op_precision:
         ext_sorted = np.array(sorted(t.op_precision), np.int64)
         values = np.array([t.op_precision[e] for e in ext_sorted.tolist()], np.int64)
         ext = t.external(compute)
-        pos = np.clip(np.searchsorted(ext_sorted, ext), 0, len(ext_sorted) - 1)
-        hit = (ext_sorted[pos] == ext) & (ext >= 0)
+        pos, found = positions(ext_sorted, ext)
+        hit = found & (ext >= 0)
         inputs[hit] = values[pos[hit]]
     keys = t.name[compute].astype(np.int64) * 3 + inputs
     durations = t.duration(compute)

@@ -53,16 +53,18 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
     `loader`: the DataLoader calls."""
     f = Facts(source_dirs, kernels_seen=bool(np.any(t.kind == KERNEL)))
     ts, end = t.ts, t.end
-    for r in _named(t, t.rows(*HOST_KINDS, RUNTIME), SYNCS.__contains__).tolist():
+    calls = t.rows(*HOST_KINDS, RUNTIME)
+    for r in calls[t.matching(calls, SYNCS.__contains__)].tolist():
         name = t.names[t.name[r]]
         f.syncs.append((float(ts[r]), SYNCS[name], float(end[r] - ts[r]), int(t.tid[r])))
         if t.kind[r] == RUNTIME and name in SYNC_COPIES and t.corr[r] >= 0:
             f.sync_copies.add(int(t.corr[r]))
     f.syncs.sort(key=lambda s: s[0])
-    for r in _named(t, host_ops, _NAMED_OPS.__contains__).tolist():
+    for r in host_ops[t.matching(host_ops, _NAMED_OPS.__contains__)].tolist():
         f.named_ops.append((int(t.tid[r]), float(ts[r]), float(end[r]), t.names[t.name[r]]))
     f.named_ops.sort(key=lambda op: op[1])
-    for r in _named(t, t.rows(MEMCPY), lambda n: "HtoD" in n or "HostToDevice" in n).tolist():
+    memcpy = t.rows(MEMCPY)
+    for r in memcpy[t.matching(memcpy, lambda n: "HtoD" in n or "HostToDevice" in n)].tolist():
         name = t.names[t.name[r]]
         kind = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else "unknown"
         f.h2d.append((float(ts[r]), float(end[r] - ts[r]), kind, t.copy_bytes.get(r, 0), int(t.corr[r])))
@@ -72,11 +74,6 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
     f.data_wait = iv.Union(ts[loader], end[loader]).pairs()
     _python_frames(t, f)
     return f
-
-
-def _named(t: Table, rows: np.ndarray, predicate: Any) -> np.ndarray:
-    ids = [i for i, name in enumerate(t.names) if predicate(name)]
-    return rows[np.isin(t.name[rows], ids)] if ids else rows[:0]
 
 
 def _copy_context(t: Table, f: Facts, host_ops: np.ndarray) -> None:

@@ -131,7 +131,7 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...], workers: int | None) -> 
     host_spans = [(host_start, host_end) for *_, host_start, host_end in spans]
     _per_step_counts(step_list, host_spans, facts, creations, device.allocator_calls(t))
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
-    device.describe(analysis, t, work)
+    device.describe(analysis, t, work, roles["kernel"], merged["device"])
     return analysis
 
 
@@ -141,19 +141,15 @@ def _device_window(t: Table, path: Path) -> Steps:
     if not len(rows):
         raise UsageError(f"{path}: the trace has no host or device events to analyse (an empty trace?)")
     window = [(0, float(t.ts[rows].min()), float(t.end[rows].max()))]
-    method = "no host events (a GPU-only trace): the device's work is one window"
-    return Steps(window, False, method, None, window)
+    return Steps(window, False, "no host events (a GPU-only trace): the device's work is one window")
 
 
 def _role_rows(t: Table) -> dict[str, np.ndarray]:
     """The rows that make up each role of the breakdown."""
     host = t.rows(*HOST_KINDS)
-    host_names = t.name[host]
-    markers = [i for i, n in enumerate(t.names) if STEP_MARKER.match(n)]
-    loader = [i for i, n in enumerate(t.names) if is_loader_call(n)]
-    is_marker, is_loader = np.isin(host_names, markers), np.isin(host_names, loader)
+    is_marker, is_loader = t.matching(host, STEP_MARKER.match), t.matching(host, is_loader_call)
     kernels = t.rows(KERNEL)
-    comm = np.isin(t.name[kernels], [i for i, n in enumerate(t.names) if device.is_communication(n)])
+    comm = t.matching(kernels, device.is_communication)
     rows = {
         "kernel": kernels[~comm],
         "memcpy": t.rows(MEMCPY),
@@ -197,7 +193,8 @@ def _breakdown(
     t: Table, roles: dict[str, np.ndarray], spans: list[tuple[int, float, float, float, float]]
 ) -> tuple[list[StepBreakdown], dict[str, iv.Union]]:
     """Each step's time by the first role covering each instant: the length of the union of
-    roles up to r inside the step, less that of the roles before r. Also each role's union."""
+    roles up to r inside the step, less that of the roles before r. Also the unions the
+    device measurements read: compute kernels, collectives, and all device work."""
     starts = np.array([span[1] for span in spans])
     ends = np.array([span[2] for span in spans])
     kept: dict[str, iv.Union] = {}
@@ -210,6 +207,8 @@ def _breakdown(
         if role in ("communication", "kernel"):
             kept[role] = union
         covered = covered.plus(union.starts, union.ends)
+        if role == "communication":  # the device's roles come first: this is all its work
+            kept["device"] = covered
         del union
         now = covered.within(starts, ends)
         per_role[role] = now - before

@@ -9,14 +9,16 @@ import ctypes
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainadvisor.analysis.columns import Pieces, Table, TableReader, join
 from trainadvisor.analysis.stream import read_range, read_trace, split_points
 
+T = TypeVar("T")
 PARALLEL_MIN_BYTES = 96 << 20  # below this, starting workers costs more than they save
 
 
@@ -27,6 +29,18 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def on_workers(workers: int, function: Callable[..., T], *arguments: list[Any]) -> list[T] | None:
+    """`function` over the arguments on `workers` processes (forked on Linux, so they start at
+    once); None when a worker was killed (out of memory, say): the caller then does the work
+    in this process."""
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            return list(pool.map(function, *arguments))
+    except BrokenProcessPool:
+        return None
+
+
 def read_table(path: Path, workers: int | None = None) -> tuple[Table, dict[str, Any]]:
     """The trace's columns and its top-level keys (with `_events`, the events read)."""
     workers = workers or min(cores(), 8)
@@ -34,11 +48,9 @@ def read_table(path: Path, workers: int | None = None) -> tuple[Table, dict[str,
     if workers > 1 and path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES:
         split = split_points(path, workers)
     if split is not None:
-        cuts, meta = split
-        try:
-            return _read_in_parts(path, cuts, meta)
-        except BrokenProcessPool:  # a worker was killed (memory): read it here instead
-            pass
+        read = _read_in_parts(path, *split)
+        if read is not None:
+            return read
     reader = TableReader()
     meta = read_trace(path, reader)
     table = reader.table()
@@ -46,11 +58,11 @@ def read_table(path: Path, workers: int | None = None) -> tuple[Table, dict[str,
     return table, meta
 
 
-def _read_in_parts(path: Path, cuts: list[int], meta: dict[str, Any]) -> tuple[Table, dict[str, Any]]:
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+def _read_in_parts(path: Path, cuts: list[int], meta: dict[str, Any]) -> tuple[Table, dict[str, Any]] | None:
     parts = len(cuts) - 1
-    with ProcessPoolExecutor(parts, mp_context=context) as pool:
-        results = list(pool.map(_read_part, [path] * parts, cuts[:-1], cuts[1:]))
+    results = on_workers(parts, _read_part, [path] * parts, cuts[:-1], cuts[1:])
+    if results is None:
+        return None
     events = 0
     for _, part_meta in results:
         events += part_meta.pop("_events", 0)

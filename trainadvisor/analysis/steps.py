@@ -18,11 +18,12 @@ warm-up (cuDNN autotuning, allocator growth, lazy init) and is set apart when ot
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from trainadvisor.analysis.columns import ANNOTATION, HOST, HOST_KINDS, Table
+from trainadvisor.analysis.columns import ANNOTATION, HOST, HOST_KINDS, KERNEL, Table
 
 STEP_MARKER = re.compile(r"^ProfilerStep#(\d+)$")
 OPTIMIZER_PREFIX = "Optimizer.step#"
@@ -38,11 +39,15 @@ def is_loader_call(name: str) -> bool:
 
 @dataclass
 class Steps:
-    spans: list[tuple[int, float, float]]  # (number, host start, host end) of each step, in order
+    all_spans: list[tuple[int, float, float]]  # (number, host start, host end), the warm-up's first
     marked: bool  # ProfilerStep#N markers are the steps
     method: str  # how the steps were found, for the report
     warmup: tuple[float, float] | None = None  # the first iteration, set apart
-    all_spans: list[tuple[int, float, float]] = field(default_factory=list)  # with the warm-up
+
+    @property
+    def spans(self) -> list[tuple[int, float, float]]:
+        """The steps: every iteration but the warm-up."""
+        return self.all_spans[1:] if self.warmup is not None else self.all_spans
 
 
 def find_steps(t: Table) -> Steps:
@@ -53,9 +58,9 @@ def find_steps(t: Table) -> Steps:
     first_ts, last_end = float(t.ts[host].min()), float(t.end[host].max())
     markers = _markers(t, host, names)
     if len(markers) >= 2:
-        return Steps(markers, True, f"{len(markers)} ProfilerStep#N markers", None, markers)
+        return Steps(markers, True, f"{len(markers)} ProfilerStep#N markers")
     inside = (markers[0][1], markers[0][2]) if markers else (first_ts, last_end)
-    inferred = _iterations(t, host, names, inside)
+    inferred = _iterations(t, host, inside)
     if inferred is not None:
         spans, how = inferred
         if markers:
@@ -63,11 +68,10 @@ def find_steps(t: Table) -> Steps:
         if len(spans) >= 2:
             numbered = [(i + 1, s, e) for i, (s, e) in enumerate(spans)]
             method = f"{how}: {len(spans)} iterations, the first (warm-up) set apart"
-            return Steps(numbered[1:], False, method, spans[0], numbered)
+            return Steps(numbered, False, method, spans[0])
     if markers:
-        return Steps(markers, True, f"1 ProfilerStep#{markers[0][0]} marker", None, markers)
-    window = [(0, first_ts, last_end)]
-    return Steps(window, False, "nothing marks an iteration: the trace is one window", None, window)
+        return Steps(markers, True, f"1 ProfilerStep#{markers[0][0]} marker")
+    return Steps([(0, first_ts, last_end)], False, "nothing marks an iteration: the trace is one window")
 
 
 def _markers(t: Table, host: np.ndarray, names: np.ndarray) -> list[tuple[int, float, float]]:
@@ -80,16 +84,14 @@ def _markers(t: Table, host: np.ndarray, names: np.ndarray) -> list[tuple[int, f
 
 
 def _iterations(
-    t: Table, host: np.ndarray, names: np.ndarray, inside: tuple[float, float]
+    t: Table, host: np.ndarray, inside: tuple[float, float]
 ) -> tuple[list[tuple[float, float]], str] | None:
     """Iteration spans inside [start, end] from the strongest anchor the trace has."""
     start, end = inside
     window = host[(t.ts[host] >= start) & (t.end[host] <= end)]
-    names = t.name[window]
 
-    def rows_named(predicate) -> np.ndarray:  # type: ignore[no-untyped-def]
-        ids = [i for i, n in enumerate(t.names) if predicate(n)]
-        rows = window[np.isin(names, ids)] if ids else window[:0]
+    def rows_named(predicate: Any) -> np.ndarray:
+        rows = window[t.matching(window, predicate)]
         return rows[np.argsort(t.ts[rows], kind="stable")]
 
     loader_starts = np.unique(t.ts[rows_named(is_loader_call)])
@@ -119,9 +121,7 @@ def _closed_by(ends: np.ndarray, loader_starts: np.ndarray, start: float) -> lis
     for i, boundary in enumerate(ends.tolist()):
         later = ends[i + 1] if i + 1 < len(ends) else np.inf
         j = np.searchsorted(loader_starts, boundary)
-        if j < len(loader_starts) and loader_starts[j] < later:
-            boundary = float(loader_starts[j])
-        elif j < len(loader_starts) and i + 1 == len(ends):
+        if j < len(loader_starts) and loader_starts[j] < later:  # a call before the next end
             boundary = float(loader_starts[j])
         if not bounds or boundary > bounds[-1]:
             bounds.append(boundary)
@@ -184,16 +184,14 @@ def _repeated_annotation(t: Table, window: np.ndarray) -> tuple[list[tuple[float
 def loop_kind(t: Table) -> tuple[str, str]:
     """('training' | 'inference' | 'unknown', the evidence): training shows a backward pass or
     an optimizer step, on the host or in the device's kernel names."""
-    host_names = set(t.name[t.rows(HOST, ANNOTATION)].tolist())
+    host_names = np.unique(t.name[t.rows(HOST, ANNOTATION)]).tolist()
     optimizer = [t.names[i] for i in host_names if t.names[i].startswith(OPTIMIZER_PREFIX)]
     if optimizer:
         return "training", f"optimizer steps ({optimizer[0]})"
     backward = [t.names[i] for i in host_names if t.names[i].startswith(BACKWARD_PREFIX)]
     if backward:
         return "training", "backward passes"
-    from trainadvisor.analysis.columns import KERNEL
-
-    kernel_names = {t.names[i] for i in set(t.name[t.rows(KERNEL)].tolist())}
+    kernel_names = {t.names[i] for i in np.unique(t.name[t.rows(KERNEL)]).tolist()}
     if any(_BACKWARD_KERNEL.search(n) for n in kernel_names):
         return "training", "backward kernels"
     if host_names:

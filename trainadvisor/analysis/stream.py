@@ -160,11 +160,7 @@ def _events_to_end(
     blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None], path: Path, head: bytes
 ) -> dict[str, Any]:
     """The events from `buffer` and `blocks` to the end of the array, and the keys after it."""
-    events = 0
-    for block in blocks:
-        buffer += block
-        buffer, decoded = _drain(buffer, final=False)
-        events += _feed(decoded or [], on_events)
+    buffer, events = _whole_events(blocks, buffer, on_events)
     while True:  # leave only the last event for the final cut, which tries `]` by `]`
         buffer, decoded = _drain(buffer, final=False)
         if not decoded:
@@ -245,11 +241,7 @@ def _bounded(stream: IO[bytes], length: int) -> Iterator[bytes]:
 def _events_within(
     blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path
 ) -> dict[str, Any]:
-    events, buffer = 0, b""
-    for block in blocks:
-        buffer += block
-        buffer, decoded = _drain(buffer, final=False)
-        events += _feed(decoded or [], on_events)
+    buffer, events = _whole_events(blocks, b"", on_events)
     rest = buffer.rstrip().rstrip(b",")
     if rest:
         try:
@@ -257,6 +249,19 @@ def _events_within(
         except msgspec.DecodeError:
             raise UsageError(f"{path}: the trace's event list is malformed; is the file complete?") from None
     return {"_events": events}
+
+
+def _whole_events(
+    blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None]
+) -> tuple[bytes, int]:
+    """Feed the events that end before each block's clean cut; return what is left undecoded
+    after the last block, and how many events were fed."""
+    events = 0
+    for block in blocks:
+        buffer += block
+        buffer, decoded = _drain(buffer, final=False)
+        events += _feed(decoded or [], on_events)
+    return buffer, events
 
 
 def _feed(events: list[Event], on_events: Callable[[list[Event]], None]) -> int:
