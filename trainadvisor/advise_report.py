@@ -15,6 +15,7 @@ import torch
 
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements, summarize
+from trainadvisor.frameworks import vocab
 from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report
 from trainadvisor.redact import mask_arguments, masked_note
 from trainadvisor.runs import ProfileOptions, reproduce_command
@@ -44,10 +45,12 @@ def advise_report(
     plan = fixes.plan(diagnosis.findings, diagnosis.values)
     command = command_for(script)
     restart = f"measure it with: {' '.join(command)}" if command else _NO_SCRIPT
+    framework = str(diagnosis.values.get("framework", ""))
     outcomes = [
         FixOutcome(
             p.fix, p.rule, "needs_restart" if p.applicable else "not_applicable",
             restart if p.applicable else p.reason, Overrides(), [],
+            setting_change=vocab.where_set(p.fix, framework),
         )
         for p in plan
     ]  # fmt: skip

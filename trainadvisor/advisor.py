@@ -45,7 +45,7 @@ from trainadvisor.measure import gpu, hooks, loaders
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
-from trainadvisor.records import LoaderInfo, RawRun, Report
+from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -91,6 +91,8 @@ class Advisor:
         self.calls = 0  # steps ended so far
         self.call_start: float | None = None
         self.loaders: list[LoaderInfo] = []
+        self.frameworks: list[FrameworkCall] = []  # the framework's settings, told by its callback
+        self._loader_wait_s = 0.0  # DataLoader waits timed since the last step ended
         self.trials_wanted = trials  # measure the in-process fixes in windows after this one
         self.trials: Any = None  # advise_trials.AdviseTrials, while they run
         self.values: dict[str, Any] = {}  # the window's measurements, as the rules saw them
@@ -128,11 +130,14 @@ class Advisor:
             window = self.window
             self.call_start = self.clock.perf_s()
             if window.measuring:
-                # between calls: the loop fetching the next batch
-                window.add_data_wait(max(self.call_start - window.last_mark, 0.0))
+                # between calls: the loop fetching the next batch (less what DataLoader
+                # `__next__` already counted: a framework's loop fetches between its callbacks)
+                gap = self.call_start - window.last_mark
+                window.add_data_wait(max(gap - self._loader_wait_s, 0.0))
                 tensors = list(hooks.batch_tensors([args, kwargs or {}]))
                 if tensors and tensors[0].dim() > 0:
                     window.add_batch(int(tensors[0].shape[0]))
+            self._loader_wait_s = 0.0
         except Exception as exc:
             self._fail(exc)
 
@@ -150,6 +155,7 @@ class Advisor:
                     window.set_loss(loss)
             self.calls += 1
             self.call_start = None
+            self._loader_wait_s = 0.0
             window.boundary()
         except Exception as exc:
             self._fail(exc)
@@ -207,7 +213,9 @@ class Advisor:
                 iterator._trainadvisor_delegate = again()  # type: ignore[attr-defined]
                 batch = original(iterator._trainadvisor_delegate)  # type: ignore[attr-defined]
             finally:
-                advisor.window.add_data_wait(clock() - t0)
+                waited = clock() - t0
+                advisor.window.add_data_wait(waited)
+                advisor._loader_wait_s += waited
             advisor._loader_batch(iterator, batch)
             return batch
 
@@ -302,6 +310,7 @@ class Advisor:
             steps_seen=self.calls,
             step_source="@advise" if self.decorated else "advisor.step()",
             loaders=self.loaders,
+            frameworks=self.frameworks,
             trace_file=trace_rel if profiler is not None else None,
         )
         if sampler is not None:

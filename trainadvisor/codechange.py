@@ -61,12 +61,24 @@ def _with_keywords(call: cst.Call, keywords: dict[str, Any], positions: tuple[st
             ),
         )
         if args:
-            last = args[-1]
-            if isinstance(last.comma, cst.Comma):  # a trailing comma: it moves to the new argument
-                new = new.with_changes(comma=last.comma)
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            new, args[-1] = _after_last(call, args, new)
         args.append(new)
     return call.with_changes(args=args)
+
+
+def _after_last(call: cst.Call, args: list[cst.Arg], new: cst.Arg) -> tuple[cst.Arg, cst.Arg]:
+    """A new argument after the last one, in the call's layout: on a line of its own when the
+    arguments are one per line, else after the last on its line. Returns (new, last)."""
+    last = args[-1]
+    if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):  # one per line
+        between = args[-2].comma if len(args) > 1 else cst.MaybeSentinel.DEFAULT
+        if not isinstance(between, cst.Comma):
+            between = cst.Comma(whitespace_after=call.whitespace_before_args)
+        new = new.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
+        return new, last.with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
+    if isinstance(last.comma, cst.Comma):  # a trailing comma: it moves to the new argument
+        new = new.with_changes(comma=last.comma)
+    return new, last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
 
 
 class _CallEditor(cst.CSTTransformer):

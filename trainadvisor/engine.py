@@ -10,7 +10,7 @@ import ast
 import operator
 import string
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 SEVERITIES = ("high", "medium", "low")
 LOOPS = ("training", "inference")
+# the frameworks a rule's advice may be written for (`[recommendation.<framework>]`), as the
+# `framework` measurement names the one that built the loop
+FRAMEWORKS = ("transformers", "lightning", "accelerate")
 
 
 @dataclass
@@ -59,6 +62,9 @@ class Rule:
     # the loops its advice is for: a training-only rule stays quiet on a trace that shows
     # inference (no backward pass, no optimizer step)
     loops: tuple[str, ...] = LOOPS
+    # the advice in a framework's terms, by framework: text, anti_pattern and best_practice
+    # (each optional; the generic one stands in for a missing key)
+    frameworks: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 # ---- conditions ----
@@ -194,7 +200,23 @@ def load_rule(path: Path) -> Rule:
         best_practice=_text(recommendation, "best_practice", f"{where} [recommendation]"),
         threshold_source=_text(data, "threshold_source", where),
         loops=loops,
+        frameworks=_framework_advice(recommendation, where),
     )
+
+
+def _framework_advice(recommendation: dict[str, Any], where: str) -> dict[str, dict[str, str]]:
+    """`[recommendation.transformers]` and the like: the advice in that framework's terms."""
+    advice = {}
+    for name, table in recommendation.items():
+        if not isinstance(table, dict):
+            continue
+        if name not in FRAMEWORKS:
+            raise RuleError(f"{where}: [recommendation.{name}]: advice is for one of {', '.join(FRAMEWORKS)}")
+        keys = ("text", "anti_pattern", "best_practice")
+        if not set(table) <= set(keys) or not table:
+            raise RuleError(f"{where}: [recommendation.{name}] takes some of {', '.join(keys)}")
+        advice[name] = {key: _text(table, key, f"{where} [recommendation.{name}]") for key in table}
+    return advice
 
 
 def load_rules(folders: list[Path]) -> list[Rule]:
@@ -240,6 +262,7 @@ def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
         raise RuleError(
             f"{rule.path}: its message cannot be written ({exc}); fix the rule's message"
         ) from None
+    advice = rule.frameworks.get(str(values.get("framework", "")), {})
     return Finding(
         rule=rule.id,
         title=rule.title,
@@ -247,9 +270,9 @@ def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
         message=message,
         evidence=[Evidence(e.measurement, e.label, values.get(e.measurement), e.unit) for e in rule.evidence],
         fixes=list(rule.fixes),
-        recommendation=rule.recommendation,
-        anti_pattern=rule.anti_pattern,
-        best_practice=rule.best_practice,
+        recommendation=advice.get("text", rule.recommendation),
+        anti_pattern=advice.get("anti_pattern", rule.anti_pattern),
+        best_practice=advice.get("best_practice", rule.best_practice),
         threshold_source=rule.threshold_source,
     )
 

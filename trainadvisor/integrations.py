@@ -17,6 +17,7 @@ from typing import Any
 
 from trainadvisor.advisor import Advisor
 from trainadvisor.errors import MissingDependencyError
+from trainadvisor.frameworks.watch import described
 
 
 def _base_class(places: tuple[tuple[str, str], ...], missing: str) -> type:
@@ -49,6 +50,14 @@ def _set_up(callback: Any, factory: Any, options: tuple[Any, ...]) -> None:
     callback.advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
 
 
+def _told(advisor: Advisor, framework: str, settings: Any) -> None:
+    """The framework's settings object, as its callback sees it: the report speaks its terms."""
+    try:
+        advisor.frameworks[:] = [described(framework, settings)]
+    except Exception:  # the advice stays generic; training goes on
+        pass
+
+
 def _reduce(self: Any) -> tuple[Any, tuple[Any, ...]]:
     """Pickled as the factory call that made it (Lightning's `ddp_spawn` pickles callbacks into
     new processes; an advisor holds threads and hooks that cannot travel, so each process builds
@@ -69,6 +78,9 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
         base.__init__(self)
         _set_up(self, LightningAdvisor, options)
 
+    def on_fit_start(self: Any, trainer: Any, pl_module: Any) -> None:
+        _told(self.advisor, "lightning", trainer)
+
     def on_train_batch_start(self: Any, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.advisor.call_started((batch,))
 
@@ -84,7 +96,8 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
         self.advisor.close()
 
     methods = {
-        "__init__": init, "__reduce__": _reduce, "on_train_batch_start": on_train_batch_start,
+        "__init__": init, "__reduce__": _reduce, "on_fit_start": on_fit_start,
+        "on_train_batch_start": on_train_batch_start,
         "on_train_batch_end": on_train_batch_end, "on_train_end": on_train_end, "on_exception": on_exception,
     }  # fmt: skip
     return _callback_class("LightningAdvisorCallback", base, methods)(warmup, steps, out, rules)
@@ -102,6 +115,9 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
     def init(self: Any, *options: Any) -> None:
         _set_up(self, HuggingFaceAdvisor, options)
 
+    def on_train_begin(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _told(self.advisor, "transformers", args)
+
     def on_step_begin(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.advisor.call_started()
 
@@ -112,7 +128,8 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
         self.advisor.__exit__(None, None, None)
 
     methods = {
-        "__init__": init, "__reduce__": _reduce, "on_step_begin": on_step_begin, "on_step_end": on_step_end,
+        "__init__": init, "__reduce__": _reduce, "on_train_begin": on_train_begin,
+        "on_step_begin": on_step_begin, "on_step_end": on_step_end,
         "on_train_end": on_train_end,
     }  # fmt: skip
     return _callback_class("HuggingFaceAdvisorCallback", base, methods)(warmup, steps, out, rules)

@@ -19,6 +19,7 @@ from trainadvisor.judge import compare, verdict
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
+from trainadvisor.frameworks.change import fix_change
 from trainadvisor.records import (
     SCHEMA_VERSION,
     Comparison,
@@ -406,7 +407,7 @@ def _confirm(
         if after.raw.status != "window_complete":
             status, reason = "failed", after.raw.error or _short_run(after.raw)
         verdicts = {o.fix: (status, reason) for o in chosen}
-    final = [_final(options, o, verdicts) for o in outcomes]
+    final = [_final(options, o, verdicts, diagnosed.baseline.raw) for o in outcomes]
     return _report(options, diagnosed, started, final, after, comparison, None, noise_rel, tuning)
 
 
@@ -423,7 +424,7 @@ def _short_run(raw: RawRun) -> str:
 
 
 def _final(
-    options: ProfileOptions, outcome: FixOutcome, verdicts: dict[str, tuple[FixStatus, str]]
+    options: ProfileOptions, outcome: FixOutcome, verdicts: dict[str, tuple[FixStatus, str]], raw: RawRun
 ) -> FixOutcome:
     """The outcome as the report keeps it: the confirmation's verdict for a chosen fix, and the
     change to the user's script for what is kept or recommended."""
@@ -431,5 +432,6 @@ def _final(
         status, reason = verdicts[outcome.fix]
         outcome = replace(outcome, status=status, reason=reason)
     if outcome.status in ("kept", "recommended"):
-        outcome = replace(outcome, diff=fixes.code_diff(options.script, outcome.fix, outcome.settings) or "")
+        change = fix_change(options.script, outcome.fix, outcome.settings, raw)
+        outcome = replace(outcome, diff=change.diff, setting_change=change.setting)
     return outcome

@@ -116,6 +116,28 @@ class LoaderInfo:
     batches_in_window: int = 0
     overrides_applied: dict[str, Any] = field(default_factory=dict)
     override_refused: str | None = None  # why a requested override was not applied
+    # A loader built inside a training framework (transformers, accelerate, lightning): the
+    # framework, and the file:line of the loader it was built from (accelerate's prepare()
+    # wraps the user's DataLoader), "" for a loader of the user's own.
+    framework: str = ""
+    origin_site: str = ""
+
+
+@dataclass
+class FrameworkCall:
+    """A training framework's settings object the script built (a transformers
+    `TrainingArguments`, a Lightning `Trainer`, an `Accelerator`): where, from what, and the
+    current values of the settings a fix may change."""
+
+    framework: str  # "transformers", "lightning" or "accelerate"
+    name: str  # the class built: "TrainingArguments", "Trainer", "Accelerator"
+    site: str  # file:line in the user's code of the call (or of the parser call that built it)
+    # where the values come from: "code" (the call's arguments), "command line", "json" or
+    # "yaml" (HfArgumentParser, LightningCLI), "dict" (HfArgumentParser.parse_dict)
+    source: str = "code"
+    config_file: str = ""  # the JSON/YAML file the values were read from
+    inside: str = ""  # the framework whose code built it (the Accelerator a transformers Trainer makes)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -185,6 +207,7 @@ class RawRun:
     # "trainadvisor.step()", or "backward" (a loop without any optimizer)
     step_source: str = "optimizer"
     rank: int | None = None  # under torchrun: this run's global rank
+    frameworks: list[FrameworkCall] = field(default_factory=list)  # the training frameworks' settings built
     ranks: list[RawRun] = field(default_factory=list)  # under torchrun: every rank's run
 
 
@@ -322,6 +345,9 @@ class FixOutcome:
     trials: list[Trial]
     chosen: str = ""  # the settings measured best, in words ("num_workers=8, ...")
     diff: str = ""  # the change to the user's script that makes the fix permanent (unified diff)
+    # the change as the framework's setting, in words: the arguments of TrainingArguments(...),
+    # or the command-line flags / config keys when the values come from there
+    setting_change: str = ""
     search: str = ""  # why the search over candidates stopped where it did
     mode: str = ""  # how its trials ran: "in_process" (windows of one run) or "restart"
     mode_reason: str = ""  # why they restarted the script, when they did

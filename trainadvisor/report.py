@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from trainadvisor import _serial
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, window_samples
@@ -195,7 +196,16 @@ def _environment(templates: Path) -> jinja2.Environment:
     )
     env.filters["num"] = _number
     env.filters["diff_lines"] = _diff_lines
+    env.filters["code_spans"] = _code_spans
     return env
+
+
+def _code_spans(text: str) -> markupsafe.Markup:
+    """Text escaped for HTML, with its `backtick` spans as <code>."""
+    parts = str(markupsafe.escape(text)).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no spans
+        return markupsafe.Markup("`".join(parts))
+    return markupsafe.Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
 
 
 def _diff_lines(diff: str) -> list[tuple[str, str]]:
@@ -363,6 +373,8 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
     for outcome in report.fix_outcomes:
         chosen = f" ({outcome.chosen})" if outcome.chosen else ""
         lines += _wrap(f"  fix {outcome.fix}: {outcome.status.replace('_', ' ')}{chosen}: {outcome.reason}")
+        if outcome.setting_change:
+            lines += _wrap(f"      where to set it: {outcome.setting_change}")
     if report.comparison:
         lines += _wrap(f"  {loss_sentence(report.comparison.loss_check)}")
     for note in report.notes:

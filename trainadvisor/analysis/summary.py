@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from trainadvisor.analysis.kineto import analyze_trace
 from trainadvisor.analysis.measures import runtime_measurements, trace_measurements
 from trainadvisor.analysis.ranks import rank_measurements
+from trainadvisor.frameworks.vocab import loop_call
 from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, timed_steps
 
 T = TypeVar("T")
@@ -172,6 +173,9 @@ def named_measurements(run: Run) -> dict[str, Any]:
     if raw.device is not None:
         table["cpu_count"] = raw.device.cpu_count
         table["cuda_used"] = raw.device.cuda_used
+    framework = loop_call(raw)
+    if framework is not None:  # the framework that built the loop: advice in its terms
+        table["framework"] = framework.framework
     loader = main_loader(raw)
     table["dataloaders"] = len(raw.loaders)
     if loader is not None:

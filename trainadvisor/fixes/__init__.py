@@ -9,8 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import libcst as cst
-
 from trainadvisor.fixes.amp import Amp
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.fixes.common import NO_GAIN, Fix, Setting
@@ -20,7 +18,8 @@ from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation, peak_reserved
 from trainadvisor.fixes.pin_memory import PinMemory
 from trainadvisor.fixes.tf32 import Tf32
-from trainadvisor.records import Finding, Overrides, PlannedFix, Trial, merge_overrides
+from trainadvisor.frameworks.change import fix_change
+from trainadvisor.records import Finding, Overrides, PlannedFix, RawRun, Trial, merge_overrides
 
 REGISTRY: dict[str, Fix] = {
     fix.id: fix
@@ -71,14 +70,7 @@ def install(recorder: Any, overrides: Overrides) -> None:
         fix.install(recorder, overrides)
 
 
-def code_diff(script: Path, fix_id: str, overrides: Overrides) -> str | None:
+def code_diff(script: Path, fix_id: str, overrides: Overrides, raw: RawRun | None = None) -> str | None:
     """The unified diff that makes `script` do what the kept fix did at run time, or None when
     the fix has no single place in the code, or the script cannot be read or parsed."""
-    from trainadvisor import codechange
-
-    try:
-        before = script.read_text()
-        after = REGISTRY[fix_id].code_change(before, script, overrides)
-    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, codechange.NoPlace):
-        return None  # unreadable, unparsable, or no safe place: the report goes on without a diff
-    return codechange.unified_diff(script, before, after) if after is not None and after != before else None
+    return fix_change(script, fix_id, overrides, raw).diff or None

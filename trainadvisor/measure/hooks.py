@@ -23,10 +23,11 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainadvisor import _serial, fixes
+from trainadvisor.frameworks import watch
 from trainadvisor.measure import gpu, loaders, switches
 from trainadvisor.measure.config import ChildConfig, failed_write_file
 from trainadvisor.measure.window import Clock, Window, WindowPlan
-from trainadvisor.records import DeviceInfo, LoaderInfo, RawRun
+from trainadvisor.records import DeviceInfo, FrameworkCall, LoaderInfo, RawRun
 
 ACTIVE: Recorder | None = None
 
@@ -73,6 +74,7 @@ class Recorder(Patches):
         self.optimizers_built = 0
         self.first_optimizer: int | None = None
         self.loaders: list[LoaderInfo] = []
+        self.framework_calls: list[FrameworkCall] = []  # TrainingArguments, Trainer, Accelerator built
         self.live_loaders = loaders.LiveLoaders()
         self.result: RawRun | None = None  # the baseline window's, once written
         self.data_parallel_modules = 0
@@ -264,6 +266,7 @@ class Recorder(Patches):
             steps_seen=self.steps_seen,
             step_source=self.step_source,
             loaders=self.loaders,
+            frameworks=self.framework_calls,
             trace_file=trace if trace and Path(trace).exists() else None,
         )
 
@@ -351,6 +354,7 @@ def install(config: ChildConfig) -> Recorder:
     ACTIVE = recorder
     recorder.on_uninstall(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
     loaders.install(recorder, recorder.refuse)
+    watch.install(recorder)
     if config.session_dir is not None:
         from trainadvisor.measure.session import Session
 

@@ -18,6 +18,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from trainadvisor.frameworks import framework_of
+from trainadvisor.frameworks.watch import loader_origin
 from trainadvisor.records import LoaderInfo
 
 # DataLoader arguments an override may set, and the values that need workers.
@@ -230,6 +232,8 @@ def _record_construction(recorder: Any, refuse: Callable[[str], None]) -> None:
         call.pop("self")
         site = call_site()
         info = describe(call, len(recorder.loaders), site)
+        info.framework = framework_of(site)
+        info.origin_site = loader_origin(recorder.loaders) if info.framework else ""
         apply(call, dict(recorder.loader_overrides.get(site, {})), info)
         recorder.loaders.append(info)
         if info.override_refused:  # the run cannot measure what it was started for
