@@ -41,6 +41,16 @@ class SlowTokens(Dataset):
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor(label)}
 
 
+def tiny_bert() -> BertForSequenceClassification:
+    """Two layers of 64 wide, randomly initialised from a config (nothing downloaded)."""
+    config = BertConfig(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, max_position_embeddings=64, num_labels=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return BertForSequenceClassification(config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -49,12 +59,7 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/hf-trainer-slow-data")
     args = parser.parse_args()
 
-    config = BertConfig(
-        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=128, max_position_embeddings=64, num_labels=2,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(config)
+    model = tiny_bert()
     training_args = TrainingArguments(
         output_dir=args.out,
         per_device_train_batch_size=16,
@@ -65,7 +70,7 @@ def main() -> None:
         report_to=[],
         seed=0,
     )
-    dataset = SlowTokens(args.samples, length=32, vocab=config.vocab_size, latency_ms=args.latency_ms)
+    dataset = SlowTokens(args.samples, length=32, vocab=model.config.vocab_size, latency_ms=args.latency_ms)
     Trainer(model=model, args=training_args, train_dataset=dataset).train()
 
 

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -27,17 +28,28 @@ _WORKER_ONLY = ("persistent_workers", "prefetch_factor")
 _PACKAGE = str(Path(__file__).parent.parent)  # trainadvisor/
 
 
-def call_site() -> str:
-    """file:line of the first frame outside torch and trainadvisor: the user's DataLoader call."""
+def call_site(built: Any = None) -> str:
+    """file:line of the first frame outside torch and trainadvisor: the user's DataLoader call,
+    or the framework's that built it. A framework's wrapper of the constructor (Lightning wraps
+    `DataLoader.__init__` to rebuild loaders later; accelerate's `DataLoaderShard.__init__`) is
+    passed over: its first argument is the loader being built."""
     frame = inspect.currentframe()
     here = _PACKAGE
     torch_dir = str(Path(torch.__file__).parent)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith((here, torch_dir)):
+        if not name.startswith((here, torch_dir)) and not _constructing(frame, built):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "unknown"
+
+
+def _constructing(frame: FrameType, built: Any) -> bool:
+    """A framework's frame whose first argument is the loader being built."""
+    code = frame.f_code
+    if built is None or not code.co_argcount or not framework_of(code.co_filename):
+        return False
+    return frame.f_locals.get(code.co_varnames[0]) is built
 
 
 def _start_method(context: Any) -> str:
@@ -230,7 +242,7 @@ def _record_construction(recorder: Any, refuse: Callable[[str], None]) -> None:
         recorder.pass_gate()  # a run started ahead of its settings gets them here
         call = dict(signature.bind(self, *args, **kwargs).arguments)
         call.pop("self")
-        site = call_site()
+        site = call_site(self)
         info = describe(call, len(recorder.loaders), site)
         info.framework = framework_of(site)
         info.origin_site = loader_origin(recorder.loaders) if info.framework else ""
