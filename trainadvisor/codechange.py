@@ -9,6 +9,7 @@ autotuning) go after the script's imports. Pure: text in, text out."""
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,11 @@ _DATALOADER_POSITIONS = (
     "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
     "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
 )  # fmt: skip
+
+
+def literal(value: Any) -> str:
+    """A value as Python source, strings in double quotes (as most code writes them)."""
+    return json.dumps(value) if isinstance(value, str) and value.isprintable() else repr(value)
 
 
 class NoPlace(Exception):
@@ -46,7 +52,7 @@ def _with_keywords(call: cst.Call, keywords: dict[str, Any], positions: tuple[st
         raise NoPlace("the call passes *args or **kwargs")
     positional = [i for i, a in enumerate(args) if a.keyword is None]
     for key, value in keywords.items():
-        expression = cst.parse_expression(repr(value))
+        expression = cst.parse_expression(literal(value))
         index = next((i for i, a in enumerate(args) if a.keyword and a.keyword.value == key), None)
         if index is None and key in positions and positions.index(key) < len(positional):
             index = positional[positions.index(key)]

@@ -15,11 +15,11 @@ import psutil
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
+from trainadvisor.frameworks.change import fix_change
 from trainadvisor.judge import compare, verdict
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
-from trainadvisor.frameworks.change import fix_change
 from trainadvisor.records import (
     SCHEMA_VERSION,
     Comparison,

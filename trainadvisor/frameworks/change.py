@@ -53,7 +53,7 @@ def _where(site: str, script: Path) -> str:
 def setting_words(call: FrameworkCall, settings: dict[str, Any], script: Path) -> str:
     """Where the user sets these values: the call's arguments, flags, or config-file keys."""
     where = _where(call.site, script)
-    arguments = ", ".join(f"{name}={value!r}" for name, value in settings.items())
+    arguments = ", ".join(f"{name}={codechange.literal(value)}" for name, value in settings.items())
     if call.source == "command line":
         return (
             f"pass `{vocab.flags(settings)}` on the command line ({call.name} is read by "

@@ -56,7 +56,9 @@ def root_loader(site: str, loaders: list[LoaderInfo]) -> LoaderInfo | None:
     prepare() wraps the user's loader, a transformers Trainer's loader is wrapped again)."""
     by_site = {info.created_at: info for info in loaders}
     info, seen = by_site.get(site), set()
-    while info is not None and info.origin_site and info.origin_site in by_site and info.created_at not in seen:
+    while (
+        info is not None and info.origin_site and info.origin_site in by_site and info.created_at not in seen
+    ):
         seen.add(info.created_at)
         info = by_site[info.origin_site]
     return info
@@ -82,14 +84,19 @@ def _loaders(t: Translation, overrides: Overrides, loaders: list[LoaderInfo]) ->
     for site, arguments in overrides.loaders.items():
         root = root_loader(site, loaders)
         if root is not None and root.framework == "transformers" and t.framework == "transformers":
-            t.settings.update({TRANSFORMERS_LOADER[k]: v for k, v in arguments.items() if k in TRANSFORMERS_LOADER})
+            t.settings.update(
+                {TRANSFORMERS_LOADER[k]: v for k, v in arguments.items() if k in TRANSFORMERS_LOADER}
+            )
         else:  # the user's own DataLoader (a Lightning module's, the one accelerate prepared)
             target = root.created_at if root is not None and not root.framework else site
             t.rest.loaders.setdefault(target, {}).update(arguments)
     if not overrides.non_blocking_h2d:
         return
     if t.framework == "transformers" and not t.rest.loaders:
-        t.notes.append('for non-blocking copies of pinned batches: TrainingArguments(accelerator_config={"non_blocking": True})')
+        t.notes.append(
+            "for non-blocking copies of pinned batches: "
+            'TrainingArguments(accelerator_config={"non_blocking": True})'
+        )
     elif t.framework == "accelerate":
         t.notes.append(
             "for non-blocking copies of pinned batches: "
@@ -113,7 +120,9 @@ def _transformers(t: Translation, runtime: dict[str, Any], current: dict[str, An
         t.settings["optim"] = "adamw_torch_fused"
     k = runtime.pop("grad_accumulation", None)
     if k:
-        t.settings["gradient_accumulation_steps"] = _accumulated(current, "gradient_accumulation_steps", int(k))
+        t.settings["gradient_accumulation_steps"] = _accumulated(
+            current, "gradient_accumulation_steps", int(k)
+        )
 
 
 def _lightning(t: Translation, runtime: dict[str, Any], current: dict[str, Any]) -> None:
@@ -135,7 +144,9 @@ def _accelerate(t: Translation, runtime: dict[str, Any], current: dict[str, Any]
         t.settings["mixed_precision"] = amp
     k = runtime.pop("grad_accumulation", None)
     if k:
-        t.settings["gradient_accumulation_steps"] = _accumulated(current, "gradient_accumulation_steps", int(k))
+        t.settings["gradient_accumulation_steps"] = _accumulated(
+            current, "gradient_accumulation_steps", int(k)
+        )
         t.notes.append(
             "run each step inside `with accelerator.accumulate(model):` so the update and the "
             "gradient sync happen once per accumulated batch"
@@ -153,36 +164,52 @@ def keys(settings: dict[str, Any], style: str) -> str:
 
     if style == "json":
         return ", ".join(f"{json.dumps(name)}: {json.dumps(value)}" for name, value in settings.items())
-    return ", ".join(f"{name}: {json.dumps(value) if not isinstance(value, str) else value}" for name, value in settings.items())
+    return ", ".join(
+        f"{name}: {json.dumps(value) if not isinstance(value, str) else value}"
+        for name, value in settings.items()
+    )
 
 
 # Where each fix's setting lives in each framework, in words (for advice without a measured
 # value: a callback's report, a fix that could not be tried).
 WHERE = {
     "transformers": {
-        "dataloader-workers": "`dataloader_num_workers` and `dataloader_persistent_workers=True` in TrainingArguments",
+        "dataloader-workers": (
+            "`dataloader_num_workers` and `dataloader_persistent_workers=True` in TrainingArguments"
+        ),
         "pin-memory": "`dataloader_pin_memory=True` in TrainingArguments",
         "batch-size": "`per_device_train_batch_size` in TrainingArguments",
-        "grad-accumulation": "a smaller `per_device_train_batch_size` with `gradient_accumulation_steps` in TrainingArguments",
+        "grad-accumulation": (
+            "a smaller `per_device_train_batch_size` with `gradient_accumulation_steps` in TrainingArguments"
+        ),
         "amp": "`bf16=True` (or `fp16=True`) in TrainingArguments",
         "tf32": "`tf32=True` in TrainingArguments",
         "fused-optimizer": '`optim="adamw_torch_fused"` in TrainingArguments',
     },
     "lightning": {
-        "dataloader-workers": "`num_workers` and `persistent_workers=True` of the DataLoader your LightningDataModule returns",
+        "dataloader-workers": (
+            "`num_workers` and `persistent_workers=True` of the DataLoader your LightningDataModule returns"
+        ),
         "pin-memory": "`pin_memory=True` of the DataLoader your LightningDataModule returns",
         "batch-size": "`batch_size` of the DataLoader your LightningDataModule returns",
-        "grad-accumulation": "`Trainer(accumulate_grad_batches=k)` with the DataLoader's batch_size divided by k",
+        "grad-accumulation": (
+            "`Trainer(accumulate_grad_batches=k)` with the DataLoader's batch_size divided by k"
+        ),
         "amp": '`Trainer(precision="bf16-mixed")` (or "16-mixed")',
         "tf32": '`torch.set_float32_matmul_precision("high")`',
         "cudnn-benchmark": "`Trainer(benchmark=True)`",
         "fused-optimizer": "`fused=True` on the optimizer configure_optimizers returns",
     },
     "accelerate": {
-        "dataloader-workers": "`num_workers` and `persistent_workers=True` of the DataLoader you give accelerator.prepare()",
+        "dataloader-workers": (
+            "`num_workers` and `persistent_workers=True` of the DataLoader you give accelerator.prepare()"
+        ),
         "pin-memory": "`pin_memory=True` of the DataLoader you give accelerator.prepare()",
         "amp": '`Accelerator(mixed_precision="bf16")` (or "fp16")',
-        "grad-accumulation": "`Accelerator(gradient_accumulation_steps=k)` with the step inside `with accelerator.accumulate(model):`",
+        "grad-accumulation": (
+            "`Accelerator(gradient_accumulation_steps=k)` with the step inside "
+            "`with accelerator.accumulate(model):`"
+        ),
     },
 }
 

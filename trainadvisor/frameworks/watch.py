@@ -148,7 +148,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
         self.callbacks = callbacks
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         then = self.callbacks.pop(fullname, None)
         if then is None:
             return None
@@ -176,7 +178,12 @@ def install(recorder: Any) -> None:
             waiting[watched.module] = patch
     finder = _AfterImport(waiting)
     sys.meta_path.insert(0, finder)
-    recorder.on_uninstall(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+    recorder.on_uninstall(lambda: _remove(finder))
+
+
+def _remove(finder: _AfterImport) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
 
 
 def loader_origin(loaders: list[LoaderInfo]) -> str:

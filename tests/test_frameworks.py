@@ -1,0 +1,336 @@
+"""Advice in the user's framework: real runs of the Hugging Face Trainer and Lightning examples
+(a slow dataset each), the settings objects recorded in the script's process, and the changes
+written as the framework's settings (the GPU fixes from recorded facts, as the rule cases do)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, run_cli
+
+from trainadvisor import engine
+from trainadvisor.frameworks.change import fix_change
+from trainadvisor.frameworks.vocab import translate
+from trainadvisor.measure.hooks import Patches
+from trainadvisor.records import FrameworkCall, LoaderInfo, Overrides, RawRun
+
+transformers = pytest.importorskip("transformers")
+LIGHTNING = (EXAMPLES / "lightning_slow_data.py").resolve()
+
+
+def _profile(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "report"
+    done = run_cli("profile", "--fix", "dataloader-workers", "--out", out, *args, cwd=EXAMPLES, timeout_s=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "report.json").read_text())  # type: ignore[no-any-return]
+
+
+def _workers(report: dict[str, Any]) -> dict[str, Any]:
+    assert [f["rule"] for f in report["findings"]][:1] == ["data-stall"]
+    (outcome,) = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
+    assert outcome["status"] == "kept", outcome["reason"]
+    return outcome  # type: ignore[no-any-return]
+
+
+def test_hugging_face_trainer_gets_its_training_arguments_changed(tmp_path: Path) -> None:
+    report = _profile(tmp_path, "hf_trainer_slow_data.py")
+    outcome = _workers(report)
+    workers = outcome["settings"]["loaders"].popitem()[1]["num_workers"]
+    # the DataLoader is built inside transformers: the change is on the user's TrainingArguments
+    assert f"+        dataloader_num_workers={workers},\n" in outcome["diff"]
+    assert "+        dataloader_persistent_workers=True,\n" in outcome["diff"]
+    assert outcome["diff"].startswith("--- a/hf_trainer_slow_data.py\n+++ b/hf_trainer_slow_data.py\n")
+    assert outcome["setting_change"] == (
+        f"`TrainingArguments(dataloader_num_workers={workers}, dataloader_persistent_workers=True)` "
+        f"at hf_trainer_slow_data.py:{_line(EXAMPLES / 'hf_trainer_slow_data.py', 'training_args = TrainingArguments(')}"
+    )
+    (stall,) = [f for f in report["findings"] if f["rule"] == "data-stall"]
+    assert (
+        "dataloader_num_workers=8" in stall["best_practice"] and "DataLoader(" not in stall["best_practice"]
+    )
+    loaders = report["baseline"]["raw"]["loaders"]
+    assert [(lo["framework"], bool(lo["origin_site"])) for lo in loaders] == [
+        ("transformers", False), ("accelerate", True),  # accelerate wraps the Trainer's loader
+    ]  # fmt: skip
+    calls = report["baseline"]["raw"]["frameworks"]
+    assert [(c["name"], c["inside"]) for c in calls] == [
+        ("TrainingArguments", ""),
+        ("Accelerator", "transformers"),
+    ]
+
+
+def test_hf_argument_parser_flags_are_named_instead_of_a_diff(tmp_path: Path) -> None:
+    flags = ["--output_dir", str(tmp_path / "o"), "--max_steps", "400", "--report_to", "none"]
+    report = _profile(tmp_path, "hf_argparser_slow_data.py", *flags, "--save_strategy", "no")
+    outcome = _workers(report)
+    workers = outcome["settings"]["loaders"].popitem()[1]["num_workers"]
+    assert outcome["diff"] == ""
+    assert outcome["setting_change"] == (
+        f"pass `--dataloader_num_workers {workers} --dataloader_persistent_workers True` on the "
+        "command line (TrainingArguments is read by HfArgumentParser at hf_argparser_slow_data.py:"
+        f"{_line(EXAMPLES / 'hf_argparser_slow_data.py', 'parser.parse_args_into_dataclasses()')})"
+    )
+    report_md = (tmp_path / "report" / "report.md").read_text()
+    assert f"`--dataloader_num_workers {workers} --dataloader_persistent_workers True`" in report_md
+
+
+def test_lightning_data_module_loader_is_changed_where_the_user_built_it(tmp_path: Path) -> None:
+    report = _profile(tmp_path, "lightning_slow_data.py", "--steps", "300")
+    outcome = _workers(report)
+    assert outcome["setting_change"] == ""  # the DataLoader is the user's: its diff is the change
+    assert "             shuffle=True,\n+            num_workers=" in outcome["diff"]
+    (call,) = report["baseline"]["raw"]["frameworks"]
+    assert (call["name"], call["settings"]["precision"], call["settings"]["accumulate_grad_batches"]) == (
+        "Trainer", "32-true", 1,
+    )  # fmt: skip
+    assert call["site"] == f"{LIGHTNING}:{_line(LIGHTNING, 'L.Trainer(')}"
+
+
+# ---- the GPU fixes from recorded facts ----
+
+
+def _line(path: Path, text: str) -> int:
+    """The line of the script where `text` first appears."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _lightning_run(**settings: Any) -> RawRun:
+    site = f"{LIGHTNING}:{_line(LIGHTNING, 'return DataLoader(')}"
+    loader = LoaderInfo(0, site, "SlowVectors", False, 32, 0, False, False, None, "fork", None, 20)
+    settings = {"precision": "32-true", "accumulate_grad_batches": 1, **settings}
+    call = FrameworkCall(
+        "lightning", "Trainer", f"{LIGHTNING}:{_line(LIGHTNING, 'L.Trainer(')}", settings=settings
+    )
+    return RawRun(
+        "baseline", "window_complete", 0, None, 5, 20, 10, 35, [], [loader], None, frameworks=[call]
+    )
+
+
+def test_lightning_precision_and_accumulation_are_trainer_arguments() -> None:
+    run = _lightning_run()
+    amp = fix_change(LIGHTNING, "amp", Overrides(runtime={"amp": "bf16"}), run)
+    assert (
+        amp.setting
+        == f'`Trainer(precision="bf16-mixed")` at lightning_slow_data.py:{_line(LIGHTNING, "L.Trainer(")}'
+    )
+    assert '         enable_model_summary=False,\n+        precision="bf16-mixed",\n' in amp.diff
+    site = run.loaders[0].created_at
+    accumulate = Overrides(loaders={site: {"batch_size": 16}}, runtime={"grad_accumulation": 2})
+    change = fix_change(LIGHTNING, "grad-accumulation", accumulate, run)
+    assert "+        accumulate_grad_batches=2,\n" in change.diff  # the Trainer's argument
+    assert (
+        "-            batch_size=self.batch_size,\n+            batch_size=16,\n" in change.diff
+    )  # the loader's
+    benchmark = fix_change(LIGHTNING, "cudnn-benchmark", Overrides(runtime={"cudnn_benchmark": True}), run)
+    assert "+        benchmark=True,\n" in benchmark.diff
+    tf32 = fix_change(LIGHTNING, "tf32", Overrides(runtime={"tf32": True}), run)
+    assert '+torch.set_float32_matmul_precision("high")\n' in tf32.diff and "allow_tf32" not in tf32.diff
+    # already at the setting: nothing to change
+    assert (
+        fix_change(
+            LIGHTNING, "amp", Overrides(runtime={"amp": "bf16"}), _lightning_run(precision="bf16-mixed")
+        ).diff
+        == ""
+    )
+
+
+def test_rules_advise_in_the_framework_of_the_loop() -> None:
+    facts = {
+        "cuda_used": True, "has_tensor_cores": True, "fp32_matmul_pct": 70.0, "gpu_name": "NVIDIA H100",
+        "alloc_retries": 3, "ooms": 0, "peak_reserved_pct": 97.0, "reserved_unused_pct": 12.0,
+    }  # fmt: skip
+    rules = engine.rules_for([])
+    for framework, precision, accumulation in (
+        ("lightning", 'precision="bf16-mixed"', "accumulate_grad_batches=4"),
+        ("transformers", "bf16=True", "gradient_accumulation_steps=4"),
+        ("accelerate", 'mixed_precision="bf16"', "gradient_accumulation_steps=4"),
+    ):
+        findings = {f.rule: f for f in engine.evaluate(rules, {**facts, "framework": framework})}
+        assert precision in findings["no-mixed-precision"].best_practice, framework
+        assert accumulation in findings["memory-pressure"].best_practice, framework
+    generic = {f.rule: f for f in engine.evaluate(rules, facts)}
+    assert "torch.autocast" in generic["no-mixed-precision"].best_practice
+
+
+def test_a_rule_names_only_known_frameworks(tmp_path: Path) -> None:
+    text = (Path(engine.rules_dir()) / "cudnn-benchmark.toml").read_text()
+    (tmp_path / "cudnn-benchmark.toml").write_text(text + '\n[recommendation.keras]\nbest_practice = "x"\n')
+    with pytest.raises(
+        engine.RuleError, match=r"\[recommendation.keras\]: advice is for one of transformers"
+    ):
+        engine.load_rule(tmp_path / "cudnn-benchmark.toml")
+
+
+@pytest.mark.parametrize(
+    ("source", "config", "expected"),
+    [
+        (
+            "json",
+            "/x/args.json",
+            'set `"dataloader_num_workers": 4, "dataloader_persistent_workers": true` in args.json',
+        ),
+        (
+            "yaml",
+            "/x/args.yaml",
+            "set `dataloader_num_workers: 4, dataloader_persistent_workers: true` in args.yaml",
+        ),
+        (
+            "dict",
+            "",
+            "set `dataloader_num_workers=4, dataloader_persistent_workers=True` in the dict given to",
+        ),
+    ],
+)
+def test_config_files_get_keys(tmp_path: Path, source: str, config: str, expected: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print()\n")
+    trainer_site = "/venv/site-packages/transformers/trainer.py:1051"
+    loader = LoaderInfo(
+        0, trainer_site, "D", False, 16, 0, True, False, None, "fork", None, 20, framework="transformers"
+    )
+    current = {"dataloader_num_workers": 0, "dataloader_pin_memory": True}
+    call = FrameworkCall(
+        "transformers",
+        "TrainingArguments",
+        f"{script}:3",
+        source=source,
+        config_file=config,
+        settings=current,
+    )
+    run = RawRun("b", "window_complete", 0, None, 5, 20, 10, 35, [], [loader], None, frameworks=[call])
+    wanted = Overrides({trainer_site: {"num_workers": 4, "persistent_workers": True, "pin_memory": True}})
+    change = fix_change(script, "dataloader-workers", wanted, run)
+    assert change.setting.startswith(expected) and change.diff == ""  # pin_memory: already on
+
+
+# ---- what the script's process records ----
+
+
+class _Recorder(Patches):
+    def __init__(self) -> None:
+        super().__init__()
+        self.framework_calls: list[FrameworkCall] = []
+
+
+def test_settings_objects_are_recorded_where_the_user_built_them(tmp_path: Path) -> None:
+    from trainadvisor.frameworks import watch
+
+    recorder = _Recorder()
+    watch.install(recorder)
+    try:
+        transformers.TrainingArguments(output_dir=str(tmp_path), dataloader_num_workers=2)
+        line = _line_of("transformers.TrainingArguments(output_dir=str(tmp_path), dataloader_num_workers=2)")
+        config = tmp_path / "args.json"
+        config.write_text(json.dumps({"output_dir": str(tmp_path), "bf16": False}))
+        transformers.HfArgumentParser(transformers.TrainingArguments).parse_json_file(json_file=str(config))
+    finally:
+        recorder.undo()
+    first, second = recorder.framework_calls
+    assert (first.site, first.source, first.settings["dataloader_num_workers"]) == (
+        f"{__file__}:{line}",
+        "code",
+        2,
+    )
+    assert (second.source, second.config_file) == ("json", str(config))
+    assert transformers.TrainingArguments.__dict__["__post_init__"].__name__ == "__post_init__"  # undone
+
+
+def _line_of(text: str) -> int:
+    return next(
+        i
+        for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+        if text in line and "_line_of" not in line
+    )
+
+
+def test_accelerate_prepared_loader_maps_back_to_the_users(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent("""\
+        import time
+        import torch
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader, Dataset
+
+        class Slow(Dataset):
+            def __len__(self):
+                return 4096
+            def __getitem__(self, i):
+                time.sleep(0.001)
+                return torch.full((8,), float(i % 5)), i % 2
+
+        accelerator = Accelerator()
+        model = torch.nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(Slow(), batch_size=16, shuffle=True)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    """)
+    )
+    done = run_cli("profile", "--no-fix", "--out", tmp_path / "r", script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    from trainadvisor import _serial
+
+    raw = _serial.from_plain(RawRun, report["baseline"]["raw"])
+    shard = max(raw.loaders, key=lambda lo: lo.batches_in_window)
+    assert (shard.framework, shard.origin_site) == ("accelerate", f"{script}:16")
+    workers = fix_change(script, "dataloader-workers", Overrides({shard.created_at: {"num_workers": 4}}), raw)
+    assert "-loader = DataLoader(Slow(), batch_size=16, shuffle=True)\n" in workers.diff
+    assert "+loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=4)\n" in workers.diff
+    amp = fix_change(script, "amp", Overrides(runtime={"amp": "bf16"}), raw)
+    assert '+accelerator = Accelerator(mixed_precision="bf16")\n' in amp.diff
+    t = translate(Overrides(runtime={"grad_accumulation": 2}), raw)
+    assert (
+        t is not None
+        and t.settings == {"gradient_accumulation_steps": 2}
+        and "accelerator.accumulate" in t.notes[0]
+    )
+
+
+def test_hugging_face_callback_names_the_workers_setting(tmp_path: Path) -> None:
+    """The callback on the slow-dataset Trainer: the data stall, its wait counted once (the
+    Trainer fetches between its callbacks, inside DataLoader `__next__`), and the workers fix
+    with the TrainingArguments setting to change."""
+    script = tmp_path / "callback.py"
+    script.write_text(
+        textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        from hf_trainer_slow_data import SlowTokens, tiny_bert
+        from transformers import Trainer, TrainingArguments
+        from trainadvisor.integrations import HuggingFaceAdvisor
+
+        args = TrainingArguments(output_dir={str(tmp_path / "o")!r}, per_device_train_batch_size=16,
+                                 max_steps=60, save_strategy="no", report_to=[], disable_tqdm=True)
+        model = tiny_bert()
+        data = SlowTokens(2000, 32, 1000, 2.0)
+        Trainer(model=model, args=args, train_dataset=data,
+                callbacks=[HuggingFaceAdvisor(warmup=3, steps=10, out={str(tmp_path / "r")!r})]).train()
+    """)
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    wait_pct = report["baseline"]["breakdown_pct"]["data_wait"]
+    assert 40 < wait_pct < 100  # 32 ms of sleeps in a step of about 45 ms, counted once
+    (outcome,) = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
+    assert outcome["status"] == "needs_restart" and "trainadvisor profile" in outcome["reason"]
+    assert outcome["setting_change"] == (
+        "`dataloader_num_workers` and `dataloader_persistent_workers=True` in TrainingArguments"
+    )
+    assert report["baseline"]["raw"]["frameworks"][0]["settings"]["dataloader_num_workers"] == 0
