@@ -52,9 +52,9 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     diff = report["fix_outcomes"][0]["diff"].splitlines()
     assert diff[:2] == ["--- a/slow_input_mnist.py", "+++ b/slow_input_mnist.py"]
     assert "-        num_workers=args.num_workers," in diff
-    [added] = [line for line in diff if line.startswith("+ ")]
+    added = [line for line in diff if line.startswith("+ ")]  # one per line, as the call is laid out
     chosen = report["fix_outcomes"][0]["settings"]["loaders"][site]
-    assert added == "+        " + ", ".join(f"{k}={v!r}" for k, v in chosen.items()) + ","
+    assert added == [f"+        {k}={v!r}," for k, v in chosen.items()]
     check = report["comparison"]["loss_check"]
     assert check["equivalent"] is True and check["max_abs_diff"] == 0.0 and check["same_batches"] is True
     assert check["steps_compared"] == 24  # warmup 3 + 10 timed + the profiler's warmup + 10 traced
