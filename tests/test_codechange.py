@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import EXAMPLES
 
-from trainadvisor.fixes import code_diff
+from trainadvisor.frameworks.change import fix_change
 from trainadvisor.records import Overrides
 
 MNIST = (EXAMPLES / "slow_input_mnist.py").resolve()
@@ -14,7 +14,7 @@ COMPUTE = (EXAMPLES / "compute_bound.py").resolve()
 
 
 def _diff(script: Path, fix: str, settings: dict) -> str | None:  # type: ignore[type-arg]
-    return code_diff(script, fix, Overrides(**settings))
+    return fix_change(script, fix, Overrides(**settings), None).diff or None
 
 
 def test_dataloader_settings_and_non_blocking_batch_copies() -> None:

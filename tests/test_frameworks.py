@@ -44,9 +44,10 @@ def test_hugging_face_trainer_gets_its_training_arguments_changed(tmp_path: Path
     assert f"+        dataloader_num_workers={workers},\n" in outcome["diff"]
     assert "+        dataloader_persistent_workers=True,\n" in outcome["diff"]
     assert outcome["diff"].startswith("--- a/hf_trainer_slow_data.py\n+++ b/hf_trainer_slow_data.py\n")
+    line = _line(EXAMPLES / "hf_trainer_slow_data.py", "training_args = TrainingArguments(")
     assert outcome["setting_change"] == (
         f"`TrainingArguments(dataloader_num_workers={workers}, dataloader_persistent_workers=True)` "
-        f"at hf_trainer_slow_data.py:{_line(EXAMPLES / 'hf_trainer_slow_data.py', 'training_args = TrainingArguments(')}"
+        f"at hf_trainer_slow_data.py:{line}"
     )
     (stall,) = [f for f in report["findings"] if f["rule"] == "data-stall"]
     assert (

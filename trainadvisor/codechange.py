@@ -1,5 +1,5 @@
 """Editing the user's script for a fix's code change (each fix's `code_change` says what to
-edit; `fixes.code_diff` turns it into a unified diff against the script itself).
+edit; `frameworks.change` turns it into a unified diff of the user's files).
 
 The source is parsed with libcst (a concrete syntax tree: comments, spacing and layout are kept)
 and only the call a fix is about is changed: the `DataLoader(...)` at the call site the run

@@ -6,7 +6,6 @@ are pure: only `profile` runs processes."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from trainadvisor.fixes.amp import Amp
@@ -18,8 +17,7 @@ from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation, peak_reserved
 from trainadvisor.fixes.pin_memory import PinMemory
 from trainadvisor.fixes.tf32 import Tf32
-from trainadvisor.frameworks.change import fix_change
-from trainadvisor.records import Finding, Overrides, PlannedFix, RawRun, Trial, merge_overrides
+from trainadvisor.records import Finding, Overrides, PlannedFix, Trial, merge_overrides
 
 REGISTRY: dict[str, Fix] = {
     fix.id: fix
@@ -68,9 +66,3 @@ def install(recorder: Any, overrides: Overrides) -> None:
     """Every fix's run-time switch that these overrides ask for, in the script's process."""
     for fix in REGISTRY.values():
         fix.install(recorder, overrides)
-
-
-def code_diff(script: Path, fix_id: str, overrides: Overrides, raw: RawRun | None = None) -> str | None:
-    """The unified diff that makes `script` do what the kept fix did at run time, or None when
-    the fix has no single place in the code, or the script cannot be read or parsed."""
-    return fix_change(script, fix_id, overrides, raw).diff or None

@@ -70,6 +70,18 @@ def package_dirs() -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+@cache
+def _ours_and_torch() -> tuple[str, str]:
+    import torch
+
+    return str(Path(__file__).parent.parent) + "/", str(Path(torch.__file__).parent) + "/"
+
+
+def ours_or_torch(filename: str) -> bool:
+    """A file of trainadvisor's or torch's: a frame there is neither the user's nor a framework's."""
+    return filename.startswith(_ours_and_torch())
+
+
 def framework_of(filename: str) -> str:
     """The framework whose package holds this file, "" for any other file."""
     for folder, framework in package_dirs():
@@ -78,4 +90,4 @@ def framework_of(filename: str) -> str:
     return ""
 
 
-__all__ = ["PACKAGES", "WATCHED", "Watched", "framework_of", "package_dirs"]
+__all__ = ["PACKAGES", "WATCHED", "Watched", "framework_of", "ours_or_torch", "package_dirs"]

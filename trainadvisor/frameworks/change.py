@@ -5,6 +5,7 @@ come from there (HfArgumentParser, LightningCLI) instead of a diff."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,12 @@ def fix_change(script: Path, fix_id: str, overrides: Overrides, raw: RawRun | No
     """The change that makes `overrides` (a kept or recommended fix's) permanent."""
     t = vocab.translate(overrides, raw) if raw is not None else None
     if t is None:
-        return Change(_diff(script, {script: _generic(script, fix_id, overrides)}))
+        return Change(_diff({script: _generic(script, fix_id, overrides)}))
     edits: dict[Path, tuple[str, str] | None] = {}
     words: list[str] = []
-    current = t.call.settings if t.call else {}
+    current = t.call.settings
     settings = {k: v for k, v in t.settings.items() if current.get(k, object()) != v}
-    if settings and t.call is not None:
+    if settings:
         words.append(setting_words(t.call, settings, script))
         path = _editable(t.call.site, script) if t.call.source == "code" else None
         if path is not None:
@@ -90,63 +91,59 @@ def fix_change(script: Path, fix_id: str, overrides: Overrides, raw: RawRun | No
     if rest.loaders or rest.runtime or rest.non_blocking_h2d or t.lines:
         edits[script] = _own_change(script, _current(edits, script), fix_id, rest, t.lines)
     words += t.notes
-    return Change(_diff(script, edits), "; ".join(words))
+    return Change(_diff(edits), "; ".join(words))
 
 
-def _current(edits: dict[Path, tuple[str, str] | None], script: Path) -> str | Path:
-    """The script's text as edited so far (the path when it is not edited yet)."""
+def _current(edits: dict[Path, tuple[str, str] | None], script: Path) -> str | None:
+    """The script's text as edited so far (None when it is not edited yet)."""
     done = edits.get(script)
-    return done[1] if done is not None else script
+    return done[1] if done is not None else None
+
+
+def _edit(
+    path: Path, change: Callable[[str], str | None], source: str | None = None
+) -> tuple[str, str] | None:
+    """(the file as it is, as `change` makes it from `source`, the file's text by default);
+    None when the file cannot be read or parsed, has no safe place, or stays the same."""
+    try:
+        before = path.read_text()
+        after = change(before if source is None else source)
+    except _UNEDITABLE:
+        return None
+    return (before, after) if after is not None and after != before else None
 
 
 def _call_change(path: Path, call: FrameworkCall, settings: dict[str, Any]) -> tuple[str, str] | None:
     place = _file_and_line(call.site)
-    try:
-        before = path.read_text()
-        after = codechange.edit_calls(before, {call.name}, place[1] if place else None, settings)
-    except _UNEDITABLE:
-        return None
-    return (before, after) if after is not None else None
+    line = place[1] if place else None
+    return _edit(path, lambda source: codechange.edit_calls(source, {call.name}, line, settings))
 
 
 def _own_change(
-    script: Path, source: str | Path, fix_id: str, overrides: Overrides, lines: list[str] | None = None
+    script: Path, source: str | None, fix_id: str, overrides: Overrides, lines: list[str]
 ) -> tuple[str, str] | None:
     """The fix's change of the user's own code, left after the framework's settings: its
     DataLoader, its loop's copies, the switches the framework has no setting for, statements
     after the imports."""
     from trainadvisor.fixes import REGISTRY
 
-    try:
-        before = script.read_text()
-        edited: str | None = source if isinstance(source, str) else before
+    def change(edited: str | None) -> str | None:
         if overrides.loaders or overrides.non_blocking_h2d:
             own = Overrides(overrides.loaders, overrides.non_blocking_h2d)
             edited = codechange.loader_change(edited, script, own) if edited is not None else None
         if overrides.runtime and edited is not None:
             edited = REGISTRY[fix_id].code_change(edited, script, Overrides(runtime=overrides.runtime))
-        if lines and edited is not None:
-            edited = codechange.after_imports(edited, lines)
-    except _UNEDITABLE:
-        return None
-    return (before, edited) if edited is not None and edited != before else None
+        return codechange.after_imports(edited, lines) if lines and edited is not None else edited
+
+    return _edit(script, change, source)
 
 
 def _generic(script: Path, fix_id: str, overrides: Overrides) -> tuple[str, str] | None:
     """A loop the user wrote: the fix's own code change of the script."""
     from trainadvisor.fixes import REGISTRY
 
-    try:
-        before = script.read_text()
-        after = REGISTRY[fix_id].code_change(before, script, overrides)
-    except _UNEDITABLE:
-        return None
-    return (before, after) if after is not None and after != before else None
+    return _edit(script, lambda source: REGISTRY[fix_id].code_change(source, script, overrides))
 
 
-def _diff(script: Path, edits: dict[Path, tuple[str, str] | None]) -> str:
-    parts = []
-    for path, edit in edits.items():
-        if edit is not None and edit[0] != edit[1]:
-            parts.append(codechange.unified_diff(path, *edit))
-    return "".join(parts)
+def _diff(edits: dict[Path, tuple[str, str] | None]) -> str:
+    return "".join(codechange.unified_diff(path, *edit) for path, edit in edits.items() if edit is not None)

@@ -9,6 +9,7 @@ the DataLoader a Lightning module or an accelerate loop builds, an optimizer's `
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,20 +24,21 @@ TRANSFORMERS_LOADER = {
     "batch_size": "per_device_train_batch_size",
 }
 LIGHTNING_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed"}
-# What each framework's settings object is called in words, for the report.
-OBJECT = {"transformers": "TrainingArguments", "lightning": "Trainer", "accelerate": "Accelerator"}
 
 
 @dataclass
 class Translation:
     """A fix's settings split between the framework's settings object and the user's code."""
 
-    framework: str
-    call: FrameworkCall | None  # the settings object the framework settings go to
+    call: FrameworkCall  # the settings object the framework settings go to
     settings: dict[str, Any] = field(default_factory=dict)  # framework setting -> value
     rest: Overrides = field(default_factory=Overrides)  # changes of the user's own code
     lines: list[str] = field(default_factory=list)  # statements after the script's imports
     notes: list[str] = field(default_factory=list)  # what else to do, in words
+
+    @property
+    def framework(self) -> str:
+        return self.call.framework
 
 
 def loop_call(raw: RawRun) -> FrameworkCall | None:
@@ -70,7 +72,7 @@ def translate(overrides: Overrides, raw: RawRun) -> Translation | None:
     call = loop_call(raw)
     if call is None:
         return None
-    t = Translation(call.framework, call)
+    t = Translation(call)
     _loaders(t, overrides, raw.loaders)
     runtime = dict(overrides.runtime)
     {"transformers": _transformers, "lightning": _lightning, "accelerate": _accelerate}[call.framework](
@@ -160,8 +162,6 @@ def flags(settings: dict[str, Any], prefix: str = "--") -> str:
 
 def keys(settings: dict[str, Any], style: str) -> str:
     """Config-file entries: JSON ("key": value) or YAML (key: value)."""
-    import json
-
     if style == "json":
         return ", ".join(f"{json.dumps(name)}: {json.dumps(value)}" for name, value in settings.items())
     return ", ".join(

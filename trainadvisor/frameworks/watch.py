@@ -14,14 +14,12 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from trainadvisor.frameworks import WATCHED, Watched, framework_of
+from trainadvisor.frameworks import WATCHED, Watched, framework_of, ours_or_torch
 from trainadvisor.records import FrameworkCall, LoaderInfo
 
-_PACKAGE = str(Path(__file__).parent.parent) + "/"  # trainadvisor/
 # HfArgumentParser's methods, by where the values they parse come from, and the local that
 # names the file they read
 _PARSERS = {
@@ -30,12 +28,6 @@ _PARSERS = {
     "parse_yaml_file": ("yaml", "yaml_file"),
     "parse_dict": ("dict", ""),
 }
-
-
-def _torch_dir() -> str:
-    import torch
-
-    return str(Path(torch.__file__).parent) + "/"
 
 
 def _plain(value: Any) -> Any:
@@ -52,7 +44,6 @@ class _Origin:
 
     def __init__(self, framework: str, built: Any) -> None:
         self.site, self.source, self.config_file, self.inside = "unknown", "code", "", ""
-        torch_dir = _torch_dir()
         frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             name = frame.f_code.co_filename
@@ -60,7 +51,7 @@ class _Origin:
             if owner:
                 self._framework_frame(frame, owner, framework)
             elif not (
-                name.startswith((_PACKAGE, torch_dir, "<")) or frame.f_locals.get("self") is built
+                ours_or_torch(name) or name.startswith("<") or frame.f_locals.get("self") is built
             ):  # the user's frame (not a subclass's own __init__ of the object being built)
                 self.site = f"{os.path.abspath(name)}:{frame.f_lineno}"
                 return
@@ -197,7 +188,7 @@ def loader_origin(loaders: list[LoaderInfo]) -> str:
                 index = getattr(value, "_trainadvisor_loader", None) if _is_loader(value) else None
                 if isinstance(index, int) and 0 <= index < len(loaders):
                     return loaders[index].created_at
-        elif not name.startswith((_PACKAGE, _torch_dir())):
+        elif not ours_or_torch(name):
             return ""  # out of the framework's code: the user's
         frame = frame.f_back
     return ""

@@ -11,7 +11,6 @@ import pickle
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -19,13 +18,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from trainadvisor.frameworks import framework_of
+from trainadvisor.frameworks import framework_of, ours_or_torch
 from trainadvisor.frameworks.watch import loader_origin
 from trainadvisor.records import LoaderInfo
 
 # DataLoader arguments an override may set, and the values that need workers.
 _WORKER_ONLY = ("persistent_workers", "prefetch_factor")
-_PACKAGE = str(Path(__file__).parent.parent)  # trainadvisor/
 
 
 def call_site(built: Any = None) -> str:
@@ -34,11 +32,9 @@ def call_site(built: Any = None) -> str:
     `DataLoader.__init__` to rebuild loaders later; accelerate's `DataLoaderShard.__init__`) is
     passed over: its first argument is the loader being built."""
     frame = inspect.currentframe()
-    here = _PACKAGE
-    torch_dir = str(Path(torch.__file__).parent)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith((here, torch_dir)) and not _constructing(frame, built):
+        if not ours_or_torch(name) and not _constructing(frame, built):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "unknown"
