@@ -4,12 +4,16 @@ JSON and loaded back to re-render a report without rerunning anything."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import os
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
+
+from trainadvisor.errors import UsageError
 
 T = TypeVar("T")
 
@@ -56,11 +60,31 @@ def from_plain(cls: Any, data: Any) -> Any:
     return data
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write beside the file, then rename over it: a reader (or an interruption, or a full
+    disk) never sees a half-written file, and an earlier version stays whole. A failed write
+    is a UsageError naming the file."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise write_failed(path, exc) from None
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_failed(path: Path, exc: OSError) -> UsageError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UsageError(f"no space left on device while writing {path}; free space or choose another --out")
+    return UsageError(
+        f"cannot write {path} ({exc.strerror or exc}); fix the permissions or choose another --out"
+    )
+
+
 def save_json(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(to_plain(obj), indent=1, allow_nan=False) + "\n")
-    tmp.replace(path)
+    write_atomically(path, json.dumps(to_plain(obj), indent=1, allow_nan=False) + "\n")
 
 
 def load_json(cls: type[T], path: Path) -> T:

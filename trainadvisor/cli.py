@@ -258,7 +258,12 @@ def _run(work: Callable[[], int]) -> NoReturn:
     their exit code; a file that cannot be read or written (no space left, a folder that is a
     file) as a usage problem; Ctrl-C as 130; a defect of ours as one line and exit 1, its
     traceback with TRAINADVISOR_DEBUG=1."""
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # SIGINT too: a shell starting a background job, or a scheduler, may have set it to be
+    # ignored, and a `kill -INT` to this process alone must still stop the run.
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
         code = work()
     except TrainAdvisorError as exc:
@@ -285,7 +290,8 @@ def _run(work: Callable[[], int]) -> NoReturn:
         )
         sys.exit(1)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     sys.exit(code)
 
 

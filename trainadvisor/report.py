@@ -329,24 +329,13 @@ def _holder(lock_path: Path) -> str:
         return "unknown"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write beside the file, then rename over it: a reader (or an interruption) never sees a
-    half-written report."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        temporary.write_text(text)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def write_report(report: Report, out_dir: Path, templates: Path) -> None:
     """report.json, report.md and report.html, each written atomically (JSON first: the other
     two are renderings of it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out_dir / "report.json", report_json(report))
-    _write_atomically(out_dir / "report.md", render_markdown(report, templates))
-    _write_atomically(out_dir / "report.html", render_html(report, templates))
+    _serial.write_atomically(out_dir / "report.json", report_json(report))
+    _serial.write_atomically(out_dir / "report.md", render_markdown(report, templates))
+    _serial.write_atomically(out_dir / "report.html", render_html(report, templates))
 
 
 def load_report(out_dir: Path) -> Report:

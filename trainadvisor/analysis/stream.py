@@ -23,6 +23,10 @@ import msgspec
 from trainadvisor.errors import UsageError
 
 BLOCK_BYTES = 4 << 20
+# No event torch.profiler writes comes near this; a trace whose event does not end within it is
+# damaged or hostile (a gzip "bomb" of one endless string) and is refused before memory grows.
+MAX_EVENT_BYTES = 32 << 20
+HEAD_BYTES = 4 * BLOCK_BYTES  # the keys before the event array are read within this
 _CUT = re.compile(rb"\}\s*,\s*\Z")  # `}, ` just before an event's `{`
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 
@@ -104,14 +108,29 @@ def _decode(raw: bytes) -> list[Event]:
     """Events of a chunk; msgspec.DecodeError when the chunk is not a JSON array of events."""
     try:
         return _decode_events(raw)
+    except RecursionError:
+        raise _TooDeep() from None
     except msgspec.ValidationError:
         try:
             items = json.loads(raw)
+        except RecursionError:
+            raise _TooDeep() from None
         except ValueError as exc:  # the chunk itself is malformed (a wrong cut): say so alike
             raise msgspec.DecodeError(str(exc)) from None
         if not isinstance(items, list):
             raise msgspec.DecodeError("not an array") from None
         return _loose(items)
+
+
+class _TooDeep(Exception):
+    """An event nested deeper than a decoder's recursion limit (a hostile file)."""
+
+
+def _refused(path: Path, what: str, offset: int) -> UsageError:
+    return UsageError(
+        f"{path}: {what} at byte {offset}; torch.profiler writes no such trace: the file is damaged "
+        "or was not made by a profiler, and is not read further"
+    )
 
 
 def _blocks(stream: IO[bytes]) -> Iterator[bytes]:
@@ -135,6 +154,11 @@ def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str
     try:
         with _open(path) as stream:
             return _read(stream, on_events, path)
+    except _TooDeep:
+        raise UsageError(
+            f"{path}: an event nested deeper than any trace's (thousands of arrays or objects in one "
+            "another); the file is damaged or was not made by a profiler, and is not read further"
+        ) from None
     except (OSError, EOFError, zlib.error) as exc:
         raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
 
@@ -142,25 +166,34 @@ def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str
 def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: Path) -> dict[str, Any]:
     blocks = _blocks(stream)
     buffer = b""
-    head = None
     for block in blocks:
         buffer += block
+        if buffer.lstrip()[:1] == b"[":  # a bare event array
+            rest = buffer.lstrip()[1:]
+            return _events_to_end(blocks, rest, on_events, path, b"", len(buffer) - len(rest))
         match = _ARRAY_START.search(buffer)
         if match:
-            head, buffer = buffer[: match.start()], buffer[match.end() :]
-            break
-        if len(buffer) > 4 * BLOCK_BYTES:
-            break
-    if head is None:
-        return _whole_document(buffer + b"".join(blocks), path, on_events)
-    return _events_to_end(blocks, buffer, on_events, path, head)
+            head, rest = buffer[: match.start()], buffer[match.end() :]
+            return _events_to_end(blocks, rest, on_events, path, head, match.end())
+        if len(buffer) > HEAD_BYTES:
+            raise UsageError(
+                f'{path}: no "traceEvents" list in its first {HEAD_BYTES >> 20} MB; not a profiler '
+                "trace (write traces with torch.profiler's export_chrome_trace or tensorboard_trace_handler)"
+            )
+    return _whole_document(buffer, path, on_events)
 
 
 def _events_to_end(
-    blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None], path: Path, head: bytes
+    blocks: Iterator[bytes],
+    buffer: bytes,
+    on_events: Callable[[list[Event]], None],
+    path: Path,
+    head: bytes,
+    offset: int,
 ) -> dict[str, Any]:
-    """The events from `buffer` and `blocks` to the end of the array, and the keys after it."""
-    buffer, events = _whole_events(blocks, buffer, on_events)
+    """The events from `buffer` (at byte `offset` of the file) and `blocks` to the end of the
+    array, and the keys after it."""
+    buffer, events = _whole_events(blocks, buffer, on_events, path, offset)
     while True:  # leave only the last event for the final cut, which tries `]` by `]`
         buffer, decoded = _drain(buffer, final=False)
         if not decoded:
@@ -185,7 +218,7 @@ def split_points(path: Path, parts: int) -> tuple[list[int], dict[str, Any]] | N
     starts ([first event, cut, ..., end of file]) and the keys before the array; None for a
     compressed file or one where no clean cut is found (it is then read whole)."""
     with open(path, "rb") as f:
-        head = f.read(4 * BLOCK_BYTES)
+        head = f.read(HEAD_BYTES)
     match = _ARRAY_START.search(head)
     if head[:2] == b"\x1f\x8b" or match is None:
         return None
@@ -212,7 +245,7 @@ def _event_start(path: Path, offset: int) -> int | None:
             return None
         try:
             event = msgspec.json.decode(window[start : following.start() + 1])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             continue  # the boundary was inside a string or a nested object
         if isinstance(event, dict) and "ph" in event and ("ts" in event or "name" in event):
             return offset + start
@@ -226,8 +259,10 @@ def read_range(path: Path, start: int, end: int, on_events: Callable[[list[Event
         with open(path, "rb") as f:
             f.seek(start)
             if end >= path.stat().st_size:
-                return _events_to_end(_blocks(f), b"", on_events, path, b"")
-            return _events_within(_bounded(f, end - start), on_events, path)
+                return _events_to_end(_blocks(f), b"", on_events, path, b"", start)
+            return _events_within(_bounded(f, end - start), on_events, path, start)
+    except _TooDeep:
+        raise UsageError(f"{path}: an event nested deeper than any trace's; not read further") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
 
@@ -239,9 +274,9 @@ def _bounded(stream: IO[bytes], length: int) -> Iterator[bytes]:
 
 
 def _events_within(
-    blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path
+    blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path, offset: int
 ) -> dict[str, Any]:
-    buffer, events = _whole_events(blocks, b"", on_events)
+    buffer, events = _whole_events(blocks, b"", on_events, path, offset)
     rest = buffer.rstrip().rstrip(b",")
     if rest:
         try:
@@ -252,14 +287,19 @@ def _events_within(
 
 
 def _whole_events(
-    blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None]
+    blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None], path: Path, offset: int
 ) -> tuple[bytes, int]:
     """Feed the events that end before each block's clean cut; return what is left undecoded
-    after the last block, and how many events were fed."""
+    after the last block, and how many events were fed. `offset`: where `buffer` starts in the
+    file; an event that does not end within MAX_EVENT_BYTES of it is refused."""
     events = 0
     for block in blocks:
         buffer += block
+        before = len(buffer)
         buffer, decoded = _drain(buffer, final=False)
+        offset += before - len(buffer)
+        if len(buffer) > MAX_EVENT_BYTES:
+            raise _refused(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MB", offset)
         events += _feed(decoded or [], on_events)
     return buffer, events
 
@@ -275,21 +315,44 @@ def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
     Returns (the undecoded rest, the events); with `final`, the rest is what follows the array."""
     if final:
         # What is left is the last event(s), `]`, and the document's other keys (Kineto writes
-        # log arrays there, full of `]`). The first `]` from the front at which the events parse
-        # ends the array: a `]` inside an event leaves it unbalanced.
-        end = buffer.find(b"]")
-        while end >= 0:
-            try:
-                return buffer[end + 1 :], _decode(b"[" + buffer[:end] + b"]")
-            except msgspec.DecodeError:
-                end = buffer.find(b"]", end + 1)
-        return b"", None
+        # log arrays there, full of `]`): the `]` after the last whole event ends the array.
+        end = _array_end(buffer)
+        if end is None:
+            return b"", None
+        try:
+            return buffer[end + 1 :], _decode(b"[" + buffer[:end] + b"]")
+        except msgspec.DecodeError:
+            return b"", None
     for cut in _last_cuts(buffer, 8):
         try:
             return buffer[cut + 1 :].lstrip().lstrip(b","), _decode(b"[" + buffer[: cut + 1] + b"]")
         except msgspec.DecodeError:
             continue  # the cut fell inside a string or a nested object: try an earlier one
     return buffer, []  # no clean cut yet: read more
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _array_end(buffer: bytes) -> int | None:
+    """Where the `]` closing the event array is in `buffer` (events, then `]`): one pass over
+    the events with a JSON scanner, so a file full of `]` costs no more than one without."""
+    text = buffer.decode("latin-1")  # one character per byte: positions stay byte offsets
+    scan = json.JSONDecoder().raw_decode
+    position = 0
+    while True:
+        position = _WHITESPACE.match(text, position).end()  # type: ignore[union-attr]
+        if text.startswith("]", position):
+            return position
+        if text.startswith(",", position):
+            position += 1
+            continue
+        try:
+            _, position = scan(text, position)
+        except ValueError:
+            return None
+        except RecursionError:
+            raise _TooDeep() from None
 
 
 def _last_cuts(buffer: bytes, count: int) -> Iterator[int]:
@@ -312,7 +375,7 @@ def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:
     for text in (head + b'"traceEvents": []}', b"{" + tail.lstrip().lstrip(b",")):
         try:
             part = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             continue
         if isinstance(part, dict):
             meta.update(part)
@@ -324,6 +387,8 @@ def _whole_document(raw: bytes, path: Path, on_events: Callable[[list[Event]], N
     """A trace without a `"traceEvents": [` head: a bare event array, or not a trace at all."""
     try:
         document = json.loads(raw)
+    except RecursionError:
+        raise _TooDeep() from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not valid JSON ({exc}); is the file truncated?") from None
     if isinstance(document, dict) and isinstance(document.get("traceEvents"), list):

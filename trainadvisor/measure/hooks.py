@@ -77,6 +77,7 @@ class Recorder(Patches):
         self.framework_calls: list[FrameworkCall] = []  # TrainingArguments, Trainer, Accelerator built
         self.live_loaders = loaders.LiveLoaders()
         self.result: RawRun | None = None  # the baseline window's, once written
+        self.write_failed = False  # then no trial window follows: the run ends at the window
         self.data_parallel_modules = 0
         self.device_announced = False
         self.non_blocking_h2d = config.overrides.non_blocking_h2d  # mark batches for async copies
@@ -182,7 +183,7 @@ class Recorder(Patches):
             if gpu.cuda_in_use():
                 self.announce_device()
         if window.phase == "done" and self.config.stop_after_window:
-            if self.session is not None and self.session.next_window(self):
+            if self.session is not None and not self.write_failed and self.session.next_window(self):
                 return  # a trial window runs from this step on
             raise WindowComplete()
 
@@ -245,6 +246,7 @@ class Recorder(Patches):
             self.result.ended_unix_s = time.time()
             _serial.save_json(self.result, Path(self.config.result_file))
         except Exception as exc:  # report it, let training go on
+            self.write_failed = True
             print(f"[trainadvisor] could not record the measurements: {exc!r}", file=sys.stderr)
             try:  # a line for the parent, which would otherwise see only a missing result
                 failed_write_file(self.config.result_file).write_text(f"{type(exc).__name__}: {exc}")

@@ -125,7 +125,9 @@ def wait_for(proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Pa
 
 
 def _written(result_files: list[Path]) -> bool:
-    return any(p.exists() if "*" not in p.name else any(p.parent.glob(p.name)) for p in result_files)
+    """A result, or word that it could not be written (a full disk), is there."""
+    candidates = [*result_files, *map(failed_write_file, result_files)]
+    return any(p.exists() if "*" not in p.name else any(p.parent.glob(p.name)) for p in candidates)
 
 
 @dataclass
