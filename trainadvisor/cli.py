@@ -41,6 +41,9 @@ def main() -> None:
     Start with:
       trainadvisor profile train.py --your --script --args
     """
+    from trainadvisor.measure.console import quiet_numpy_warning
+
+    quiet_numpy_warning()
 
 
 @main.command(
@@ -308,7 +311,7 @@ def _load(path: Path) -> Any:
         raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
     try:
         return load_report(folder)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UsageError(f"{folder / 'report.json'}: not a report this version can read ({exc})") from None
 
 

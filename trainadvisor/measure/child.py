@@ -73,6 +73,9 @@ def _record_when_stopped(recorder: hooks.Recorder) -> None:
 
 def main() -> int:
     config_path, script, *script_args = sys.argv[1:]
+    from trainadvisor.measure.console import quiet_numpy_warning
+
+    quiet_numpy_warning()
     from trainadvisor.measure import hooks
     from trainadvisor.measure.config import load_config
 

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import trainadvisor
 from trainadvisor import _serial
+from trainadvisor.measure import console
 from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
 from trainadvisor.measure.sampling import Sampler
@@ -200,6 +201,7 @@ class Launched:
     files: _Files
     log: IO[bytes] | None
     started: float
+    forwarder: threading.Thread | None = None  # the script's stderr, without Kineto's chatter
 
 
 def launch(spec: RunSpec) -> Launched:
@@ -207,23 +209,25 @@ def launch(spec: RunSpec) -> Launched:
     files = _prepare_files(spec)
     command = _command(spec, files)
     log: IO[bytes] | None = open(spec.out_dir / files.log_rel, "wb") if files.log_rel else None
+    errors_to = log or getattr(sys.stderr, "buffer", None)  # None under a capture without bytes
     try:
         with _signals_held():
             proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
-                stderr=subprocess.STDOUT if log else None,
+                stderr=subprocess.PIPE if errors_to is not None else None,
                 env=_child_env(),
                 start_new_session=True,
             )
+            forwarder = console.forward(proc.stderr, errors_to) if proc.stderr and errors_to else None
             sampler = Sampler(proc.pid, devices=_named_devices(files.device))
             sampler.start()
     except BaseException:
         if log:
             log.close()
         raise
-    return Launched(proc, sampler, files, log, time.monotonic())
+    return Launched(proc, sampler, files, log, time.monotonic(), forwarder)
 
 
 def stop(launched: Launched) -> None:
@@ -234,6 +238,8 @@ def stop(launched: Launched) -> None:
             launched.sampler.stop()
             _stop_group(launched.proc)  # DataLoader workers or anything else the script left running
             launched.proc.wait()
+            if launched.forwarder is not None:  # the last lines, unless an escaped process holds the pipe
+                launched.forwarder.join(timeout=2.0)
     finally:
         if launched.log:
             launched.log.close()
