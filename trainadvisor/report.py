@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from trainadvisor import _serial
+from trainadvisor import _serial, mdtext
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, window_samples
 from trainadvisor.errors import UsageError
 from trainadvisor.records import GpuSample, HostSample, LossCheck, Report, Run, timed_steps
@@ -197,6 +197,8 @@ def _environment(templates: Path) -> jinja2.Environment:
     env.filters["num"] = _number
     env.filters["diff_lines"] = _diff_lines
     env.filters["code_spans"] = _code_spans
+    env.filters["md"], env.filters["md_cell"] = mdtext.inline, mdtext.cell
+    env.filters["md_code"], env.filters["fence"] = mdtext.code, mdtext.fence
     return env
 
 

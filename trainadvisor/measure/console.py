@@ -67,13 +67,14 @@ def forward(source: IO[bytes], target: IO[bytes]) -> threading.Thread:
     """Copy `source` to `target` through a NoiseFilter on a daemon thread, until end of file."""
 
     def copy() -> None:
-        noise = NoiseFilter()
+        noise, shown = NoiseFilter(), True
         fd = source.fileno()
         try:
-            while chunk := os.read(fd, 65536):
-                _write(target, noise.feed(chunk))
-            _write(target, noise.flush())
-        except (OSError, ValueError):  # the target went away: nothing left to show
+            while chunk := os.read(fd, 65536):  # read on to the end even when nothing can be shown,
+                shown = shown and _write(target, noise.feed(chunk))  # or the script would block
+            if shown:
+                _write(target, noise.flush())
+        except OSError:
             pass
         finally:
             source.close()
@@ -83,10 +84,15 @@ def forward(source: IO[bytes], target: IO[bytes]) -> threading.Thread:
     return thread
 
 
-def _write(target: IO[bytes], data: bytes) -> None:
-    if data:
-        target.write(data)
-        target.flush()
+def _write(target: IO[bytes], data: bytes) -> bool:
+    """False once the target cannot take more (closed, or its disk is full)."""
+    try:
+        if data:
+            target.write(data)
+            target.flush()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def quiet_numpy_warning() -> None:

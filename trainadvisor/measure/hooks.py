@@ -318,10 +318,16 @@ def fingerprint(tensor: torch.Tensor) -> str:
 def export_trace(profiler: torch.profiler.profile, path: Path) -> None:
     """Chrome trace, gzipped (a tenth of the size; TensorBoard and Perfetto open .json.gz)."""
     plain = path.with_suffix("")  # x.pt.trace.json.gz -> x.pt.trace.json
-    profiler.export_chrome_trace(str(plain))
-    with open(plain, "rb") as source, gzip.open(path, "wb", compresslevel=6) as target:
-        shutil.copyfileobj(source, target)
-    plain.unlink()
+    try:
+        profiler.export_chrome_trace(str(plain))
+        with open(plain, "rb") as source, gzip.open(path, "wb", compresslevel=6) as target:
+            shutil.copyfileobj(source, target)
+    except BaseException:  # a full disk: no part-written trace is left as if it were one
+        path.unlink(missing_ok=True)
+        raise
+    finally:  # Kineto writes through a temporary beside it, left behind when the write fails
+        for leftover in (plain, plain.with_name(plain.name + ".tmp")):
+            leftover.unlink(missing_ok=True)
 
 
 def batch_tensors(batch: Any) -> Any:

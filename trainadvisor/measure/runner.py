@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import trainadvisor
 from trainadvisor import _serial
+from trainadvisor.errors import UsageError
 from trainadvisor.measure import console
 from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
@@ -242,7 +243,8 @@ def stop(launched: Launched) -> None:
                 launched.forwarder.join(timeout=2.0)
     finally:
         if launched.log:
-            launched.log.close()
+            with contextlib.suppress(OSError):  # a full disk: the log keeps what it took
+                launched.log.close()
 
 
 def collect(launched: Launched, spec: RunSpec, killed: str | None) -> RawRun:
@@ -357,6 +359,19 @@ def _ranks(result_file: Path, spec: RunSpec, returncode: int, killed: str | None
     return primary
 
 
+def _raise_if_disk_full(reason: str, result_file: Path) -> None:
+    """A child that could not write its measurements for want of space (its word for it is a
+    UsageError's message, or nothing at all when not even that fitted) ends the run: the user's
+    next step is to free space, not to debug the script."""
+    if reason.startswith(f"{UsageError.__name__}: "):
+        raise UsageError(reason.removeprefix(f"{UsageError.__name__}: "))
+    if not reason:
+        raise UsageError(
+            f"no space left on device while writing {result_file} (not even the reason could be "
+            "written); free space or choose another --out"
+        )
+
+
 def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | None) -> RawRun:
     if result_file.exists():
         raw = _serial.load_json(RawRun, result_file)
@@ -369,9 +384,11 @@ def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | Non
     if killed:
         error = killed
     elif failed_write.exists():
+        reason = failed_write.read_text().strip()
+        _raise_if_disk_full(reason, result_file)
         error = (
             f"trainadvisor could not save the measurements in the script's process "
-            f"({failed_write.read_text().strip()}); the script's own exit code was {returncode}"
+            f"({reason}); the script's own exit code was {returncode}"
         )
     elif returncode < 0:
         error = f"the script was killed by signal {signal.Signals(-returncode).name}"

@@ -1,0 +1,224 @@
+"""The fault suite (issue 16): hostile traces, a full disk, signals to the parent or its group,
+console noise, Markdown from user text. Each case asserts the exit code, the one-line message,
+the memory bound where there is one, that the report is kept, and that no process is left."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DATA, EXAMPLES, load_report, processes_running
+
+from trainadvisor import mdtext
+from trainadvisor.measure.console import NoiseFilter
+
+
+def _cli(*args: str | Path, cwd: Path, timeout_s: float = 120) -> tuple[int, str]:
+    """Exit code and stderr of `python -m trainadvisor ARGS`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trainadvisor", *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    return done.returncode, done.stderr
+
+
+def _peak_rss_of_children_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: kilobytes
+
+
+def _bomb(path: Path, name_bytes: int) -> None:
+    """A gzip trace whose one event name is `name_bytes` long: ~1000x smaller on disk."""
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "')
+        block = b"a" * (1 << 24)
+        for _ in range(name_bytes // len(block)):
+            f.write(block)
+        f.write(b'", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}')
+
+
+def test_a_decompression_bomb_is_refused_at_once_in_bounded_memory(tmp_path: Path) -> None:
+    """1.5 MB on disk, one 1.5 GB event name: refused at the 32 MB event limit."""
+    trace = tmp_path / "bomb.json.gz"
+    _bomb(trace, 1536 << 20)
+    assert trace.stat().st_size < 2 << 20
+    code, err = _cli("analyze", "--out", tmp_path / "r", trace, cwd=tmp_path, timeout_s=60)
+    assert code == 2
+    assert err.splitlines() == [
+        f"trainadvisor: error: {trace}: an event larger than 32 MB at byte 37; torch.profiler writes no such "
+        "trace: the file is damaged or was not made by a profiler, and is not read further"
+    ]
+    assert _peak_rss_of_children_bytes() < 400 << 20
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("depth", [100_000, 3_000])
+def test_events_nested_past_any_limit_are_one_line(tmp_path: Path, depth: int) -> None:
+    trace = tmp_path / "nested.json"
+    nested = "[" * depth + "]" * depth
+    trace.write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2, "pid": 1, '
+        f'"tid": 1, "args": {{"a": {nested}}}}}]}}'
+    )
+    code, err = _cli("analyze", "--out", tmp_path / "r", trace, cwd=tmp_path)
+    assert code == 2
+    assert err.splitlines() == [
+        f"trainadvisor: error: {trace}: an event nested deeper than any trace's (thousands of arrays or "
+        "objects in one another); the file is damaged or was not made by a profiler, and is not read further"
+    ]
+
+
+def test_a_file_that_is_no_trace_is_not_read_to_its_end(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.json.gz"
+    with gzip.open(junk, "wb") as f:
+        for _ in range(40):
+            f.write(b" " * (1 << 20))
+    code, err = _cli("analyze", "--out", tmp_path / "r", junk, cwd=tmp_path)
+    assert (code, err.splitlines()[0]) == (
+        2,
+        f'trainadvisor: error: {junk}: no "traceEvents" list in its first 16 MB; not a profiler trace '
+        "(write traces with torch.profiler's export_chrome_trace or tensorboard_trace_handler)",
+    )
+
+
+def _in_small_filesystem(size: str, shell: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`shell` run with a fresh tmpfs of `size` mounted at /mnt (a user and mount namespace of its
+    own: a real full disk, with no root needed)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to mount a small filesystem")
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user namespaces are not allowed here: {probe.stderr.decode().strip()}")
+    script = f"mount -t tmpfs -o size={size} tmpfs /mnt && {shell}"
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=240
+    )
+
+
+def test_profile_onto_a_full_disk_stops_with_one_line_and_leaves_nothing_running(tmp_path: Path) -> None:
+    python, script = sys.executable, EXAMPLES / "slow_input_mnist.py"
+    done = _in_small_filesystem(
+        "100k",
+        f"{python} -m trainadvisor profile --out /mnt/r {script} --samples 4000; echo rc=$?; "
+        "find /mnt/r -name '*.tmp' -o -name report.json",
+        tmp_path,
+    )
+    lines, printed = done.stderr.splitlines(), done.stdout.splitlines()
+    assert lines[-1].startswith("trainadvisor: error: no space left on device while writing /mnt/r/")
+    assert lines[-1].endswith("; free space or choose another --out")
+    assert printed[printed.index("rc=2") :] == ["rc=2"]  # no report.json, half-written or whole; no temporary
+    assert processes_running(str(script)) == []
+
+
+def test_a_full_disk_keeps_the_earlier_report_whole(tmp_path: Path) -> None:
+    python = sys.executable
+    done = _in_small_filesystem(
+        "1m",
+        f"cp -r {DATA / 'report'} /mnt/r && (cat /dev/zero > /mnt/filler 2>/dev/null; true) && "
+        f"{python} -m trainadvisor report /mnt/r; echo rc=$?; "
+        f"cmp /mnt/r/report.json {DATA / 'report/report.json'} && echo same; ls -a /mnt/r",
+        tmp_path,
+    )
+    [line] = done.stderr.splitlines()
+    assert line == (
+        "trainadvisor: error: no space left on device while writing /mnt/r/report.json; free space or "
+        "choose another --out"
+    )
+    assert done.stdout.split() == ["rc=2", "same", ".", "..", "SOURCE.md", "report.json"]
+
+
+def _ignore_sigint() -> None:  # what a shell's background job or some schedulers start with
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group"), [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)]
+)
+def test_a_signal_to_the_parent_or_its_group_stops_everything_and_keeps_the_report(
+    tmp_path: Path, signum: int, to_group: bool
+) -> None:
+    out, script = tmp_path / "r", EXAMPLES / "slow_input_mnist.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(out),
+         str(script), "--samples", "20000"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=_ignore_sigint,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "measuring fix dataloader-workers" in line:
+            break
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    stdout, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum
+    assert rest.splitlines()[-1] == "trainadvisor: interrupted; the script and its workers were stopped"
+    report = load_report(out)
+    assert [f["rule"] for f in report["findings"]] == ["data-stall"]
+    assert report["notes"][-1].startswith("The run was interrupted")
+    assert processes_running(str(script)) == []
+    console = "".join(seen) + rest + stdout
+    assert "epoch 0 step 0 loss" in console  # the script's own output is shown...
+    assert "USDT:" not in console and "STAGE:" not in console  # ...without Kineto's chatter
+
+
+def test_kinetos_chatter_is_dropped_however_the_stream_is_cut() -> None:
+    stream = (
+        b"epoch 0\nUSDT:2026-11-24 07:04:22 3053:3053 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+        b"STAGE:2026-11-24 07:04:22 3053:3053 ActivityProfilerController.cpp:312] Completed Stage: Warm Up\n"
+        b"ERROR:2026-11-24 07:04:23 3053:3053 output_json.cpp:977] Failed to write to log file!\n"
+        b"USDT: not kineto's\n 50%|#####     |\r100%|##########|\nUSDT"
+    )
+    kept = (
+        b"epoch 0\nERROR:2026-11-24 07:04:23 3053:3053 output_json.cpp:977] Failed to write to log file!\n"
+        b"USDT: not kineto's\n 50%|#####     |\r100%|##########|\nUSDT"
+    )
+    for size in (1, 3, 7, 64, len(stream)):
+        noise = NoiseFilter()
+        out = b"".join(noise.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+        assert out + noise.flush() == kept, size
+    noise = NoiseFilter()  # a progress bar's update is passed on before its line ends
+    assert noise.feed(b" 50%|#####") == b" 50%|#####"
+
+
+def test_user_text_in_report_md_is_shown_as_text() -> None:
+    assert mdtext.inline("see <img src=x onerror=alert(1)> and [a](http://x) *b* | c\nd") == (
+        r"see \<img src=x onerror=alert(1)\> and \[a\](http://x) \*b\* \| c d"
+    )
+    assert mdtext.inline("set `num_workers=4` <b>") == r"set `num_workers=4` \<b\>"
+    assert mdtext.inline("one ` tick") == r"one \` tick"
+    assert mdtext.cell("`a|b` c|d") == r"`a\|b` c\|d"
+    assert mdtext.code("train.py --name `x`") == "`` train.py --name `x` ``"
+    assert mdtext.fence("x = '''```'''") == "````"
+
+
+def test_a_hostile_script_name_and_error_cannot_break_report_md(tmp_path: Path) -> None:
+    """A script named with Markdown and HTML, failing with a message that would end a table and
+    open HTML: report.md shows both as text."""
+    folder = tmp_path / "a|b <i>"
+    folder.mkdir()
+    script = folder / "train_`x`.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for i in range(12):\n    m(torch.ones(4, 2)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "    if i == 4:\n        raise RuntimeError('bad | row\\n</details><script>x()</script>')\n"
+    )
+    out = tmp_path / "r"
+    code, _ = _cli("profile", "--warmup", "2", "--steps", "4", "--out", out, script, cwd=tmp_path)
+    assert code == 3
+    markdown = (out / "report.md").read_text()
+    failure = r"**The script failed:** RuntimeError: bad \| row \</details\>\<script\>x()\</script\>"
+    assert failure in markdown
+    assert "<script>" not in markdown and "</details><" not in markdown
+    [command_line] = [line for line in markdown.splitlines() if "train_" in line]
+    assert command_line.startswith("``trainadvisor profile") and command_line.endswith("/train_`x`.py``")
