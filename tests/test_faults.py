@@ -9,15 +9,17 @@ import os
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, EXAMPLES, load_report, processes_running
+from conftest import DATA, EXAMPLES, SCRIPTS, load_report, processes_running
 
 from trainadvisor import mdtext
 from trainadvisor.measure.console import NoiseFilter
+from trainadvisor.measure.watchdog import Watchdog, innermost_script_frame
 
 
 def _cli(*args: str | Path, cwd: Path, timeout_s: float = 120) -> tuple[int, str]:
@@ -222,3 +224,67 @@ def test_a_hostile_script_name_and_error_cannot_break_report_md(tmp_path: Path) 
     assert "<script>" not in markdown and "</details><" not in markdown
     [command_line] = [line for line in markdown.splitlines() if "train_" in line]
     assert command_line.startswith("``trainadvisor profile") and command_line.endswith("/train_`x`.py``")
+
+
+def test_a_script_stuck_without_a_timeout_is_stopped_showing_where(tmp_path: Path) -> None:
+    out, script = tmp_path / "r", SCRIPTS / "hangs.py"
+    options = ["--stall-timeout", "3", "--warmup", "2", "--steps", "20", "--out", str(out)]
+    code, err = _cli("profile", *options, script, cwd=tmp_path)
+    assert code == 3
+    line = err.splitlines()[-1]
+    assert line.startswith(
+        f"trainadvisor: error: {script} failed: no training step for 3 s (the slowest step "
+    )
+    assert (
+        "the script looks stuck and was stopped; the script at hangs.py:13 in wait_for_peer (every thread's "
+        "stack: logs/baseline.stacks.txt)" in line
+    )
+    stacks = (out / "logs" / "baseline.stacks.txt").read_text()
+    assert 'hangs.py", line 13 in wait_for_peer' in stacks and 'hangs.py", line 18 in <module>' in stacks
+    report = load_report(out)
+    assert (
+        report["baseline"]["raw"]["status"] == "script_failed"
+        and report["baseline"]["raw"]["steps_seen"] == 8
+    )
+    assert processes_running(str(script)) == []
+
+
+def _beat(path: Path, steps: int, pid: int = 1) -> None:
+    path.write_bytes(struct.pack("<qq", steps, pid))
+
+
+def test_the_watchdog_waits_twenty_slowest_steps_and_at_least_two_minutes(tmp_path: Path) -> None:
+    beat = tmp_path / "run.heartbeat"
+    dog = Watchdog([beat], [tmp_path / "run.stacks.txt"], tmp_path / "logs")
+    assert dog.stalled(0.0) is None  # no heartbeat yet: start-up is not a stall
+    _beat(beat, 0)
+    assert dog.stalled(1000.0) is None  # no step yet
+    for step, now in ((1, 1000.0), (2, 1010.0), (3, 1011.0)):  # the slowest step: 10 s
+        _beat(beat, step)
+        assert dog.stalled(now) is None
+    assert dog.slowest_s == 10.0
+    assert dog.stalled(1011.0 + 200.0) is None  # 20 x 10 s
+    dog.limit_s = 5.0
+    assert dog.stalled(1011.0 + 200.5) == (
+        "no training step for 200 s (the slowest step before took 10.0 s): the script looks stuck and was "
+        "stopped; no Python stacks could be taken"
+    )
+    fast = Watchdog([beat], [], tmp_path)
+    for step, now in ((4, 0.0), (5, 0.1)):
+        _beat(beat, step)
+        fast.stalled(now)
+    assert fast.stalled(120.0) is None and fast.stalled(120.2) is not None  # at least 120 s
+
+
+def test_each_ranks_innermost_frame_of_the_script_is_named() -> None:
+    dump = (
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 359 in wait\n'
+        '  File "/home/u/site-packages/torch/utils/data/_utils/pin_memory.py", line 52 in do_one_step\n\n'
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/site-packages/torch/distributed/c10d.py", line 2806 in all_reduce\n'
+        '  File "/home/u/train.py", line 88 in sync_grads\n'
+        '  File "/home/u/train.py", line 120 in <module>\n'
+    )
+    assert innermost_script_frame(dump) == "train.py:88 in sync_grads"
+    assert innermost_script_frame('  File "/usr/lib/python3.12/threading.py", line 1 in run\n') == ""

@@ -87,6 +87,14 @@ def main() -> None:
     help="Seconds a run may take before it is stopped (a hung rank under torchrun ends here).",
 )
 @click.option(
+    "--stall-timeout",
+    "stall_s",
+    type=click.FloatRange(min=1),
+    help="Seconds without a training step after which a run counts as stuck (a deadlocked "
+    "worker, a collective waiting forever): it is stopped and the report shows where each "
+    "process was (Python stacks). Default: 20x the slowest step seen, at least 120 s.",
+)
+@click.option(
     "--budget",
     "budget_s",
     type=DURATION,
@@ -132,6 +140,7 @@ def profile_command(
     no_fix: bool,
     seed: int,
     timeout_s: float | None,
+    stall_s: float | None,
     budget_s: float | None,
     only_fixes: tuple[str, ...],
     trials: str,
@@ -164,6 +173,7 @@ def profile_command(
     options = ProfileOptions(
         torchrun=torchrun_options(nproc_per_node, launcher),
         timeout_s=timeout_s,
+        stall_s=stall_s,
         script=script,
         args=list(script_args),
         out_dir=out_dir,

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from trainadvisor import engine, fixes
+from trainadvisor.analysis.disturbance import disturbance_notes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.frameworks.change import fix_change
@@ -334,6 +335,7 @@ def _report(
     tuning: Tuning | None = None,
 ) -> Report:
     notes = [*(extra_notes or []), *(tuning.notes if tuning else []), _modes_note(outcomes)]
+    notes += disturbance_notes(diagnosed.baseline, outcomes, after)
     notes.append(masked_note(mask_arguments(options.args)[1]))
     return Report(
         schema_version=SCHEMA_VERSION,

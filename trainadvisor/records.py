@@ -148,6 +148,9 @@ class HostSample:
     main_rss_bytes: int
     workers_rss_bytes: int
     workers: int
+    # CPU of every process outside the profiled tree and trainadvisor's own, in percent of one
+    # core (150.0: 1.5 cores busy elsewhere); 0.0 in reports saved before it was sampled
+    other_cpu_pct: float = 0.0
 
 
 @dataclass

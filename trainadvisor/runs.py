@@ -28,6 +28,7 @@ class ProfileOptions:
     apply_fixes: bool = True
     torchrun: list[str] = field(default_factory=list)  # torch.distributed.run options, if any
     timeout_s: float | None = None  # the longest a run may take (a hung rank ends here)
+    stall_s: float | None = None  # no step for this long ends a run; None: the watchdog's own limit
     budget_s: float | None = None  # the longest all of profile may take; None: no cap
     only_fixes: list[str] = field(default_factory=list)  # measure only these fixes (--fix)
     trials: str = "auto"  # "auto": windows of one process where they can run; "restart": fresh runs
@@ -56,6 +57,8 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
         command.append("--no-fix")
     if options.timeout_s is not None:
         command += ["--timeout", f"{options.timeout_s:g}"]
+    if options.stall_s is not None:
+        command += ["--stall-timeout", f"{options.stall_s:g}"]
     if options.budget_s is not None:
         command += ["--budget", f"{options.budget_s:g}s"]
     for fix in options.only_fixes:
@@ -66,7 +69,7 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
 
 
 # What every run of the script takes from the command's options.
-RUN_OPTIONS = ("script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s")
+RUN_OPTIONS = ("script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s", "stall_s")
 
 
 def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:

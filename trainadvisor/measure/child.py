@@ -87,11 +87,19 @@ def main() -> int:
         config.trace_file = config.trace_file.replace("{rank}", rank)
     if config.device_file is not None:
         config.device_file = config.device_file.replace("{rank}", rank)
+    if config.stacks_file is not None:
+        from trainadvisor.measure.watchdog import dump_stacks_on_signal
+
+        dump_stacks_on_signal(config.stacks_file.replace("{rank}", rank))
     sys.argv = [script, *script_args]
     sys.path[0] = str(Path(script).resolve().parent)
     if config.seed is not None:
         _seed(config.seed)
     recorder = hooks.install(config)
+    if config.heartbeat_file is not None:
+        from trainadvisor.measure.watchdog import Heartbeat
+
+        recorder.heartbeat = Heartbeat(config.heartbeat_file.replace("{rank}", rank))
     _record_when_stopped(recorder)
     try:
         runpy.run_path(script, run_name="__main__")

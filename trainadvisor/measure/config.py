@@ -33,6 +33,10 @@ class ChildConfig:
     session_dir: str | None = None
     # where the parent sends the settings of a run started ahead of them (`measure.gate`)
     gate_file: str | None = None
+    # the stall watchdog's: the step count, kept in place ({rank} in it), and where the Python
+    # stacks go when the parent asks (`measure.watchdog`)
+    heartbeat_file: str | None = None
+    stacks_file: str | None = None
 
 
 @dataclass

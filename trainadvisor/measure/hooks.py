@@ -78,6 +78,7 @@ class Recorder(Patches):
         self.live_loaders = loaders.LiveLoaders()
         self.result: RawRun | None = None  # the baseline window's, once written
         self.write_failed = False  # then no trial window follows: the run ends at the window
+        self.heartbeat: Any = None  # the stall watchdog's step count (`measure.watchdog`)
         self.data_parallel_modules = 0
         self.device_announced = False
         self.non_blocking_h2d = config.overrides.non_blocking_h2d  # mark batches for async copies
@@ -176,6 +177,8 @@ class Recorder(Patches):
     def boundary(self) -> None:
         self.pass_gate()
         self.steps_seen += 1
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self.steps_seen)
         window = self.window
         window.boundary()
         # until the window ends (a CPU run would otherwise ask torch.cuda at every step)

@@ -87,6 +87,11 @@ class LiveRun:
                 self.ended = f"the script ended before {what} was measured"
                 self._finish(None)
                 return False
+            stuck = self.launched.watchdog.stalled() if self.launched.watchdog else None
+            if stuck is not None:
+                self.ended = stuck
+                self._finish(stuck)
+                return False
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.ended = f"{what} took longer than {timeout_s:.0f} s"
                 self._finish(self.ended)
@@ -141,7 +146,7 @@ class Prestarted:
         _serial.save_json(command, self.spec.gate_file)
         try:
             result = launched.files.result
-            killed = wait_for(launched.proc, spec, [result])
+            killed = wait_for(launched.proc, spec, [result], launched.watchdog)
         finally:
             stop(launched)
         return collect(launched, spec, killed)

@@ -24,6 +24,7 @@ from trainadvisor.measure import console
 from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
 from trainadvisor.measure.sampling import Sampler
+from trainadvisor.measure.watchdog import Watchdog
 from trainadvisor.records import Overrides, RawRun
 
 # Once the window is written, the script is given this long to stop before it is killed
@@ -52,6 +53,7 @@ class RunSpec:
     # torch.distributed.run options (--nproc-per-node 2 ...): launch every rank through torchrun
     torchrun: list[str] = field(default_factory=list)
     timeout_s: float | None = None  # None: no limit
+    stall_s: float | None = None  # no step for this long: stuck (None: `watchdog`'s own limit)
     session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
     gate_file: Path | None = None  # start ahead of its settings, which arrive here (`measure.gate`)
 
@@ -107,13 +109,19 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.02)
 
 
-def wait_for(proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path]) -> str | None:
+def wait_for(
+    proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path], watchdog: Watchdog | None = None
+) -> str | None:
     """Wait for the child; returns why it was killed, or None if it ended by itself. With
     several ranks, the grace period starts when the first rank has written its window."""
     started = time.monotonic()
     written_at: float | None = None
     while proc.poll() is None:
         now = time.monotonic()
+        stuck = watchdog.stalled(now) if watchdog is not None else None
+        if stuck is not None:
+            _stop_group(proc)
+            return stuck
         if spec.stop_after_window and written_at is None and _written(result_files):
             written_at = now
         if written_at is not None and now - written_at > STOP_GRACE_S:
@@ -141,6 +149,8 @@ class _Files:
     device: Path
     trace_rel: str | None  # relative to the report folder
     log_rel: str | None
+    heartbeat: Path
+    stacks: Path  # where each process was, if it got stuck (copied to logs/ then)
 
 
 def _prepare_files(spec: RunSpec) -> _Files:
@@ -148,7 +158,7 @@ def _prepare_files(spec: RunSpec) -> _Files:
     work = spec.out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
     suffix = ".rank{rank}" if spec.torchrun else ""
-    for kind in ("result.json", "result.json.error", "device.json"):
+    for kind in ("result.json", "result.json.error", "device.json", "heartbeat", "stacks.txt"):
         for stale in work.glob(f"{spec.label}*.{kind}"):
             stale.unlink()
     trace_rel = f"traces/{spec.label}/trainadvisor{suffix}.pt.trace.json.gz" if spec.profile else None
@@ -164,6 +174,8 @@ def _prepare_files(spec: RunSpec) -> _Files:
         work / f"{spec.label}{suffix}.device.json",
         trace_rel,
         log_rel,
+        work / f"{spec.label}{suffix}.heartbeat",
+        work / f"{spec.label}{suffix}.stacks.txt",
     )
 
 
@@ -184,6 +196,8 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         device_file=str(files.device.resolve()),
         session_dir=str(spec.session_dir.resolve()) if spec.session_dir else None,
         gate_file=str(spec.gate_file.resolve()) if spec.gate_file else None,
+        heartbeat_file=str(files.heartbeat.resolve()),
+        stacks_file=str(files.stacks.resolve()),
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)
@@ -203,6 +217,7 @@ class Launched:
     log: IO[bytes] | None
     started: float
     forwarder: threading.Thread | None = None  # the script's stderr, without Kineto's chatter
+    watchdog: Watchdog | None = None
 
 
 def launch(spec: RunSpec) -> Launched:
@@ -228,7 +243,14 @@ def launch(spec: RunSpec) -> Launched:
         if log:
             log.close()
         raise
-    return Launched(proc, sampler, files, log, time.monotonic(), forwarder)
+    watchdog = Watchdog(
+        [_any_rank(files.heartbeat)], [_any_rank(files.stacks)], spec.out_dir / "logs", spec.stall_s
+    )
+    return Launched(proc, sampler, files, log, time.monotonic(), forwarder, watchdog)
+
+
+def _any_rank(path: Path) -> Path:
+    return path.with_name(path.name.replace("{rank}", "*"))
 
 
 def stop(launched: Launched) -> None:
@@ -271,7 +293,7 @@ def measure(spec: RunSpec) -> RawRun:
     launched = launch(spec)
     try:
         result = launched.files.result
-        killed = wait_for(launched.proc, spec, [result.with_name(result.name.replace("{rank}", "*"))])
+        killed = wait_for(launched.proc, spec, [_any_rank(result)], launched.watchdog)
     finally:
         stop(launched)
     return collect(launched, spec, killed)
