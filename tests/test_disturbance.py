@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, load_report, run_cli
 
-from trainadvisor.analysis.disturbance import DISTURBED_MIN_CORES, disturbance_note, other_cores
+from trainadvisor.analysis.disturbance import (
+    DISTURBED_MIN_CORES,
+    disturbance_note,
+    disturbed_cores,
+    other_cores,
+)
 from trainadvisor.measure import sampling
 from trainadvisor.records import HostSample
 
@@ -29,18 +34,29 @@ def test_other_cores_is_the_mean_in_cores() -> None:
 
 
 def test_a_disturbed_window_gets_a_note() -> None:
-    note = disturbance_note(_samples(100.0, 200.0, 180.0), "the baseline window", 2)
-    assert note == (
+    cores = disturbed_cores(_samples(100.0, 200.0, 180.0))
+    assert cores == pytest.approx(1.6)
+    assert disturbance_note({"the baseline window": cores}, 2) == (
         "Other processes used 1.6 cores (of the machine's 2) during the baseline window: its "
         "timings may be disturbed; measure again on a quiet machine."
     )
 
 
-def test_a_quiet_window_gets_none() -> None:
+def test_several_disturbed_windows_share_one_note() -> None:
+    disturbed = {"the baseline window": 1.25, "dataloader-workers's trial num_workers=2": 0.5}
+    assert disturbance_note(disturbed, None) == (
+        "Other processes used CPU during the baseline window (1.2 cores) and dataloader-workers's "
+        "trial num_workers=2 (0.5 cores): their timings may be disturbed; measure again on a "
+        "quiet machine."
+    )
+    assert disturbance_note({}, 2) is None
+
+
+def test_a_quiet_window_is_not_disturbed() -> None:
     assert DISTURBED_MIN_CORES == 0.5
-    assert disturbance_note(_samples(40.0, 59.0), "the baseline window", 2) is None  # 0.495 cores
-    assert disturbance_note(_samples(50.0, 50.0), "the baseline window", 2) is not None
-    assert disturbance_note([], "the baseline window", 2) is None
+    assert disturbed_cores(_samples(40.0, 59.0)) is None  # 0.495 cores
+    assert disturbed_cores(_samples(50.0, 50.0)) == 0.5
+    assert disturbed_cores([]) is None
 
 
 def test_a_saved_sample_without_the_field_loads() -> None:

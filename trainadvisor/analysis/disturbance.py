@@ -25,35 +25,42 @@ def other_cores(samples: list[HostSample]) -> float | None:
     return fmean(s.other_cpu_pct for s in samples) / 100.0 if samples else None
 
 
-def disturbance_note(samples: list[HostSample], window: str, cpu_count: int | None) -> str | None:
-    """A note for the report when other processes used `DISTURBED_MIN_CORES` or more during the
-    window named by `window` ("the baseline window"), given its samples; else None."""
+def disturbed_cores(samples: list[HostSample]) -> float | None:
+    """Other processes' CPU in cores over a window's samples, when it disturbed the window."""
     cores = other_cores(samples)
-    if cores is None or cores < DISTURBED_MIN_CORES:
+    return cores if cores is not None and cores >= DISTURBED_MIN_CORES else None
+
+
+def disturbance_note(disturbed: dict[str, float], cpu_count: int | None) -> str | None:
+    """One note for the report naming every disturbed window ("the baseline window") and the
+    cores other processes used during it; None when none was."""
+    if not disturbed:
         return None
     of = f" (of the machine's {cpu_count})" if cpu_count else ""
+    if len(disturbed) == 1:
+        ((window, cores),) = disturbed.items()
+        return (
+            f"Other processes used {cores:.1f} cores{of} during {window}: its timings may be "
+            "disturbed; measure again on a quiet machine."
+        )
+    named = [f"{window} ({cores:.1f} cores)" for window, cores in disturbed.items()]
     return (
-        f"Other processes used {cores:.1f} cores{of} during {window}: its timings may be "
-        "disturbed; measure again on a quiet machine."
+        f"Other processes used CPU{of} during {', '.join(named[:-1])} and {named[-1]}: their "
+        "timings may be disturbed; measure again on a quiet machine."
     )
 
 
-def run_note(raw: RawRun | None, window: str, cpu_count: int | None) -> str | None:
-    """`disturbance_note` for the samples inside a run's timed window."""
-    if raw is None:
-        return None
-    return disturbance_note(window_samples(raw, raw.host_samples), window, cpu_count)
-
-
 def disturbance_notes(baseline: Run, outcomes: list[FixOutcome], after: Run | None) -> list[str]:
-    """The notes for every disturbed window of a `profile` run: the baseline's, each fix's
-    trials', and the confirmation run's."""
-    cpu_count = baseline.raw.device.cpu_count if baseline.raw.device else None
-    notes = [run_note(baseline.raw, "the baseline window", cpu_count)]
+    """The note on the disturbed windows of a `profile` run, if any: the baseline's, each fix's
+    trials', the confirmation run's."""
+    runs: dict[str, RawRun | None] = {"the baseline window": baseline.raw}
     for outcome in outcomes:
-        notes += [
-            run_note(trial.raw, f"the window of {outcome.fix}'s trial {trial.label}", cpu_count)
-            for trial in outcome.trials
-        ]
-    notes.append(run_note(after.raw if after else None, "the confirmation run's window", cpu_count))
-    return [note for note in notes if note]
+        runs.update({f"{outcome.fix}'s trial {trial.label}": trial.raw for trial in outcome.trials})
+    runs["the confirmation run's window"] = after.raw if after else None
+    disturbed = {}
+    for window, raw in runs.items():
+        cores = disturbed_cores(window_samples(raw, raw.host_samples)) if raw else None
+        if cores is not None:
+            disturbed[window] = cores
+    note = disturbance_note(disturbed, baseline.raw.device.cpu_count if baseline.raw.device else None)
+    return [note] if note else []

@@ -99,7 +99,9 @@ class Watchdog:
 
     def _dump(self, pids: list[int]) -> str:
         """Each process's Python stacks, through faulthandler; where in the script each was."""
-        for pid in pids if DUMP_SIGNAL is not None else []:
+        for pid in pids:
+            if DUMP_SIGNAL is None:
+                break
             try:
                 os.kill(pid, DUMP_SIGNAL)
             except (ProcessLookupError, PermissionError):
