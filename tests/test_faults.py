@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import gzip
 import os
-import resource
 import shutil
 import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,8 +31,19 @@ def _cli(*args: str | Path, cwd: Path, timeout_s: float = 120) -> tuple[int, str
     return done.returncode, done.stderr
 
 
-def _peak_rss_of_children_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: kilobytes
+def _cli_peak_rss_bytes(*args: str | Path, cwd: Path) -> tuple[int, str, int]:
+    """Exit code, stderr and peak resident memory of `python -m trainadvisor ARGS`, measured by
+    a fresh process whose one child it is (this test process's other children do not count)."""
+    measure = (
+        "import resource, subprocess, sys; "
+        "done = subprocess.run(sys.argv[1:], stderr=subprocess.PIPE, text=True); "
+        "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024); "
+        "print(done.stderr, end='')"
+    )
+    command = [sys.executable, "-c", measure, sys.executable, "-m", "trainadvisor", *map(str, args)]
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
+    code, peak = done.stdout.splitlines()[0].split()
+    return int(code), "".join(done.stdout.splitlines(keepends=True)[1:]), int(peak)
 
 
 def _bomb(path: Path, name_bytes: int) -> None:
@@ -50,13 +61,13 @@ def test_a_decompression_bomb_is_refused_at_once_in_bounded_memory(tmp_path: Pat
     trace = tmp_path / "bomb.json.gz"
     _bomb(trace, 1536 << 20)
     assert trace.stat().st_size < 2 << 20
-    code, err = _cli("analyze", "--out", tmp_path / "r", trace, cwd=tmp_path, timeout_s=60)
+    code, err, peak_bytes = _cli_peak_rss_bytes("analyze", "--out", tmp_path / "r", trace, cwd=tmp_path)
     assert code == 2
     assert err.splitlines() == [
         f"trainadvisor: error: {trace}: an event larger than 32 MB at byte 37; torch.profiler writes no such "
         "trace: the file is damaged or was not made by a profiler, and is not read further"
     ]
-    assert _peak_rss_of_children_bytes() < 400 << 20
+    assert peak_bytes < 400 << 20
     assert not (tmp_path / "r").exists()
 
 
@@ -288,3 +299,43 @@ def test_each_ranks_innermost_frame_of_the_script_is_named() -> None:
     )
     assert innermost_script_frame(dump) == "train.py:88 in sync_grads"
     assert innermost_script_frame('  File "/usr/lib/python3.12/threading.py", line 1 in run\n') == ""
+
+
+def test_a_hung_rank_is_found_by_the_watchdog_and_every_rank_is_stopped(tmp_path: Path) -> None:
+    """torchrun, rank 1 asleep at step 5 and rank 0 waiting for it in the all-reduce: each rank's
+    place is named, and no rank, worker or launcher is left."""
+    out, script = tmp_path / "r", EXAMPLES / "ddp_train.py"
+    options = ["--nproc-per-node", "2", "--no-fix", "--stall-timeout", "5", "--warmup", "2", "--steps", "20"]
+    code, err = _cli(
+        "profile", *options, "--out", out, script, "--hang-rank", "1", cwd=tmp_path, timeout_s=240
+    )
+    assert code == 3
+    line = err.splitlines()[-1]
+    assert "no training step for 5 s" in line and "the script looks stuck and was stopped" in line
+    assert "rank 1 at ddp_train.py:79 in main" in line and "rank 0 at ddp_train.py:" in line
+    assert sorted(p.name for p in (out / "logs").glob("*.stacks.txt")) == [
+        "baseline.rank0.stacks.txt", "baseline.rank1.stacks.txt",
+    ]  # fmt: skip
+    assert load_report(out)["baseline"]["raw"]["status"] == "script_failed"
+    assert processes_running(str(script)) == []
+
+
+def test_sigterm_to_a_torchrun_job_stops_every_rank(tmp_path: Path) -> None:
+    out, script = tmp_path / "r", EXAMPLES / "ddp_train.py"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainadvisor", "profile", "--nproc-per-node", "2", "--no-fix",
+         "--warmup", "2", "--steps", "100000", "--out", str(out), str(script), "--epochs", "1000"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(processes_running(str(script))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)  # torchrun and its two ranks
+        time.sleep(3)  # the ranks are training
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    assert rest.splitlines()[-1] == "trainadvisor: interrupted; the script and its workers were stopped"
+    assert processes_running(str(script)) == []
