@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections import UserDict, namedtuple
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,9 +19,10 @@ import pytest
 import torch
 from conftest import EXAMPLES, ROOT, SCRIPTS, load_report, run_cli
 
+from trainadvisor.analysis.disturbance import gpu_intruders, gpu_note
 from trainadvisor.measure import gpu, hooks, loaders, switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
-from trainadvisor.records import LoaderInfo, Overrides
+from trainadvisor.records import LoaderInfo, Overrides, RawRun, StepRecord
 
 FAKES = ROOT / "tests" / "fakes"
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "uuid": "2f5e8c3a-0d1b-4b7e-9a55-0c1d2e3f4a5b"}
@@ -503,3 +505,37 @@ def test_advise_on_a_gpu_records_what_profile_records(tmp_path: Path, fake_gpu: 
     assert raw["runtime"]["cuda_memory"]["alloc_retries"] == 0 and raw["nvml_status"] == "sampled GPU 0"
     assert len([s for s in raw["steps"] if s["gpu_ms"] is not None]) == 4
     assert "profiler_cuda_requested" in _log(fake_gpu)
+
+
+def test_nvml_names_other_processes_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes on the run's GPU that are neither the run's nor trainadvisor's, among those this
+    machine shows (a host pid from outside a container matches nothing and is not counted)."""
+    monkeypatch.syspath_prepend(str(FAKES / "nvml"))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    from trainadvisor.measure.nvml import NvmlSampler
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ours, absent = 424242, 2**22 + 17  # the run's rank; a pid no process here has
+        processes = [[ours, 1 << 30], [other.pid, 2 << 30], [absent, 1 << 20], [os.getpid(), 0]]
+        device = {"uuid": "GPU-aaaa", "util": 90, "used": 3, "total": 8, "power_mw": 1, "sm_clock": 1}
+        monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{**device, "processes": processes}]}))
+        sampler = NvmlSampler()
+        sampler.add("GPU 0", {"uuid": "aaaa", "index": 0})
+        [(_, sample)] = sampler.tick(ours={ours})
+        assert sample.other_pids == [other.pid]
+        sampler.close()
+    finally:
+        other.kill()
+        other.wait()
+    raw = RawRun(
+        "baseline", "window_complete", 0, None, 1, 1, 0, 2, [StepRecord(1, 0.0, 10.0, 0.0)], [], None
+    )
+    late = replace(sample, t_ms=11.0, other_pids=[99])  # after the window: not counted
+    raw.gpu_samples = [replace(sample, t_ms=5.0), replace(sample, t_ms=9.0, other_pids=[77, other.pid]), late]
+    assert gpu_intruders(raw) == {"GPU 0": sorted([77, other.pid])}
+    assert gpu_note({"the baseline window": {"GPU 0": [77]}, "a trial": {}}) == (
+        "Other processes ran on the GPU during the baseline window (GPU 0: pid 77): kernels of theirs "
+        "share the GPU with the script's, so those timings may be disturbed; measure again with the GPU "
+        "to itself."
+    )

@@ -162,6 +162,8 @@ class GpuSample:
     power_w: float | None
     sm_clock_mhz: int | None
     device: str | None = None  # which GPU: "GPU 0", or the rank's under torchrun
+    # processes on this GPU that are not the run's (pids of this machine's namespace; None: unknown)
+    other_pids: list[int] | None = None
 
 
 @dataclass

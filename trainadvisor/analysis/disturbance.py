@@ -63,4 +63,33 @@ def disturbance_notes(baseline: Run, outcomes: list[FixOutcome], after: Run | No
         if cores is not None:
             disturbed[window] = cores
     note = disturbance_note(disturbed, baseline.raw.device.cpu_count if baseline.raw.device else None)
-    return [note] if note else []
+    gpu = gpu_note({window: gpu_intruders(raw) for window, raw in runs.items() if raw})
+    return [n for n in (note, gpu) if n]
+
+
+def gpu_intruders(raw: RawRun) -> dict[str, list[int]]:
+    """Per GPU, the processes other than the run's that used it during the window (NVML)."""
+    found: dict[str, set[int]] = {}
+    for sample in window_samples(raw, raw.gpu_samples):
+        if sample.other_pids:
+            found.setdefault(sample.device or "the GPU", set()).update(sample.other_pids)
+    return {device: sorted(pids) for device, pids in found.items()}
+
+
+def gpu_note(intruders: dict[str, dict[str, list[int]]]) -> str | None:
+    """One note naming the windows during which another process ran on a GPU of the run."""
+    named = [
+        f"{window} ({'; '.join(_pids(device, pids) for device, pids in gpus.items())})"
+        for window, gpus in intruders.items()
+        if gpus
+    ]
+    if not named:
+        return None
+    return (
+        f"Other processes ran on the GPU during {', '.join(named)}: kernels of theirs share the GPU "
+        "with the script's, so those timings may be disturbed; measure again with the GPU to itself."
+    )
+
+
+def _pids(device: str, pids: list[int]) -> str:
+    return f"{device}: pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}"

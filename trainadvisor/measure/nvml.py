@@ -8,9 +8,13 @@ words what was sampled and what was not, and why."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import psutil
 
 from trainadvisor.records import GpuSample
 
@@ -23,7 +27,7 @@ _INIT_ERRORS = {
         "the NVIDIA driver and its library differ in version (reboot after a driver update)"
     ),
 }
-_FIELDS = ("utilisation", "memory", "power", "SM clock")
+_FIELDS = ("utilisation", "memory", "power", "SM clock", "processes")
 
 
 T = TypeVar("T")
@@ -85,11 +89,27 @@ class NvmlSampler:
                 continue
         return None, f"NVML knows no GPU with UUID {uuid}"
 
-    def tick(self) -> list[Stamped[GpuSample]]:
+    def tick(self, ours: Collection[int] = ()) -> list[Stamped[GpuSample]]:
+        """One sample of each GPU; `ours`: the run's processes (the others on a GPU are named)."""
         now = time.time()
-        return [self._read(device, now) for device in self.devices.values()]
+        return [self._read(device, now, ours) for device in self.devices.values()]
 
-    def _read(self, device: _Device, now: float) -> Stamped[GpuSample]:
+    def _others(self, device: _Device, ours: Collection[int]) -> list[int] | None:
+        """Processes on the GPU that are not the run's and not trainadvisor, among those this
+        machine's process namespace shows (in a container NVML may give the host's pids,
+        which match nothing here: those are not counted)."""
+        handle = device.handle
+        running = self._field(
+            device, "processes", lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        )
+        if running is None:
+            return None
+        me = os.getpid()
+        return sorted(
+            {p.pid for p in running if p.pid not in ours and p.pid != me and psutil.pid_exists(p.pid)}
+        )
+
+    def _read(self, device: _Device, now: float, ours: Collection[int] = ()) -> Stamped[GpuSample]:
         nv, handle = self.nvml, device.handle
         util = self._field(device, "utilisation", lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu))
         memory = self._field(device, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(handle))
@@ -103,6 +123,7 @@ class NvmlSampler:
             sm_clock_mhz=self._field(
                 device, "SM clock", lambda: int(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
             ),
+            other_pids=self._others(device, ours),
         )
 
     def _field(self, device: _Device, name: str, read: Any) -> Any:

@@ -66,7 +66,7 @@ class Sampler:
                 for label, identity in named.items():
                     nvml.add(label, identity)  # type: ignore[union-attr]
                 if nvml is not None:
-                    self.gpu.extend(nvml.tick())
+                    self.gpu.extend(nvml.tick(set(self._procs)))
                 self._stop.wait(self.interval_s)
         finally:
             if nvml is not None:  # said once, when sampling ends (before stop() returns)

@@ -147,3 +147,9 @@ def nvmlDeviceGetClockInfo(handle: SimpleNamespace, clock: int) -> int:
     if clock != NVML_CLOCK_SM:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     return int(handle.sm_clock)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: SimpleNamespace) -> list:
+    """The processes using the GPU: `processes` in the device's config, [[pid, bytes], ...]."""
+    _field(handle, "processes")
+    return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in getattr(handle, "processes", [])]
