@@ -339,3 +339,13 @@ def test_sigterm_to_a_torchrun_job_stops_every_rank(tmp_path: Path) -> None:
     assert proc.returncode == 143
     assert rest.splitlines()[-1] == "trainadvisor: interrupted; the script and its workers were stopped"
     assert processes_running(str(script)) == []
+
+
+def test_torchs_numpy_warning_is_not_shown_but_other_warnings_are() -> None:
+    code = (
+        "import warnings; from trainadvisor.measure.console import quiet_numpy_warning; "
+        "quiet_numpy_warning(); warnings.warn(\"Failed to initialize NumPy: No module named 'numpy'\"); "
+        "warnings.warn('the script says')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "NumPy" not in done.stderr and "UserWarning: the script says" in done.stderr
