@@ -280,6 +280,13 @@ def test_the_watchdog_waits_twenty_slowest_steps_and_at_least_two_minutes(tmp_pa
         "no training step for 200 s (the slowest step before took 10.0 s): the script looks stuck and was "
         "stopped; no Python stacks could be taken"
     )
+    waited = Watchdog([beat], [], tmp_path)  # a run waiting for the parent's next command
+    _beat(beat, 10)
+    waited.stalled(0.0)
+    _beat(beat, 11)
+    waited.stalled(0.1)
+    waited.restart(500.0)  # the command is sent 500 s later: no stall counted before it
+    assert waited.stalled(619.0) is None and waited.stalled(620.5) is not None
     fast = Watchdog([beat], [], tmp_path)
     for step, now in ((4, 0.0), (5, 0.1)):
         _beat(beat, step)

@@ -66,6 +66,8 @@ class LiveRun:
             return None
         command = WindowCommand(self.index, label, overrides, warmup, steps)
         _serial.save_json(command, command_file(self.folder, self.index))
+        if self.launched.watchdog is not None:  # it waited for this command, taking no step
+            self.launched.watchdog.restart()
         path = window_file(self.folder, self.index)
         self.index += 1
         sent = time.time()

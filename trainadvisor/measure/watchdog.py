@@ -64,6 +64,12 @@ class Watchdog:
         self.moved_at: float | None = None  # when a count last moved; None: no step yet
         self.slowest_s = 0.0
 
+    def restart(self, now: float | None = None) -> None:
+        """The training processes were waiting for the parent (its next trial window's
+        command): the time without a step counts from now."""
+        if self.moved_at is not None:
+            self.moved_at = time.monotonic() if now is None else now
+
     def _beats(self) -> dict[Path, tuple[int, int]]:
         found = {}
         for pattern in self.heartbeats:
