@@ -244,7 +244,7 @@ def test_a_script_stuck_without_a_timeout_is_stopped_showing_where(tmp_path: Pat
     assert code == 3
     line = err.splitlines()[-1]
     assert line.startswith(
-        f"trainadvisor: error: {script} failed: no training step for 3 s (the slowest step "
+        f"trainadvisor: error: {script} failed: no training step or batch for 3 s (the longest gap "
     )
     assert (
         "the script looks stuck and was stopped; the script at hangs.py:13 in wait_for_peer (every thread's "
@@ -260,38 +260,46 @@ def test_a_script_stuck_without_a_timeout_is_stopped_showing_where(tmp_path: Pat
     assert processes_running(str(script)) == []
 
 
-def _beat(path: Path, steps: int, pid: int = 1) -> None:
-    path.write_bytes(struct.pack("<qq", steps, pid))
+def _beat(path: Path, progress: int, pid: int = 1, busy: bool = False) -> None:
+    path.write_bytes(struct.pack("<qqq", progress, pid, busy))
 
 
-def test_the_watchdog_waits_twenty_slowest_steps_and_at_least_two_minutes(tmp_path: Path) -> None:
+def test_the_watchdog_waits_twenty_longest_gaps_and_at_least_ten_minutes(tmp_path: Path) -> None:
     beat = tmp_path / "run.heartbeat"
     dog = Watchdog([beat], [tmp_path / "run.stacks.txt"], tmp_path / "logs")
     assert dog.stalled(0.0) is None  # no heartbeat yet: start-up is not a stall
     _beat(beat, 0)
-    assert dog.stalled(1000.0) is None  # no step yet
-    for step, now in ((1, 1000.0), (2, 1010.0), (3, 1011.0)):  # the slowest step: 10 s
-        _beat(beat, step)
+    assert dog.stalled(5000.0) is None  # no step or batch yet
+    for progress, now in ((1, 1000.0), (2, 1040.0), (3, 1041.0)):  # the longest gap: 40 s
+        _beat(beat, progress)
         assert dog.stalled(now) is None
-    assert dog.slowest_s == 10.0
-    assert dog.stalled(1011.0 + 200.0) is None  # 20 x 10 s
+    assert dog.slowest_s == 40.0
+    assert dog.stalled(1041.0 + 800.0) is None  # 20 x 40 s
     dog.limit_s = 5.0
-    assert dog.stalled(1011.0 + 200.5) == (
-        "no training step for 200 s (the slowest step before took 10.0 s): the script looks stuck and was "
-        "stopped; no Python stacks could be taken"
+    assert dog.stalled(1041.0 + 800.5) == (
+        "no training step or batch for 800 s (the longest gap before was 40.0 s): the script looks stuck "
+        "and was stopped; no Python stacks could be taken"
     )
+    fast = Watchdog([beat], [], tmp_path)
+    for progress, now in ((4, 0.0), (5, 0.1)):
+        _beat(beat, progress)
+        fast.stalled(now)
+    assert fast.stalled(600.0) is None and fast.stalled(600.2) is not None  # at least 10 minutes
     waited = Watchdog([beat], [], tmp_path)  # a run waiting for the parent's next command
     _beat(beat, 10)
     waited.stalled(0.0)
     _beat(beat, 11)
     waited.stalled(0.1)
-    waited.restart(500.0)  # the command is sent 500 s later: no stall counted before it
-    assert waited.stalled(619.0) is None and waited.stalled(620.5) is not None
-    fast = Watchdog([beat], [], tmp_path)
-    for step, now in ((4, 0.0), (5, 0.1)):
-        _beat(beat, step)
-        fast.stalled(now)
-    assert fast.stalled(120.0) is None and fast.stalled(120.2) is not None  # at least 120 s
+    waited.restart(5000.0)  # the command is sent 5000 s later: no stall counted before it
+    assert waited.stalled(5599.0) is None and waited.stalled(5600.5) is not None
+    exporting = Watchdog([beat], [], tmp_path)  # trainadvisor's own work in the process
+    _beat(beat, 12)
+    exporting.stalled(0.0)
+    _beat(beat, 12, busy=True)
+    assert exporting.stalled(900.0) is None and exporting.stalled(1400.0) is None
+    _beat(beat, 13)
+    assert exporting.stalled(1400.5) is None
+    assert exporting.stalled(2000.0) is None and exporting.stalled(2001.0) is not None
 
 
 def test_each_ranks_innermost_frame_of_the_script_is_named() -> None:
@@ -318,7 +326,7 @@ def test_a_hung_rank_is_found_by_the_watchdog_and_every_rank_is_stopped(tmp_path
     )
     assert code == 3
     line = err.splitlines()[-1]
-    assert "no training step for 5 s" in line and "the script looks stuck and was stopped" in line
+    assert "no training step or batch for 5 s" in line and "the script looks stuck and was stopped" in line
     assert "rank 1 at ddp_train.py:79 in main" in line and "rank 0 at ddp_train.py:" in line
     assert sorted(p.name for p in (out / "logs").glob("*.stacks.txt")) == [
         "baseline.rank0.stacks.txt", "baseline.rank1.stacks.txt",

@@ -92,7 +92,8 @@ def main() -> None:
     type=click.FloatRange(min=1),
     help="Seconds without a training step after which a run counts as stuck (a deadlocked "
     "worker, a collective waiting forever): it is stopped and the report shows where each "
-    "process was (Python stacks). Default: 20x the slowest step seen, at least 120 s.",
+    "process was (Python stacks). Default: 20x the longest gap between steps or batches "
+    "seen, at least 600 s.",
 )
 @click.option(
     "--budget",

@@ -24,6 +24,8 @@ def inline(text: object, cell: bool = False) -> str:
     """`text` as Markdown showing exactly it, on one line. Paired backticks stay code spans
     (their content is shown as written, pipes escaped in a table `cell`); an unpaired one is
     shown as a backtick."""
+    if text is None:
+        return ""
     parts = _one_line(str(text)).split("`")
     if len(parts) % 2 == 0:
         return _escaped("`".join(parts))
@@ -42,7 +44,7 @@ def cell(text: object) -> str:
 
 def code(text: object, cell: bool = False) -> str:
     """`text` as one code span, whatever backticks it holds (a longer delimiter)."""
-    text = _one_line(str(text))
+    text = _one_line(str(text)) if text is not None else ""
     if cell:
         text = text.replace("|", "\\|")
     if not text:

@@ -9,6 +9,7 @@ Outside the window the hooks cost about 10-20 us a step (benchmarks/hook_cost.py
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import platform
@@ -178,7 +179,7 @@ class Recorder(Patches):
         self.pass_gate()
         self.steps_seen += 1
         if self.heartbeat is not None:
-            self.heartbeat.beat(self.steps_seen)
+            self.heartbeat.beat()
         window = self.window
         window.boundary()
         # until the window ends (a CPU run would otherwise ask torch.cuda at every step)
@@ -213,6 +214,8 @@ class Recorder(Patches):
     # ---- data loading ----
 
     def data_wait(self, seconds: float, batch: Any, loader_index: int | None = None) -> None:
+        if self.heartbeat is not None:  # a batch, in training or evaluation: progress
+            self.heartbeat.beat()
         window = self.window
         window.add_data_wait(seconds)
         if window.phase == "done":
@@ -242,7 +245,8 @@ class Recorder(Patches):
         trainadvisor must not break the user's training."""
         try:
             if self.result is None:
-                self.result = self._collect(status, exit_code, error)
+                with self.heartbeat.busy() if self.heartbeat is not None else contextlib.nullcontext():
+                    self.result = self._collect(status, exit_code, error)
             else:
                 self.result.steps_seen = self.steps_seen
                 self.result.exit_code, self.result.error = exit_code, error

@@ -2,48 +2,67 @@
 (a deadlocked DataLoader worker, a collective waiting forever) is ended without a --timeout,
 and the report says where each process was stuck.
 
-Each training process (each torchrun rank) keeps its step count in a small heartbeat file
-(`Heartbeat`, written in place: a few bytes per step) and has faulthandler dump every thread's
+Each training process (each torchrun rank) counts its progress in a small heartbeat file
+(`Heartbeat`, written in place: a few bytes per training step and per batch any DataLoader
+hands over, so an evaluation loop counts as progress; marked busy while trainadvisor itself
+works, exporting a trace, say) and has faulthandler dump every thread's
 Python stack to a file of its own on DUMP_SIGNAL. The parent (`Watchdog`) reads the counts as it
 polls; when none has moved for `limit_s`, it asks each process for its stacks, and names the
 innermost frame of the user's script in each."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # The signal that asks a training process for its stacks: a real-time one, which neither
 # scripts nor frameworks use (Lightning and Slurm use SIGUSR1, Kineto's on-demand SIGUSR2).
 DUMP_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else None
 PACKAGE = str(Path(__file__).resolve().parent.parent)  # trainadvisor's own frames are skipped
-STALL_MIN_S = 120.0  # never sooner: an evaluation loop or a checkpoint between steps is no stall
-STALL_STEPS = 20  # ... and not before this many times the slowest step seen
+STALL_MIN_S = 600.0  # never sooner: a checkpoint or an evaluation without a DataLoader is no stall
+STALL_STEPS = 20  # ... and not before this many times the longest gap between progress seen
 DUMP_WAIT_S = 2.0
-_LAYOUT = struct.Struct("<qq")  # steps seen, pid
+_LAYOUT = struct.Struct("<qqq")  # progress, pid, busy (trainadvisor's own work under way)
 
 
 class Heartbeat:
-    """The child's side: its step count, in place in a file (no new file, no rename per step)."""
+    """The child's side: its progress, in place in a file (no new file, no rename per step)."""
 
     def __init__(self, path: str) -> None:
         self.file = open(path, "wb", buffering=0)  # noqa: SIM115 - open for the process's life
         self.pid = os.getpid()
-        self.beat(0)
+        self.progress = 0
+        self._write(busy=False)
 
-    def beat(self, steps: int) -> None:
+    def beat(self) -> None:
+        """A training step or a batch: progress."""
+        self.progress += 1
+        self._write(busy=False)
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """trainadvisor's own work (the window's trace export): no stall while it lasts."""
+        self._write(busy=True)
+        try:
+            yield
+        finally:
+            self.beat()
+
+    def _write(self, busy: bool) -> None:
         try:
             self.file.seek(0)
-            self.file.write(_LAYOUT.pack(steps, self.pid))
+            self.file.write(_LAYOUT.pack(self.progress, self.pid, int(busy)))
         except OSError:  # a full disk: the watchdog then sees no progress, as --timeout would
             pass
 
 
-def read_beat(path: Path) -> tuple[int, int] | None:
+def read_beat(path: Path) -> tuple[int, int, int] | None:
     try:
         data = path.read_bytes()
     except OSError:
@@ -70,7 +89,7 @@ class Watchdog:
         if self.moved_at is not None:
             self.moved_at = time.monotonic() if now is None else now
 
-    def _beats(self) -> dict[Path, tuple[int, int]]:
+    def _beats(self) -> dict[Path, tuple[int, int, int]]:
         found = {}
         for pattern in self.heartbeats:
             for path in pattern.parent.glob(pattern.name) if "*" in pattern.name else [pattern]:
@@ -84,22 +103,24 @@ class Watchdog:
         start-up is --timeout's to bound)."""
         now = time.monotonic() if now is None else now
         beats = self._beats()
-        moved = any(self.steps.get(path) != steps for path, (steps, _) in beats.items())
+        moved = any(self.steps.get(path) != steps for path, (steps, _, _) in beats.items())
         if moved:
             if self.moved_at is not None:
                 self.slowest_s = max(self.slowest_s, now - self.moved_at)
-            self.steps = {path: steps for path, (steps, _) in beats.items()}
+            self.steps = {path: steps for path, (steps, _, _) in beats.items()}
             self.moved_at = now if any(self.steps.values()) else None
+        if any(busy for _, _, busy in beats.values()) and self.moved_at is not None:
+            self.moved_at = now  # trainadvisor's own work in a training process
         if self.moved_at is None:
             return None
         limit_s = self.limit_s or max(STALL_MIN_S, STALL_STEPS * self.slowest_s)
         idle_s = now - self.moved_at
         if idle_s <= limit_s:
             return None
-        where = self._dump([pid for _, pid in beats.values()])
+        where = self._dump([pid for _, pid, _ in beats.values()])
         slowest = f"{self.slowest_s:.1f} s" if self.slowest_s >= 1 else f"{self.slowest_s * 1000:.0f} ms"
         return (
-            f"no training step for {idle_s:.0f} s (the slowest step before took {slowest}): "
+            f"no training step or batch for {idle_s:.0f} s (the longest gap before was {slowest}): "
             f"the script looks stuck and was stopped; {where}"
         )
 
