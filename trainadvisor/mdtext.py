@@ -20,22 +20,22 @@ def _escaped(text: str) -> str:
     return _SPECIAL.sub(r"\\\1", text)
 
 
+def spans(text: str) -> list[tuple[str, bool]]:
+    """The parts of `text` between its backticks, each with whether it is a code span; the
+    whole text as one plain part when a backtick is unpaired (report.md and report.html)."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:
+        return [(text, False)]
+    return [(part, i % 2 == 1) for i, part in enumerate(parts)]
+
+
 def inline(text: object, cell: bool = False) -> str:
     """`text` as Markdown showing exactly it, on one line. Paired backticks stay code spans
     (their content is shown as written, pipes escaped in a table `cell`); an unpaired one is
     shown as a backtick."""
     if text is None:
         return ""
-    parts = _one_line(str(text)).split("`")
-    if len(parts) % 2 == 0:
-        return _escaped("`".join(parts))
-    shown = []
-    for i, part in enumerate(parts):
-        if i % 2:
-            shown.append(code(part, cell))
-        else:
-            shown.append(_escaped(part))
-    return "".join(shown)
+    return "".join(code(p, cell) if is_code else _escaped(p) for p, is_code in spans(_one_line(str(text))))
 
 
 def cell(text: object) -> str:

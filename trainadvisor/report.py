@@ -204,10 +204,8 @@ def _environment(templates: Path) -> jinja2.Environment:
 
 def _code_spans(text: str) -> markupsafe.Markup:
     """Text escaped for HTML, with its `backtick` spans as <code>."""
-    parts = str(markupsafe.escape(text)).split("`")
-    if len(parts) % 2 == 0:  # an unpaired backtick: no spans
-        return markupsafe.Markup("`".join(parts))
-    return markupsafe.Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
+    parts = mdtext.spans(str(markupsafe.escape(text)))
+    return markupsafe.Markup("".join(f"<code>{p}</code>" if is_code else p for p, is_code in parts))
 
 
 def _diff_lines(diff: str) -> list[tuple[str, str]]:

@@ -133,6 +133,13 @@ def _refused(path: Path, what: str, offset: int) -> UsageError:
     )
 
 
+def _too_deep(path: Path) -> UsageError:
+    return UsageError(
+        f"{path}: an event nested deeper than any trace's (thousands of arrays or objects in one "
+        "another); the file is damaged or was not made by a profiler, and is not read further"
+    )
+
+
 def _blocks(stream: IO[bytes]) -> Iterator[bytes]:
     while block := stream.read(BLOCK_BYTES):
         yield block
@@ -155,10 +162,7 @@ def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str
         with _open(path) as stream:
             return _read(stream, on_events, path)
     except _TooDeep:
-        raise UsageError(
-            f"{path}: an event nested deeper than any trace's (thousands of arrays or objects in one "
-            "another); the file is damaged or was not made by a profiler, and is not read further"
-        ) from None
+        raise _too_deep(path) from None
     except (OSError, EOFError, zlib.error) as exc:
         raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
 
@@ -262,7 +266,7 @@ def read_range(path: Path, start: int, end: int, on_events: Callable[[list[Event
                 return _events_to_end(_blocks(f), b"", on_events, path, b"", start)
             return _events_within(_bounded(f, end - start), on_events, path, start)
     except _TooDeep:
-        raise UsageError(f"{path}: an event nested deeper than any trace's; not read further") from None
+        raise _too_deep(path) from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
 
