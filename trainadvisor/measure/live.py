@@ -66,8 +66,7 @@ class LiveRun:
             return None
         command = WindowCommand(self.index, label, overrides, warmup, steps)
         _serial.save_json(command, command_file(self.folder, self.index))
-        if self.launched.watchdog is not None:  # it waited for this command, taking no step
-            self.launched.watchdog.restart()
+        self.launched.watchdog.restart()  # it waited for this command, taking no step
         path = window_file(self.folder, self.index)
         self.index += 1
         sent = time.time()
@@ -89,7 +88,7 @@ class LiveRun:
                 self.ended = f"the script ended before {what} was measured"
                 self._finish(None)
                 return False
-            stuck = self.launched.watchdog.stalled() if self.launched.watchdog else None
+            stuck = self.launched.watchdog.stalled()
             if stuck is not None:
                 self.ended = stuck
                 self._finish(stuck)

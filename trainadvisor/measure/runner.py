@@ -110,7 +110,7 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def wait_for(
-    proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path], watchdog: Watchdog | None = None
+    proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path], watchdog: Watchdog
 ) -> str | None:
     """Wait for the child; returns why it was killed, or None if it ended by itself. With
     several ranks, the grace period starts when the first rank has written its window."""
@@ -118,7 +118,7 @@ def wait_for(
     written_at: float | None = None
     while proc.poll() is None:
         now = time.monotonic()
-        stuck = watchdog.stalled(now) if watchdog is not None else None
+        stuck = watchdog.stalled(now)
         if stuck is not None:
             _stop_group(proc)
             return stuck
@@ -216,8 +216,8 @@ class Launched:
     files: _Files
     log: IO[bytes] | None
     started: float
+    watchdog: Watchdog
     forwarder: threading.Thread | None = None  # the script's stderr, without Kineto's chatter
-    watchdog: Watchdog | None = None
 
 
 def launch(spec: RunSpec) -> Launched:
@@ -246,7 +246,7 @@ def launch(spec: RunSpec) -> Launched:
     watchdog = Watchdog(
         [_any_rank(files.heartbeat)], [_any_rank(files.stacks)], spec.out_dir / "logs", spec.stall_s
     )
-    return Launched(proc, sampler, files, log, time.monotonic(), forwarder, watchdog)
+    return Launched(proc, sampler, files, log, time.monotonic(), watchdog, forwarder)
 
 
 def _any_rank(path: Path) -> Path:

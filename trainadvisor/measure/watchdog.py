@@ -13,6 +13,7 @@ innermost frame of the user's script in each."""
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import signal
@@ -32,13 +33,20 @@ _LAYOUT = struct.Struct("<qqq")  # progress, pid, busy (trainadvisor's own work 
 
 
 class Heartbeat:
-    """The child's side: its progress, in place in a file (no new file, no rename per step)."""
+    """The child's side: its progress, in a file mapped into memory, so a beat on the training
+    loop's path is a store of a few bytes, not a system call."""
 
     def __init__(self, path: str) -> None:
-        self.file = open(path, "wb", buffering=0)  # noqa: SIM115 - open for the process's life
         self.pid = os.getpid()
         self.progress = 0
-        self._write(busy=False)
+        self.shared: mmap.mmap | None = None
+        try:
+            with open(path, "wb+") as file:
+                file.write(_LAYOUT.pack(0, self.pid, 0))
+                file.flush()
+                self.shared = mmap.mmap(file.fileno(), _LAYOUT.size)
+        except OSError:  # a full disk: the watchdog then sees no progress, as --timeout would
+            pass
 
     def beat(self) -> None:
         """A training step or a batch: progress."""
@@ -55,11 +63,8 @@ class Heartbeat:
             self.beat()
 
     def _write(self, busy: bool) -> None:
-        try:
-            self.file.seek(0)
-            self.file.write(_LAYOUT.pack(self.progress, self.pid, int(busy)))
-        except OSError:  # a full disk: the watchdog then sees no progress, as --timeout would
-            pass
+        if self.shared is not None:
+            _LAYOUT.pack_into(self.shared, 0, self.progress, self.pid, int(busy))
 
 
 def read_beat(path: Path) -> tuple[int, int, int] | None:
