@@ -36,19 +36,27 @@ def _workers(report: dict[str, Any]) -> dict[str, Any]:
     return outcome  # type: ignore[no-any-return]
 
 
+# The DataLoader arguments the workers fix chooses, as TrainingArguments names them.
+HF_FIELDS = {
+    "num_workers": "dataloader_num_workers",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+}
+
+
 def test_hugging_face_trainer_gets_its_training_arguments_changed(tmp_path: Path) -> None:
     report = _profile(tmp_path, "hf_trainer_slow_data.py")
     outcome = _workers(report)
-    workers = outcome["settings"]["loaders"].popitem()[1]["num_workers"]
+    chosen = outcome["settings"]["loaders"].popitem()[1]  # the search may also tune prefetch_factor
+    assert chosen["persistent_workers"] is True and set(chosen) <= {*HF_FIELDS}
     # the DataLoader is built inside transformers: the change is on the user's TrainingArguments
-    assert f"+        dataloader_num_workers={workers},\n" in outcome["diff"]
-    assert "+        dataloader_persistent_workers=True,\n" in outcome["diff"]
+    for name, value in chosen.items():
+        assert f"+        {HF_FIELDS[name]}={value},\n" in outcome["diff"]
     assert outcome["diff"].startswith("--- a/hf_trainer_slow_data.py\n+++ b/hf_trainer_slow_data.py\n")
     line = _line(EXAMPLES / "hf_trainer_slow_data.py", "training_args = TrainingArguments(")
-    assert outcome["setting_change"] == (
-        f"`TrainingArguments(dataloader_num_workers={workers}, dataloader_persistent_workers=True)` "
-        f"at hf_trainer_slow_data.py:{line}"
-    )
+    arguments = ", ".join(f"{HF_FIELDS[name]}={value}" for name, value in chosen.items())
+    assert arguments.startswith(f"dataloader_num_workers={chosen['num_workers']}, ")
+    assert outcome["setting_change"] == f"`TrainingArguments({arguments})` at hf_trainer_slow_data.py:{line}"
     (stall,) = [f for f in report["findings"] if f["rule"] == "data-stall"]
     assert (
         "dataloader_num_workers=8" in stall["best_practice"] and "DataLoader(" not in stall["best_practice"]
@@ -68,15 +76,18 @@ def test_hf_argument_parser_flags_are_named_instead_of_a_diff(tmp_path: Path) ->
     flags = ["--output_dir", str(tmp_path / "o"), "--max_steps", "400", "--report_to", "none"]
     report = _profile(tmp_path, "hf_argparser_slow_data.py", *flags, "--save_strategy", "no")
     outcome = _workers(report)
-    workers = outcome["settings"]["loaders"].popitem()[1]["num_workers"]
+    chosen = outcome["settings"]["loaders"].popitem()[1]  # the search may also tune prefetch_factor
+    assert chosen["persistent_workers"] is True and set(chosen) <= {*HF_FIELDS}
+    wanted = " ".join(f"--{HF_FIELDS[name]} {value}" for name, value in chosen.items())
+    assert wanted.startswith(f"--dataloader_num_workers {chosen['num_workers']} ")
     assert outcome["diff"] == ""
     assert outcome["setting_change"] == (
-        f"pass `--dataloader_num_workers {workers} --dataloader_persistent_workers True` on the "
-        "command line (TrainingArguments is read by HfArgumentParser at hf_argparser_slow_data.py:"
+        f"pass `{wanted}` on the command line (TrainingArguments is read by HfArgumentParser at "
+        "hf_argparser_slow_data.py:"
         f"{_line(EXAMPLES / 'hf_argparser_slow_data.py', 'parser.parse_args_into_dataclasses()')})"
     )
     report_md = (tmp_path / "report" / "report.md").read_text()
-    assert f"`--dataloader_num_workers {workers} --dataloader_persistent_workers True`" in report_md
+    assert f"`{wanted}`" in report_md
 
 
 def test_lightning_data_module_loader_is_changed_where_the_user_built_it(tmp_path: Path) -> None:
