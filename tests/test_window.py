@@ -10,6 +10,7 @@ import torch
 from trainadvisor.advisor import Advisor
 from trainadvisor.measure import hooks
 from trainadvisor.measure.config import ChildConfig
+from trainadvisor.measure.settle import Settling
 from trainadvisor.measure.window import Clock, Window, WindowPlan
 
 
@@ -164,7 +165,9 @@ def _quiet(_: str) -> None:
 
 def test_advise_times_the_gap_between_calls_as_data_wait(tmp_path: Path) -> None:
     clock = FakeClock()
-    advisor = Advisor(warmup=2, steps=3, out=tmp_path / "r", echo=_quiet, clock=clock.clock())
+    advisor = Advisor(
+        warmup=2, steps=3, out=tmp_path / "r", echo=_quiet, clock=clock.clock(), min_time=0.0, max_warmup=None
+    )
     advisor._start_profiler = lambda: None  # type: ignore[method-assign]
 
     def step(batch: torch.Tensor) -> dict[str, Any]:
@@ -178,3 +181,106 @@ def test_advise_times_the_gap_between_calls_as_data_wait(tmp_path: Path) -> None
     rows = [(r.index, r.step_ms, r.data_wait_ms, r.samples) for r in advisor.window.records]
     assert _rounded(rows) == ([(2, 34.0, 30.0, 16), (3, 44.0, 40.0, 16), (4, 54.0, 50.0, 16)])
     advisor.close()
+
+
+# ---- the window at GPU speed: warm-up until steady, a time floor, the steps the script has ----
+
+SETTLE = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=1.0)
+
+
+def _steps(window: Window, clock: FakeClock, step_ms: list[float]) -> None:
+    for ms in step_ms:
+        clock.advance(ms)
+        window.set_loss(torch.tensor(ms))
+        window.boundary()
+
+
+def test_the_warmup_lasts_until_three_blocks_agree_then_steps_are_timed_for_the_time_floor() -> None:
+    """A loop that starts slow and settles: 2 minimum warm-up steps (left out of the blocks),
+    then blocks of 5 steps and 10 ms. At 4 ms/step the first blocks take 4, 3, 2 ms per step;
+    once three blocks agree within 10% (1.0, 1.0, 1.0 ms) the timed steps begin, and they go on
+    past their 4 steps until 20 ms have passed."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=2, steps=4, min_time_s=0.020, settle=SETTLE), clock.clock())
+    _steps(window, clock, [50.0, 50.0])  # the minimum warm-up: compilation, say
+    _steps(window, clock, [4.0] * 5 + [3.0] * 5 + [2.0] * 5)
+    assert window.phase == "warmup" and window.blocks is not None
+    assert [round(ms, 6) for ms in window.blocks.block_ms] == [4.0, 3.0, 2.0]
+    _steps(window, clock, [1.0] * 30)  # 10 steps per 10 ms block from here
+    assert window.phase == "timed"
+    shape = window.shape
+    assert (shape.warmup_steps, shape.warmup_end) == (47, "settled")
+    assert [round(ms, 6) for ms in shape.block_ms] == [4.0, 3.0, 2.0, 1.0, 1.0, 1.0]
+    assert round(shape.warmup_s, 6) == 0.175
+    _steps(window, clock, [1.0] * 19)
+    assert window.phase == "timed" and len(window.records) == 19  # 4 steps, but only 19 ms
+    _steps(window, clock, [1.0])
+    assert window.phase == "done" and len(window.records) == 20
+    assert (round(window.shape.timed_s, 6), window.shape.timed_end) == (0.020, "plan")
+
+
+def test_a_warmup_that_never_settles_ends_at_its_cap_and_says_so() -> None:
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=2, settle=SETTLE), clock.clock())
+    pace = [10.0, 5.0, 20.0] * 40  # blocks of 5 steps alternate far beyond 10%
+    for ms in pace:
+        if window.phase != "warmup":
+            break
+        _steps(window, clock, [ms])
+    assert window.phase == "timed"
+    assert window.shape.warmup_end == "time cap" and window.shape.warmup_s >= 1.0
+
+
+def test_where_the_script_has_few_steps_left_the_window_ends_with_them() -> None:
+    """max_steps 30: the warm-up may take 30 - 10 = 20 steps, the timed ones end at step 30
+    even though their time floor (1 s) is not reached."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=2, steps=10, min_time_s=1.0, settle=SETTLE, max_steps=30), clock.clock())
+    _steps(window, clock, [4.0, 8.0] * 10)  # never settles
+    assert window.phase == "timed" and window.shape.warmup_end == "step cap"
+    assert window.shape.warmup_steps == 20
+    _steps(window, clock, [1.0] * 10)
+    assert window.phase == "done" and len(window.records) == 10
+    assert window.shape.timed_end == "step cap"
+
+
+def test_a_window_the_scripts_end_cuts_short_keeps_what_it_timed() -> None:
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=100, min_time_s=10.0), clock.clock())
+    _steps(window, clock, [3.0] * 13)
+    window.cut_short()
+    assert (len(window.records), window.shape.timed_end) == (12, "script ended")
+    assert round(window.shape.timed_s, 6) == 0.036
+
+
+def test_the_loss_is_copied_at_backward_so_a_buffer_overwritten_later_is_read_as_it_was() -> None:
+    """Under CUDA graphs (torch.compile's reduce-overhead mode) the loss is a static buffer the
+    next replay overwrites; a view of it would read the last value for every step."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=0, steps=3), clock.clock())
+    buffer = torch.zeros(())
+    for value in (1.0, 2.0, 3.0):
+        buffer.fill_(value)  # the replay writes its output into the same memory
+        window.set_loss(buffer)
+        clock.advance(1.0)
+        window.boundary()
+    assert window.read_back() == [1.0, 2.0, 3.0]
+
+
+class _Unreadable(torch.Tensor):
+    """A loss whose read-back raises, as reading an overwritten CUDA-graph output does."""
+
+    def item(self) -> float:  # type: ignore[override]
+        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten")
+
+
+def test_a_loss_that_cannot_be_read_is_left_out_and_the_window_kept() -> None:
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=0, steps=2), clock.clock())
+    window.losses = []
+    for value in (1.0, 2.0):
+        clock.advance(1.0)
+        window.boundary()
+    window.losses = [torch.tensor(1.0).as_subclass(_Unreadable), torch.tensor(2.0)]
+    assert window.read_back() == [None, 2.0]
+    assert [r.loss for r in window.records] == [None, 2.0]

@@ -139,7 +139,9 @@ class AdviseTrials:
                 if window is not None:
                     return window
                 continue  # refused: recorded as such, on to the next candidate
-            self.outcomes[self.planned.fix] = decide(self.planned, self.trials, self.values)
+            self.outcomes[self.planned.fix] = decide(
+                self.planned, self.trials, self.values, self._references()
+            )
             self.planned = None
 
     def _open(self, setting: fixes.Setting, label: str) -> Window | None:
@@ -151,12 +153,13 @@ class AdviseTrials:
         warmup, steps = window_steps(self.options, setting.overrides)
         amp = setting.overrides.runtime.get("amp")
         advisor = self.advisor
+        settle = advisor.settling(setting.overrides.workers())
         return Window(
-            WindowPlan(warmup, steps),
+            WindowPlan(warmup, steps, 0, False, advisor.min_time_s, settle),
             advisor.clock,
             first_index=advisor.calls,
             device=advisor.window.device,
-            on_open=lambda _w: gpu.torch_facts(None, amp),
+            on_open=lambda w: gpu.torch_facts(None, amp, w.device),
             on_close=advisor.trial_window_closes,
         )
 
@@ -268,7 +271,7 @@ class AdviseTrials:
                 outcomes.append(outcome)
                 continue
             planned = next(p for p in self.report.plan if p.fix == outcome.fix)
-            decided = decide(planned, measured.trials, reference)
+            decided = decide(planned, measured.trials, reference, self._references())
             if decided.status == "unconfirmed":
                 decided = replace(
                     decided, reason=f"measured in windows of this process; {confirm}".rstrip("; ")
@@ -286,6 +289,12 @@ class AdviseTrials:
         return replace(
             self.report, fix_outcomes=outcomes, trial_windows=self.windows, notes=[*kept_notes, note]
         )
+
+    def _references(self) -> list[Any]:
+        """The runs a trial must beat: the advisor's window, and the script's setting measured
+        again after the trials once it has been."""
+        again = getattr(self, "again", None)
+        return [run for run in (self.report.baseline, again) if run is not None]
 
 
 def _forget_delegate(iterator: Any) -> None:

@@ -44,6 +44,7 @@ from trainadvisor.errors import UsageError
 from trainadvisor.measure import gpu, hooks, loaders
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
+from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
 from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
 from trainadvisor.report import check_out_dir, terminal_summary, write_report
@@ -70,13 +71,16 @@ class Advisor:
         echo: Callable[[str], None] | None = None,
         clock: Clock | None = None,
         trials: bool = False,
+        min_time: float = MIN_TIME_S,
+        max_warmup: float | None = MAX_WARMUP_S,
     ) -> None:
         if warmup < 1 or steps < 1:
             raise ValueError("advise: warmup and steps must be at least 1")
         self.warmup, self.steps = warmup, steps
+        self.min_time_s, self.max_warmup_s = min_time, max_warmup
         self.clock = clock or Clock()
         self.window = Window(
-            WindowPlan(warmup, steps, min(PROFILE_STEPS, steps)),
+            WindowPlan(warmup, steps, min(PROFILE_STEPS, steps), False, min_time, self.settling(0)),
             self.clock,
             on_open=self._window_opens,
             on_close=self._window_closes,
@@ -120,6 +124,12 @@ class Advisor:
     @property
     def traced_steps(self) -> int:
         return self.window.plan.traced_steps
+
+    def settling(self, workers: int) -> Settling | None:
+        """The warm-up's steadiness test (None: `warmup` steps exactly, `max_warmup=None`)."""
+        if self.max_warmup_s is None:
+            return None
+        return Settling(max_s=self.max_warmup_s).for_workers(workers)
 
     # ---- the step boundaries (each guarded: an advisor error never reaches training) ----
 
@@ -191,7 +201,7 @@ class Advisor:
         self.sampler.start()
         self._time_loaders()
         self._undo.append(register_optimizer_step_post_hook(self._optimizer_stepped).remove)
-        return gpu.torch_facts(data_parallel_modules(), None)
+        return gpu.torch_facts(data_parallel_modules(), None, device)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.window.optimizer_stepped(optimizer, counted=True)
@@ -382,8 +392,9 @@ class Advisor:
             self.close()
             if kind is None:
                 self.echo(
-                    f"trainadvisor: the block ended after {self.calls} steps, before the "
-                    f"{self.window.plan.length} the window needs: no report"
+                    f"trainadvisor: the block ended after {self.calls} steps, before the window was "
+                    f"complete (a warm-up until step time settles, then at least {self.steps} steps "
+                    f"and {self.min_time_s:g} s timed): no report"
                 )
 
     # ---- `@advise(...)` ----
@@ -438,6 +449,8 @@ def advise(
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
     trials: bool = False,
+    min_time: float = MIN_TIME_S,
+    max_warmup: float | None = MAX_WARMUP_S,
 ) -> Advisor: ...
 
 
@@ -450,9 +463,22 @@ def advise(
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
     trials: bool = False,
+    min_time: float = MIN_TIME_S,
+    max_warmup: float | None = MAX_WARMUP_S,
 ) -> Callable[P, R] | Advisor:
     """Profile a training step where it runs: `@advise`, `@advise(warmup=5, steps=20)`, or
-    `with advise() as advisor: ... advisor.step()`. With `trials=True` the fixes that can switch
-    while the loop runs are measured in windows after it. See the module's documentation."""
-    advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules, trials=trials)
+    `with advise() as advisor: ... advisor.step()`. The warm-up lasts at least `warmup` steps
+    and until step time settles (at most `max_warmup` seconds; None: `warmup` steps exactly);
+    then at least `steps` steps are timed, over at least `min_time` seconds. With `trials=True`
+    the fixes that can switch while the loop runs are measured in windows after it. See the
+    module's documentation."""
+    advisor = Advisor(
+        warmup=warmup,
+        steps=steps,
+        out=out,
+        rules=rules,
+        trials=trials,
+        min_time=min_time,
+        max_warmup=max_warmup,
+    )
     return advisor(fn) if fn is not None else advisor

@@ -55,13 +55,30 @@ def main() -> None:
     "--warmup",
     5,
     click.IntRange(min=1),
-    "Training steps to run before profiling (compilation, caches, worker start-up).",
+    "Training steps to run at least before timing (compilation, caches, worker start-up); the "
+    "warm-up then goes on until step time settles (consecutive blocks of steps agree to 10%).",
 )
 @option(
     "--steps",
     20,
     click.IntRange(min=2),
-    "Training steps to time (then up to 10 more are traced with torch.profiler).",
+    "Training steps to time at least (then 10 more are traced with torch.profiler).",
+)
+@option(
+    "--min-time",
+    "1s",
+    DURATION,
+    "Every timed window lasts at least this long (at GPU speed 20 steps are a few ms), within "
+    "the steps the script has.",
+    "min_time_s",
+)
+@option(
+    "--max-warmup",
+    "60s",
+    DURATION,
+    "The longest a warm-up may wait for step time to settle; a window measured unsettled is "
+    "named in the report.",
+    "max_warmup_s",
 )
 @out_option("Report folder: report.html, report.md, report.json and the raw traces.")
 @rules_option
@@ -135,6 +152,8 @@ def main() -> None:
 def profile_command(
     warmup: int,
     steps: int,
+    min_time_s: float,
+    max_warmup_s: float,
     out_dir: Path,
     rule_dirs: tuple[Path, ...],
     run_to_end: bool,
@@ -156,14 +175,20 @@ def profile_command(
     arguments (options for trainadvisor go before SCRIPT). Training steps are found through
     torch.optim optimizers; a loop without one calls trainadvisor.step() once per step.
 
-    After WARMUP steps, STEPS steps are timed with clocks (the profiler's overhead would bias
-    them) while psutil and NVML sample the process, its DataLoader workers and the GPU; up to 10
-    more steps are traced with torch.profiler; then the script is stopped (see --run-to-end).
+    The warm-up lasts at least WARMUP steps and until step time settles; then at least STEPS
+    steps, over at least --min-time, are timed with clocks (the profiler's overhead would bias
+    them) while psutil and NVML sample the process, its DataLoader workers and the GPU; 10 more
+    steps are traced with torch.profiler; then the script is stopped (see --run-to-end). Where
+    the script's length is known (a framework's max_steps or epochs, or a run that ended), every
+    window is fitted into the steps it has.
+
     When a rule fires, its fix is measured (several candidate settings, the fastest kept): in
     windows of the same run where the setting can switch while the loop runs, else in fresh
-    runs; the choice is confirmed in one more fresh run. It is kept only if the confirmation run's slow
-    windows beat the first run's fast ones, it gains at least 5%, and the loss of the same
-    seeded steps is unchanged.
+    runs; fixes chosen together are also measured with and without each, and one the others
+    make redundant is dropped. The choice is confirmed in one more fresh run. It is kept only if
+    the confirmation run's slow windows beat the first run's fast ones, it gains at least 5%,
+    and the loss of the same seeded steps is unchanged. A fix that changes what is learned (a
+    larger batch) is measured and shown as an opportunity, never applied.
 
     \b
     Example:
@@ -187,6 +212,8 @@ def profile_command(
         budget_s=budget_s,
         only_fixes=list(only_fixes),
         trials=trials,
+        min_time_s=min_time_s,
+        max_warmup_s=max_warmup_s,
     )
     _run(lambda: _profile(options))
 

@@ -4,9 +4,11 @@ Pure functions over measured runs."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from trainadvisor.analysis.shapes import cut_short
 from trainadvisor.analysis.summary import main_loader, percentile
-from trainadvisor.records import Comparison, LossCheck, RawRun, Run
+from trainadvisor.records import Comparison, LossCheck, RawRun, Run, timed_steps
 
 # With the same batches (same fingerprints) in both runs, the loss of each step must agree to
 # this relative difference: fixes that only change how batches are loaded give bit-identical
@@ -23,6 +25,10 @@ KEEP_MIN_SPEEDUP = 1.05
 # A trial whose window repeats batches this much more often than the baseline's hands workers
 # the same samples (an IterableDataset that does not shard by worker).
 REPEATED_BATCHES_MARGIN = 0.10
+
+# A window the script's end cut short still counts with at least this many timed steps: two
+# throughput windows of the smallest size (`analysis.summary.WINDOW_STEPS`).
+MIN_TIMED_STEPS = 10
 
 
 def _same(a: float, b: float) -> bool:
@@ -99,37 +105,74 @@ def _pct(values: list[float], pct: float) -> float:
     return percentile(values, pct) or 0.0
 
 
-def compare(
-    baseline: Run, after: Run, tolerance_rel: float = LOSS_TOLERANCE_REL, per_sample: bool = False
-) -> Comparison:
-    """Speedup of throughput (after / baseline steps per second, or samples per second when the
-    batch size changed); its range sets the slow (10th percentile) windows of one run against
-    the fast (90th percentile) windows of the other."""
-    before_w, after_w = baseline.window_steps_per_s, after.window_steps_per_s
+@dataclass(frozen=True)
+class Ratio:
+    """After / before throughput in `unit`, with its range over throughput windows."""
+
+    speedup: float | None
+    low: float | None
+    high: float | None
+    windows: int
+    unit: str
+
+
+def ratio(before: Run, after: Run, per_sample: bool = False) -> Ratio:
+    """Throughput after / before (steps per second, or samples per second when the batch size
+    changed); its range sets the slow (10th percentile) windows of one run against the fast
+    (90th percentile) windows of the other."""
+    before_w, after_w = before.window_steps_per_s, after.window_steps_per_s
     speedup = low = high = None
+    unit = "steps/s"
     if (
         per_sample
-        and baseline.samples_per_s
+        and before.samples_per_s
         and after.samples_per_s
-        and baseline.steps_per_s
+        and before.steps_per_s
         and after.steps_per_s
     ):
         # Windows in samples per second: each run's steps/s windows times its samples per step.
-        before_w = [w * baseline.samples_per_s / baseline.steps_per_s for w in before_w]
+        before_w = [w * before.samples_per_s / before.steps_per_s for w in before_w]
         after_w = [w * after.samples_per_s / after.steps_per_s for w in after_w]
-        speedup = after.samples_per_s / baseline.samples_per_s
-    elif baseline.steps_per_s and after.steps_per_s:
-        speedup = after.steps_per_s / baseline.steps_per_s
-    if before_w and after_w:
-        low = _pct(after_w, 10) / _pct(before_w, 90)
-        high = _pct(after_w, 90) / _pct(before_w, 10)
+        speedup, unit = after.samples_per_s / before.samples_per_s, "samples/s"
+    elif before.steps_per_s and after.steps_per_s:
+        speedup = after.steps_per_s / before.steps_per_s
+    if before_w and after_w and speedup is not None:
+        # never outside its own range: one window in a run makes the range that window's
+        low = min(_pct(after_w, 10) / _pct(before_w, 90), speedup)
+        high = max(_pct(after_w, 90) / _pct(before_w, 10), speedup)
+    return Ratio(speedup, low, high, min(len(before_w), len(after_w)), unit)
+
+
+def compare(
+    baseline: Run,
+    after: Run,
+    tolerance_rel: float = LOSS_TOLERANCE_REL,
+    per_sample: bool = False,
+    references: list[Run] | None = None,
+) -> Comparison:
+    """Throughput after / baseline with its range (`ratio`), against the fastest of
+    `references` where given (the baseline's setting measured again after trial windows), and
+    the loss check of the same seeded steps (the baseline's)."""
+    ratios = [ratio(reference, after, per_sample) for reference in references or [baseline]]
+    found = min(ratios, key=lambda r: r.speedup if r.speedup is not None else math.inf)
     return Comparison(
-        speedup=speedup,
-        speedup_low=low,
-        speedup_high=high,
-        windows=min(len(before_w), len(after_w)),
+        speedup=found.speedup,
+        speedup_low=found.low,
+        speedup_high=found.high,
+        windows=found.windows,
         loss_check=loss_check(baseline.raw, after.raw, tolerance_rel),
+        unit=found.unit,
+        timed_steps=after.steps,
+        cut=cut_short(after.raw),
     )
+
+
+def usable(raw: RawRun) -> bool:
+    """Whether a run's timings can be judged: its window complete, or cut short by the script's
+    own end after at least MIN_TIMED_STEPS timed steps."""
+    if raw.status == "window_complete":
+        return True
+    return raw.status == "script_ended" and len(timed_steps(raw)) >= MIN_TIMED_STEPS
 
 
 def verdict(comparison: Comparison) -> tuple[str, str]:
@@ -139,7 +182,10 @@ def verdict(comparison: Comparison) -> tuple[str, str]:
         return "changed_training", loss_change(comparison.loss_check)
     if comparison.speedup is None or comparison.speedup_low is None:
         return "no_gain", "the rerun measured no complete window to compare"
-    spread = f"{comparison.speedup:.2f}x (range {comparison.speedup_low:.2f}-{comparison.speedup_high:.2f}x)"
+    spread = (
+        f"{comparison.speedup:.2f}x {comparison.unit} (range {comparison.speedup_low:.2f}-"
+        f"{comparison.speedup_high:.2f}x)"
+    )
     if comparison.speedup < KEEP_MIN_SPEEDUP or comparison.speedup_low <= 1.0:
         return "no_gain", f"measured {spread}: not a reliable gain"
     return "kept", f"measured {spread}"
@@ -167,8 +213,8 @@ def judge_trial(
     refused = [loader.override_refused for loader in trial.loaders if loader.override_refused]
     if refused:
         return "refused", refused[0]
-    if trial.status != "window_complete":
-        return "failed", trial.error or f"the run ended before the window ({trial.status})"
+    if not usable(trial):
+        return "failed", trial.error or _too_short(trial)
     loader = main_loader(trial)
     if loader is not None and loader.iterable_dataset:
         (before, before_n), (now, now_n) = repeated_batches(baseline), repeated_batches(trial)
@@ -182,3 +228,13 @@ def judge_trial(
     if check.equivalent is False:
         return "changed_training", loss_change(check)
     return "measured", None
+
+
+def _too_short(raw: RawRun) -> str:
+    timed = len(timed_steps(raw))
+    if raw.status == "script_ended" and raw.steps_seen:
+        return (
+            f"the script ended after {raw.steps_seen} steps, with {timed} of them timed (at least "
+            f"{MIN_TIMED_STEPS} are needed)"
+        )
+    return f"the run ended before the window ({raw.status})"

@@ -14,11 +14,12 @@ import psutil
 
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.disturbance import disturbance_notes
+from trainadvisor.analysis.length import run_length
+from trainadvisor.analysis.shapes import window_notes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.frameworks.change import fix_change
-from trainadvisor.judge import compare, verdict
-from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
+from trainadvisor.judge import MIN_TIMED_STEPS, compare, usable, verdict
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.records import (
@@ -38,6 +39,7 @@ from trainadvisor.report import hold_out_dir
 from trainadvisor.runs import (
     ProfileOptions,
     confirmation_spec,
+    measure_fitted,
     measure_run,
     reproduce_command,
     run_of,
@@ -125,8 +127,9 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
 def _profile(job: _Job) -> Report:
     options, echo = job.options, job.echo
     echo(
-        f"trainadvisor: running {options.script} (warmup {options.warmup} steps, timing "
-        f"{options.steps} steps, then tracing up to {PROFILE_STEPS} with torch.profiler)"
+        f"trainadvisor: running {options.script} (warm-up until step time settles, at least "
+        f"{options.warmup} steps; timing at least {options.steps} steps and {options.min_time_s:g} s; "
+        f"then tracing {PROFILE_STEPS} with torch.profiler)"
     )
     why_restart = _why_restart(options)
     spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
@@ -238,7 +241,9 @@ def _why_restart(options: ProfileOptions) -> str | None:
 def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started: float) -> Tuning:
     values = {**diagnosed.diagnosis.values, "memory_available_bytes": psutil.virtual_memory().available}
     plan = diagnosed.plan
-    return Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
+    tuning = Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
+    tuning.length = run_length(diagnosed.baseline.raw)
+    return tuning
 
 
 def _prepare(options: ProfileOptions) -> list[engine.Rule]:
@@ -262,8 +267,6 @@ def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseli
             "No torch.optim optimizer was built, so each backward() ended a training step (a loop "
             "that updates its parameters by hand); call trainadvisor.step() to mark steps yourself."
         )
-    if 0 < baseline.steps < options.steps:
-        notes.append(f"The script ended after {baseline.steps} of the {options.steps} timed steps.")
     diagnosis = engine.diagnose(named_measurements(baseline), rules)
     plan = fixes.plan(diagnosis.findings, diagnosis.values)
     if options.only_fixes:
@@ -335,6 +338,7 @@ def _report(
     tuning: Tuning | None = None,
 ) -> Report:
     notes = [*(extra_notes or []), *(tuning.notes if tuning else []), _modes_note(outcomes)]
+    notes += window_notes(diagnosed.baseline, outcomes, after)
     notes += disturbance_notes(diagnosed.baseline, outcomes, after)
     notes.append(masked_note(mask_arguments(options.args)[1]))
     return Report(
@@ -383,8 +387,10 @@ def _confirm(
     echo: Echo,
     prestarted: Prestarted | None = None,
 ) -> Report:
-    """The fixes chosen by their trials, measured together in one fresh run: kept only if that
-    run is faster and trains the same; each kept or recommended fix gets its code change."""
+    """The fixes chosen by their trials, measured together in one fresh run (fitted into the
+    steps the script has): kept only if that run is faster and trains the same. Where no
+    confirmation could be measured, each keeps its status `unconfirmed` with the gain its own
+    trial measured. Each kept or recommended fix gets its code change."""
     outcomes = tuning.outcomes
     chosen = [o for o in outcomes if o.status == "unconfirmed"]
     after, comparison = None, None
@@ -392,35 +398,59 @@ def _confirm(
     if chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
-        spec = confirmation_spec(options, merged)
+        first = measure_run
         if prestarted is not None and prestarted.waiting():  # its set-up ran while the trials did
-            profile_steps = min(PROFILE_STEPS, spec.steps)
-            after = run_of(prestarted.run(merged, spec.warmup, spec.steps, profile_steps), spec)
+            waiting = prestarted
+            first = lambda spec: run_of(waiting.run(spec, PROFILE_STEPS), spec)  # noqa: E731
+        spec_of = lambda known: confirmation_spec(options, merged, known)  # noqa: E731
+        after = measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first)
+        if usable(after.raw):
+            kept_fixes = [fixes.REGISTRY[o.fix] for o in chosen]
+            comparison = compare(
+                diagnosed.baseline,
+                after,
+                max(tolerance(fix, noise_rel) for fix in kept_fixes),
+                per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
+                references=[r for r in (diagnosed.baseline, tuning.again) if r is not None],
+            )
+            comparison.contains = [f"{o.fix}: {o.chosen}" if o.chosen else o.fix for o in chosen]
+            status, reason = verdict(comparison)
+            verdicts = {o.fix: (status, _together(reason, chosen)) for o in chosen}
         else:
-            after = measure_run(spec)
-        kept_fixes = [fixes.REGISTRY[o.fix] for o in chosen]
-        comparison = compare(
-            diagnosed.baseline,
-            after,
-            max(tolerance(fix, noise_rel) for fix in kept_fixes),
-            per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
-        )
-        status, reason = verdict(comparison)
-        if after.raw.status != "window_complete":
-            status, reason = "failed", after.raw.error or _short_run(after.raw)
-        verdicts = {o.fix: (status, reason) for o in chosen}
+            why = after.raw.error or _short_run(after.raw)
+            verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
     final = [_final(options, o, verdicts, diagnosed.baseline.raw) for o in outcomes]
-    return _report(options, diagnosed, started, final, after, comparison, None, noise_rel, tuning)
+    notes = [*_length_note(tuning, comparison)]
+    return _report(options, diagnosed, started, final, after, comparison, notes, noise_rel, tuning)
+
+
+def _together(reason: str, chosen: list[FixOutcome]) -> str:
+    """A verdict's reason, saying it is the combination's where several fixes were confirmed
+    together (each fix's own gain is its trial's)."""
+    if len(chosen) < 2:
+        return reason
+    return f"{reason} in the confirmation run of {', '.join(o.fix for o in chosen)} together"
+
+
+def _length_note(tuning: Tuning, comparison: Comparison | None) -> list[str | None]:
+    """What the script's length did to the windows: a confirmation measured on what fitted."""
+    if comparison is None or not comparison.cut:
+        return []
+    length = tuning.length
+    known = f" ({length.source})" if length is not None and length.total_steps is not None else ""
+    return [
+        f"The confirmation run was measured on what fitted: {comparison.cut}{known}; give the "
+        "script more steps (more data or epochs) for a longer confirmation."
+    ]
 
 
 def _short_run(raw: RawRun) -> str:
-    traced = PROFILER_WARMUP_STEPS + raw.profile_steps if raw.profile_steps else 0
-    needed = raw.warmup_steps + raw.window_steps + traced
+    timed = sum(1 for s in raw.steps if not s.profiled)
     return (
-        f"the script ended after {raw.steps_seen} steps, before the confirmation run's window "
-        f"({raw.warmup_steps} warmup, {raw.window_steps} timed and {traced} traced steps) was "
-        "complete: give the script more steps to train (more data or epochs) to confirm it"
-        if 0 < raw.steps_seen < needed
+        f"the script ended after {raw.steps_seen} steps, before the confirmation run had timed enough "
+        f"steps ({timed} of at least {MIN_TIMED_STEPS}): give the script more steps to train (more "
+        "data or epochs) to confirm it"
+        if raw.status == "script_ended" and raw.steps_seen
         else "the confirmation run did not complete"
     )
 

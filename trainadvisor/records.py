@@ -21,11 +21,13 @@ RunStatus = Literal["window_complete", "script_ended", "script_failed", "refused
 TrialStatus = Literal["measured", "refused", "failed", "changed_training"]
 # A fix: kept (confirmed faster, training unchanged) | recommended (a memory fix, from its own
 # runs) | no_gain | changed_training | refused | failed | not_applicable | unconfirmed (chosen by
-# its trials; the run ended before the confirmation run) | not_run (the run ended before its
-# trials) | needs_restart (@advise: measured only by the `profile` command it names).
+# its trials, faster there; no confirmation run measured it) | not_run (the run ended before its
+# trials) | needs_restart (@advise: measured only by the `profile` command it names) |
+# opportunity (faster, but it changes what is learned: measured and shown, never applied) |
+# redundant (faster alone, but the other kept fixes without it were as fast as with it).
 FixStatus = Literal[
     "kept", "recommended", "no_gain", "changed_training", "refused", "failed", "not_applicable",
-    "unconfirmed", "not_run", "needs_restart",
+    "unconfirmed", "not_run", "needs_restart", "opportunity", "redundant",
 ]  # fmt: skip
 
 
@@ -99,6 +101,25 @@ class StepRecord:
 
 
 @dataclass
+class WindowShape:
+    """How a window's steps were spent: its warm-up (until step time settled, or a cap), its timed
+    steps, and why they stopped where they did."""
+
+    warmup_steps: int
+    warmup_s: float
+    # why the warm-up ended: "settled" (consecutive blocks agreed, `measure.settle`), "count"
+    # (a fixed count, no steadiness test), "time cap" (it had not settled by the longest warm-up
+    # allowed), "step cap" (the steps the script has left were needed for the timed ones)
+    warmup_end: str
+    block_ms: list[float] = field(default_factory=list)  # time per step of each warm-up block
+    timed_s: float = 0.0
+    # why the timed steps ended: "plan" (the minimum steps and time both reached), "step cap"
+    # (the steps the script has left), "script ended" (the script finished inside the window)
+    timed_end: str = "plan"
+    min_time_s: float = 0.0  # the timed steps were to last at least this long
+
+
+@dataclass
 class LoaderInfo:
     """One `DataLoader` the script built, in creation order, with any override applied."""
 
@@ -116,6 +137,7 @@ class LoaderInfo:
     batches_in_window: int = 0
     overrides_applied: dict[str, Any] = field(default_factory=dict)
     override_refused: str | None = None  # why a requested override was not applied
+    length: int | None = None  # batches per pass (len(loader)); None: it has no length
     # A loader built inside a training framework (transformers, accelerate, lightning): the
     # framework, and the file:line of the loader it was built from (accelerate's prepare()
     # wraps the user's DataLoader), "" for a loader of the user's own.
@@ -141,6 +163,17 @@ class FrameworkCall:
 
 
 @dataclass
+class RunLength:
+    """How many training steps the script takes, as far as it is known: exactly where a training
+    framework's settings say (max_steps, or epochs x the loader's batches) or a run of the script
+    ended by itself; otherwise only that it takes at least the steps a run was seen to take."""
+
+    total_steps: int | None  # None: not known
+    source: str  # how it is known, in words
+    seen_steps: int = 0  # the most steps a run of the script was seen to take
+
+
+@dataclass
 class HostSample:
     t_ms: float  # since the window started (negative: before it)
     main_cpu_pct: float
@@ -151,6 +184,8 @@ class HostSample:
     # CPU of every process outside the profiled tree and trainadvisor's own, in percent of one
     # core (150.0: 1.5 cores busy elsewhere); 0.0 in reports saved before it was sampled
     other_cpu_pct: float = 0.0
+    # where that was half a core or more: the busiest of those processes, "name (pid N)" -> cores
+    other_processes: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -214,6 +249,7 @@ class RawRun:
     rank: int | None = None  # under torchrun: this run's global rank
     frameworks: list[FrameworkCall] = field(default_factory=list)  # the training frameworks' settings built
     ranks: list[RawRun] = field(default_factory=list)  # under torchrun: every rank's run
+    shape: WindowShape | None = None  # how the window's steps were spent (None: saved before it was)
 
 
 # ---- measurements: a summarised run ----
@@ -333,11 +369,18 @@ class LossCheck:
 
 @dataclass
 class Comparison:
-    speedup: float | None  # throughput (steps/s), after / baseline
+    speedup: float | None  # throughput, after / baseline, in `unit`
     speedup_low: float | None  # 10th percentile of after windows / 90th of baseline windows
     speedup_high: float | None  # 90th percentile of after windows / 10th of baseline windows
     windows: int
     loss_check: LossCheck
+    unit: str = "steps/s"  # or "samples/s" (where the batch size changed)
+    # what the after run changed, each "fix: the setting in words"
+    contains: list[str] = field(default_factory=list)
+    # the after run's timed steps, and why there were no more where the script's end or its
+    # length cut them short ("" when its window was complete as planned)
+    timed_steps: int = 0
+    cut: str = ""
 
 
 @dataclass
@@ -356,6 +399,14 @@ class FixOutcome:
     search: str = ""  # why the search over candidates stopped where it did
     mode: str = ""  # how its trials ran: "in_process" (windows of one run) or "restart"
     mode_reason: str = ""  # why they restarted the script, when they did
+    # its own measured gain: the chosen trial against the baseline (in trial windows, the faster
+    # of the two windows that bracket them), in `unit`; low: its slow windows against the
+    # baseline's fast ones (the gain's lower bound over windows)
+    gain: float | None = None
+    gain_low: float | None = None
+    unit: str = "steps/s"
+    # in trial windows, on top of the other chosen fixes: all of them with it / without it
+    added_gain: float | None = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ import markupsafe
 from trainadvisor import _serial, mdtext
 from trainadvisor.analysis.summary import BREAKDOWN_KEYS, window_samples
 from trainadvisor.errors import UsageError
-from trainadvisor.records import GpuSample, HostSample, LossCheck, Report, Run, timed_steps
+from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
 
 COLORS = {
     "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",
@@ -35,25 +35,86 @@ LABELS = {
 
 
 def headline(report: Report) -> str:
-    """One sentence: what held the loop back and what the fixes measured."""
+    """One sentence: what the fixes measured, and what held the loop back."""
+    text = _gain_sentence(report)
+    top = report.findings[0] if report.findings else None
+    if text and top is not None:  # the main bottleneck: the most severe finding
+        text += f"; the bottleneck: {top.title[0].lower()}{top.title[1:]}"
+    elif top is not None:
+        text = f"{top.title} ({top.severity})"
+        if report.fix_outcomes:  # fixes were measured (not: --no-fix, a failed script, analyze)
+            text += "; no fix was kept"
+    elif not text:
+        if report.baseline is None or not report.baseline.steps:
+            return "Nothing was measured"
+        text = "No bottleneck found by the rules in the profiled window"
+    for outcome in report.fix_outcomes:
+        if outcome.status == "opportunity" and outcome.gain:
+            text += (
+                f"; opportunity: {outcome.gain:.2f}x {outcome.unit} with {_short(outcome.chosen)}, "
+                f"which changes training ({outcome.fix})"
+            )
+    return text
+
+
+def _gain_sentence(report: Report) -> str:
+    """The confirmed gain of the kept fixes, or else the largest gain a trial measured that no
+    confirmation run could check ("" when there is neither)."""
     kept = [o for o in report.fix_outcomes if o.status == "kept"]
     comparison = report.comparison
     if kept and comparison and comparison.speedup:
         text = (
-            f"{comparison.speedup:.2f}x faster (range {comparison.speedup_low:.2f}-"
+            f"{comparison.speedup:.2f}x faster in {comparison.unit} (range {comparison.speedup_low:.2f}-"
             f"{comparison.speedup_high:.2f}x across windows) after " + ", ".join(o.fix for o in kept)
         )
-        if report.findings:  # the main bottleneck: the most severe finding
-            text += f"; the bottleneck: {report.findings[0].title[0].lower()}{report.findings[0].title[1:]}"
+        if comparison.unit == "samples/s" and report.baseline and report.after:
+            text += (
+                f" (in samples/s: the batch size changed; steps/s went from "
+                f"{report.baseline.steps_per_s or 0:.1f} to {report.after.steps_per_s or 0:.1f})"
+            )
+        if comparison.cut:
+            text += f", confirmed on what the script's length allowed ({comparison.timed_steps} timed steps)"
         return text
-    if report.findings:
-        top = report.findings[0]
-        if not report.fix_outcomes:  # diagnosed only: --no-fix, a failed script, or analyze
-            return f"{top.title} ({top.severity})"
-        return f"{top.title} ({top.severity}); no fix was kept"
-    if report.baseline is None or not report.baseline.steps:
-        return "Nothing was measured"
-    return "No bottleneck found by the rules in the profiled window"
+    unconfirmed = [o for o in report.fix_outcomes if o.status == "unconfirmed" and o.gain]
+    if unconfirmed:
+        best = max(unconfirmed, key=lambda o: o.gain or 0.0)
+        return (
+            f"{best.gain:.2f}x faster in {best.unit} in trial windows with {best.fix} "
+            f"({_short(best.chosen)}), not confirmed in a fresh run"
+        )
+    return ""
+
+
+def _short(chosen: str) -> str:
+    """A setting in words without what follows its colon (the learning-rate rule of a batch size)."""
+    return chosen.split(":", 1)[0]
+
+
+def fix_line(outcome: FixOutcome) -> str:
+    """A fix's outcome in one line, the same in the terminal, report.md and report.html: its
+    status, the setting, why, and its own measured gain beside the combination's."""
+    chosen = f" ({outcome.chosen})" if outcome.chosen else ""
+    text = f"{outcome.status.replace('_', ' ')}{chosen}: {outcome.reason}"
+    if outcome.status == "kept" and outcome.gain:
+        low = f", range from {outcome.gain_low:.2f}x" if outcome.gain_low is not None else ""
+        text += f"; its own trial: {outcome.gain:.2f}x {outcome.unit}{low}"
+        if outcome.added_gain:
+            text += f"; on top of the other kept fixes: {outcome.added_gain:.2f}x"
+    return text
+
+
+def after_line(report: Report) -> str | None:
+    """What the after run contained, in words (None without an after run)."""
+    if report.after is None:
+        return None
+    contains = report.comparison.contains if report.comparison else []
+    if not contains:
+        contains = [o.fix for o in report.fix_outcomes if o.status in ("kept", "unconfirmed")]
+    changed = "; ".join(contains) or "nothing"
+    if not report.after.steps:
+        return f"the after run ({changed}) timed no step"
+    kept = any(o.status == "kept" for o in report.fix_outcomes)
+    return f"the after run changed {changed} ({'kept' if kept else 'not kept'})"
 
 
 # ---- pictures (geometry computed here, drawn by the template) ----
@@ -247,6 +308,8 @@ def _context(report: Report) -> dict[str, Any]:
         "labels": LABELS,
         "keys": breakdown_keys(runs),
         "loss_sentence": loss_sentence,
+        "fix_line": fix_line,
+        "after_line": after_line(report),
     }
 
 
@@ -346,10 +409,13 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
     """The diagnosis printed at the end of a run: fits in 80 columns, a dozen lines."""
     lines = _wrap(f"trainadvisor: {headline(report)}")
     base = report.baseline
+    samples = report.comparison is not None and report.comparison.unit == "samples/s"
     if base is not None and base.steps:
-        lines.append(_run_line("before", base))
+        lines.append(_run_line("before", base, samples))
     if report.after is not None:
-        lines.append(_run_line("after", report.after))
+        if report.after.steps:
+            lines.append(_run_line("after", report.after, samples))
+        lines += _wrap(f"         {after_line(report)}")
     if base is not None and base.ranks:
         times = [r.step_time_ms_mean for r in base.ranks if r.step_time_ms_mean is not None]
         spread = f", step time {min(times):.1f}-{max(times):.1f} ms" if times else ""
@@ -360,8 +426,7 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
     for outcome in report.fix_outcomes:
-        chosen = f" ({outcome.chosen})" if outcome.chosen else ""
-        lines += _wrap(f"  fix {outcome.fix}: {outcome.status.replace('_', ' ')}{chosen}: {outcome.reason}")
+        lines += _wrap(f"  fix {outcome.fix}: {fix_line(outcome)}")
         if outcome.setting_change:
             lines += _wrap(f"      where to set it: {outcome.setting_change}")
     if report.comparison:
@@ -395,9 +460,10 @@ def _wrap(text: str, width: int = 80) -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [text]
 
 
-def _run_line(name: str, run: Run) -> str:
+def _run_line(name: str, run: Run, samples: bool = False) -> str:
     pct = run.breakdown_pct
+    rate = f"{run.samples_per_s or 0:9.1f} samples/s" if samples else f"{run.steps_per_s or 0:7.1f} steps/s"
     return (
         f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, "
-        f"{run.steps_per_s or 0:7.1f} steps/s, data wait {pct.get('data_wait', 0):.0f}%"
+        f"{rate}, data wait {pct.get('data_wait', 0):.0f}%"
     )

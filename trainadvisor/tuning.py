@@ -10,12 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainadvisor import fixes
+from trainadvisor import attribution, fixes
+from trainadvisor.analysis.length import run_length
 from trainadvisor.judge import KEEP_MIN_SPEEDUP
 from trainadvisor.measure.live import LiveRun
-from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, TrialWindow
+from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
 from trainadvisor.runs import ProfileOptions, reproduce_command
 from trainadvisor.trials import Echo, Measurer, decide, restarts, tune, windows
+
+# A trial window fitted into a short run gets at least this many steps (warm-up and timed):
+# fewer would time too few steps to count (`judge.MIN_TIMED_STEPS`).
+MIN_WINDOW_STEPS = 15
 
 
 def gain_bound(planned: PlannedFix, values: dict[str, Any]) -> float:
@@ -68,6 +73,9 @@ class Tuning:
     tried: set[str] = field(default_factory=set)
     live_ended: str = ""  # why the baseline's process could measure no more windows
     on_progress: Callable[[], None] = lambda: None
+    length: RunLength | None = None  # how many steps the script takes, as far as it is known
+    live_steps: int = 0  # steps the baseline's process has run so far
+    again: Run | None = None  # the baseline's setting measured again after the trial windows
 
     # ---- budget and progress ----
 
@@ -101,9 +109,27 @@ class Tuning:
         self._progress(planned, "in this process" if mode == "in_process" else "restarting the script")
         fix = fixes.REGISTRY[planned.fix]
         trials = tune(fix, self.values, measurer, self.echo, more=self.budget_left)
-        outcome = decide(planned, trials, self.values)
+        outcome = decide(planned, trials, self.values, [self.baseline])
         self.outcomes[index] = replace(outcome, mode=mode, mode_reason=reason)
         self.on_progress()
+
+    # ---- the steps the script has ----
+
+    def learn(self, raw: Any) -> None:
+        """What a window or a run tells of the script's length (a run that ended by itself)."""
+        self.length = run_length(raw, self.length)
+
+    def window_budget(self, eligible: list[PlannedFix]) -> int | None:
+        """The steps the next trial window may use: where the script's length is known, what it
+        has left shared among the windows still to come (each fix's candidates, the bracket);
+        None where it is not known (then the windows are timed, and one the script's end cuts
+        short counts if it timed enough steps)."""
+        if self.length is None or self.length.total_steps is None:
+            return None
+        left = self.length.total_steps - self.live_steps
+        remaining = [p for p in eligible if p.fix not in self.tried or p.fix == self._current]
+        windows = 1 + sum(fixes.REGISTRY[p.fix].expected_trials(self.values) for p in remaining)
+        return max(MIN_WINDOW_STEPS, left // max(windows, 1))
 
     def _over_budget(self, planned: PlannedFix) -> FixOutcome:
         budget = self.options.budget_s or 0.0
@@ -122,7 +148,8 @@ class Tuning:
 
     def in_process(self, live: LiveRun) -> None:
         """Every fix that can switch while the loop runs, as windows of the live run; then the
-        baseline's setting again, and each choice judged against the faster of the two."""
+        baseline's setting again, each choice judged against the faster of the two, and the
+        chosen ones measured together with and without each (`attribution`)."""
         loaders_blocked = loader_problem(self.baseline)
         eligible = [
             self.plan[i]
@@ -133,28 +160,42 @@ class Tuning:
         if not eligible:
             return
         self.windows.append(_window("baseline", "", AS_SCRIPT, self.baseline, 0.0))
-        measure = self._recording(windows(live, self.options, self.baseline))
+        self.live_steps = self.baseline.raw.steps_seen
+        measure = self._recording(
+            windows(live, self.options, self.baseline, lambda: self.window_budget(eligible))
+        )
         for planned in eligible:
             if live.ended is not None:
                 break
+            self._current = planned.fix
             self.run(planned, measure, "in_process")
             if live.ended is None:
                 continue
-            self.live_ended = live.ended  # the script ended during this fix's windows
-            outcome = self.outcomes[self.plan.index(planned)]
-            if not any(t.status == "measured" for t in outcome.trials):
-                self.tried.discard(planned.fix)  # nothing measured: its trials restart the script
-            else:
-                self.notes.append(
-                    f"{live.ended}: {planned.fix} was decided by the windows measured before that."
-                )
+            self._script_ended(live, planned)
+        self._current = ""
         in_process = [o for o in self.outcomes if o.mode == "in_process" and o.fix in self.tried]
         if in_process and live.ended is None:
             self._bracket(live, measure, in_process)
+        if live.ended is None:
+            self._attribute(measure)
+
+    _current = ""  # the fix whose trial windows are being measured
+
+    def _script_ended(self, live: LiveRun, planned: PlannedFix) -> None:
+        """The script ended during this fix's windows: its length is known from here on."""
+        self.live_ended = live.ended or ""
+        if live.final is not None:
+            self.learn(live.final)
+        outcome = self.outcomes[self.plan.index(planned)]
+        if not any(t.status == "measured" for t in outcome.trials):
+            self.tried.discard(planned.fix)  # nothing measured: its trials restart the script
+        else:
+            self.notes.append(f"{live.ended}: {planned.fix} was decided by the windows measured before that.")
 
     def _recording(self, measurer: Measurer) -> Measurer:
         def measure(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Any:
             measured = measurer(fix, label, candidate)
+            self.live_steps = max(self.live_steps, measured.raw.steps_seen)
             t0 = self.baseline.raw.window_start_unix_s or 0.0
             started = (measured.raw.window_start_unix_s - t0) if measured.raw.window_start_unix_s else None
             self.windows.append(
@@ -176,6 +217,7 @@ class Tuning:
         if again.run is None or not again.run.steps_per_s:
             self.notes.append("The baseline's setting could not be measured again after the trials.")
             return
+        self.again = again.run
         first = self.baseline.steps_per_s or 0.0
         drift = again.run.steps_per_s / first - 1.0 if first else 0.0
         reference = dict(self.values)
@@ -186,12 +228,13 @@ class Tuning:
         self.notes.append(
             f"Trial windows ran in the baseline's own process, bracketed by the baseline's setting "
             f"({first:.1f} steps/s first, {again.run.steps_per_s:.1f} after the trials: "
-            f"{100 * drift:+.0f}% drift); a trial counted only when {KEEP_MIN_SPEEDUP:.2f}x faster "
-            "than the faster of the two."
+            f"{100 * drift:+.0f}% drift); a trial, and the confirmation run, counted only when "
+            f"{KEEP_MIN_SPEEDUP:.2f}x faster than the faster of the two, and their slow windows "
+            "faster than its fast ones."
         )
         for outcome in outcomes:
             index = self.outcomes.index(outcome)
-            decided = decide(self.plan[index], outcome.trials, reference)
+            decided = decide(self.plan[index], outcome.trials, reference, [self.baseline, again.run])
             if outcome.status == "unconfirmed" and decided.status == "no_gain" and drift > 0:
                 decided = replace(
                     decided,
@@ -201,9 +244,32 @@ class Tuning:
             self.outcomes[index] = replace(decided, mode=outcome.mode, mode_reason=outcome.mode_reason)
         self.on_progress()
 
+    def _attribute(self, measure: Measurer) -> None:
+        """Two or more fixes chosen in windows: measured together, and without each in turn."""
+        chosen = [o for o in self.outcomes if o.mode == "in_process" and o.status == "unconfirmed"]
+        if len(chosen) < 2:
+            return
+        self.echo(f"trainadvisor: measuring {', '.join(o.fix for o in chosen)} together and without each")
+
+        def measure_setting(label: str, setting: fixes.Setting) -> Run | None:
+            found = measure(_AsScript(), label, setting)
+            self.echo(
+                f"  tried {setting.label}: "
+                + (f"{found.run.steps_per_s:.1f} steps/s" if found.run else found.status)
+            )
+            return found.run if found.run is not None and found.run.steps_per_s else None
+
+        decided, notes = attribution.attribute(chosen, measure_setting)
+        for outcome in decided:
+            self.outcomes[self.outcomes.index(next(o for o in self.outcomes if o.fix == outcome.fix))] = (
+                outcome
+            )
+        self.notes += notes
+        self.on_progress()
+
     def restarted(self, noise_rel: float | None, why: str) -> None:
         """Every applicable fix not yet tried, each candidate in a fresh run of the script."""
-        measure = restarts(self.options, self.baseline, noise_rel)
+        measure = restarts(self.options, self.baseline, noise_rel, lambda: self.length, self.learn)
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
             if planned.fix in self.tried:

@@ -31,22 +31,38 @@ def disturbed_cores(samples: list[HostSample]) -> float | None:
     return cores if cores is not None and cores >= DISTURBED_MIN_CORES else None
 
 
-def disturbance_note(disturbed: dict[str, float], cpu_count: int | None) -> str | None:
+def busiest(samples: list[HostSample], top: int = 3) -> dict[str, float]:
+    """The processes named as busiest in the samples, with the most cores each was seen using."""
+    seen: dict[str, float] = {}
+    for sample in samples:
+        for name, cores in sample.other_processes.items():
+            seen[name] = max(seen.get(name, 0.0), cores)
+    return dict(sorted(seen.items(), key=lambda item: -item[1])[:top])
+
+
+def disturbance_note(
+    disturbed: dict[str, float], cpu_count: int | None, named: dict[str, float] | None = None
+) -> str | None:
     """One note for the report naming every disturbed window ("the baseline window") and the
-    cores other processes used during it; None when none was."""
+    cores other processes used during it, and the busiest of those processes; None when no
+    window was disturbed."""
     if not disturbed:
         return None
     of = f" (of the machine's {cpu_count})" if cpu_count else ""
+    if named:
+        who = "busiest: " + ", ".join(f"{name} {cores:.1f} cores" for name, cores in named.items())
+    else:
+        who = "none of them visible from here: another container's, or the host's"
     if len(disturbed) == 1:
         ((window, cores),) = disturbed.items()
         return (
-            f"Other processes used {cores:.1f} cores{of} during {window}: its timings may be "
-            "disturbed; measure again on a quiet machine."
+            f"Other processes used {cores:.1f} cores{of} during {window} ({who}): its timings "
+            "may be disturbed; measure again on a quiet machine."
         )
-    named = [f"{window} ({cores:.1f} cores)" for window, cores in disturbed.items()]
+    windows = [f"{window} ({cores:.1f} cores)" for window, cores in disturbed.items()]
     return (
-        f"Other processes used CPU{of} during {', '.join(named[:-1])} and {named[-1]}: their "
-        "timings may be disturbed; measure again on a quiet machine."
+        f"Other processes used CPU{of} during {', '.join(windows[:-1])} and {windows[-1]} ({who}): "
+        "their timings may be disturbed; measure again on a quiet machine."
     )
 
 
@@ -57,12 +73,15 @@ def disturbance_notes(baseline: Run, outcomes: list[FixOutcome], after: Run | No
     for outcome in outcomes:
         runs.update({f"{outcome.fix}'s trial {trial.label}": trial.raw for trial in outcome.trials})
     runs["the confirmation run's window"] = after.raw if after else None
-    disturbed = {}
+    disturbed, samples = {}, []
     for window, raw in runs.items():
-        cores = disturbed_cores(window_samples(raw, raw.host_samples)) if raw else None
+        inside = window_samples(raw, raw.host_samples) if raw else []
+        cores = disturbed_cores(inside)
         if cores is not None:
             disturbed[window] = cores
-    note = disturbance_note(disturbed, baseline.raw.device.cpu_count if baseline.raw.device else None)
+            samples += inside
+    cpu_count = baseline.raw.device.cpu_count if baseline.raw.device else None
+    note = disturbance_note(disturbed, cpu_count, busiest(samples))
     gpu = gpu_note({window: gpu_intruders(raw) for window, raw in runs.items() if raw})
     return [n for n in (note, gpu) if n]
 

@@ -15,8 +15,10 @@ from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, timed_steps
 
 T = TypeVar("T")
 
-# Steps per throughput window: the spread of a speedup is taken over windows of this many steps.
+# Steps per throughput window, at least: the spread of a speedup is taken over windows of this
+# many steps, and of at least WINDOW_MIN_S where the run timed enough steps.
 WINDOW_STEPS = 5
+WINDOW_MIN_S = 0.1
 
 BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
 # The main DataLoader's measurements: name -> LoaderInfo field.
@@ -83,10 +85,15 @@ def input_shapes_fixed(raw: RawRun) -> bool | None:
 
 
 def window_size(raw: RawRun) -> int:
-    """Steps per throughput window: at least WINDOW_STEPS, and two rounds of the workers, since
-    N workers deliver batches in bursts of about N."""
+    """Steps per throughput window: at least WINDOW_STEPS, two rounds of the workers (N workers
+    deliver batches in bursts of about N), and WINDOW_MIN_S long where the timed steps make four
+    windows of that (at GPU speed five steps are a few milliseconds: their spread is the timer's)."""
     workers = max((loader.num_workers for loader in raw.loaders), default=0)
-    return max(WINDOW_STEPS, 2 * workers)
+    durations = sorted(s.step_ms for s in timed_steps(raw))
+    by_time = 0
+    if durations and durations[len(durations) // 2] > 0:
+        by_time = min(math.ceil(WINDOW_MIN_S * 1e3 / durations[len(durations) // 2]), len(durations) // 4)
+    return max(WINDOW_STEPS, 2 * workers, by_time)
 
 
 def window_throughputs(raw: RawRun) -> list[float]:

@@ -4,9 +4,10 @@ The search doubles the batch size of the DataLoader that fed the steps while eac
 at least `STEP_GAIN` in samples per second, up to `MAX_FACTOR` times the original, and stops at
 the first size that fails (out of memory: every candidate runs in a process of its own, so an
 OOM ends that trial only and leaves nothing behind) or that reserves more than
-`MEMORY_CEILING_PCT` of the device. A larger batch changes the optimisation, so the chosen size is
-reported with the learning-rate scaling it implies, and the loss is compared as a mean over the
-window (the batches differ)."""
+`MEMORY_CEILING_PCT` of what its allocator may use. A larger batch changes the optimisation, so
+the fix is an opportunity (`goal`): the fastest size is measured and reported with the
+learning-rate scaling it implies, never applied for the user, and only a loss that diverges rules
+a size out."""
 
 from __future__ import annotations
 
@@ -25,16 +26,20 @@ MEMORY_CEILING_PCT = 90.0
 
 
 def _peak_reserved_pct(trial: Trial) -> float | None:
+    """Of what the allocator may use (`gpu.allocator_limit`), or of the card in records
+    written before the limit was measured."""
     memory = cuda_memory(trial)
-    if memory.get("peak_reserved_bytes") is None or not memory.get("total_bytes"):
+    usable = memory.get("limit_bytes") or memory.get("total_bytes")
+    if memory.get("peak_reserved_bytes") is None or not usable:
         return None
-    return 100.0 * memory["peak_reserved_bytes"] / memory["total_bytes"]
+    return 100.0 * memory["peak_reserved_bytes"] / usable
 
 
 class BatchSize(Fix):
     id = "batch-size"
     restarts_because = "the batch size sets the DataLoader's batches, memory and the learning rate's meaning"
     metric = "samples_per_s"
+    goal = "opportunity"
     loss_tolerance_rel = MEAN_LOSS_TOLERANCE_REL
     no_gain = "no batch size gave at least 5% more samples per second than the baseline's"
 

@@ -43,7 +43,10 @@ class Fix:
 
     id = ""
     metric = "steps_per_s"  # what a candidate must improve: steps_per_s, samples_per_s, peak_reserved_bytes
-    goal = "throughput"  # or "memory": recommended from its own runs, not part of the speed run
+    # "throughput": confirmed with the other fixes and kept; "memory": recommended from its own
+    # runs; "opportunity": faster but changes what is learned (a larger batch): measured, shown,
+    # never applied
+    goal = "throughput"
     loss_tolerance_rel = LOSS_TOLERANCE_REL  # how far the loss may move for training to count as the same
     no_gain = NO_GAIN  # why no candidate was kept, in the terms of what the fix improves
     # The measurement of the share of the step the fix's bottleneck takes (trials are ordered by
@@ -57,6 +60,10 @@ class Fix:
     def in_process_problem(self, values: dict[str, Any]) -> str | None:
         """Why this fix's trials cannot run as windows of the baseline's process, or None."""
         return self.restarts_because or None
+
+    def expected_trials(self, values: dict[str, Any]) -> int:
+        """About how many candidates the fix will try (to share a short run's steps among them)."""
+        return 1
 
     def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
         """Why the search over candidates stopped where it did (for the report), or None."""

@@ -86,6 +86,17 @@ class DataLoaderWorkers(LoaderSetting):
             )
         return None
 
+    def expected_trials(self, values: dict[str, Any]) -> int:
+        """The doublings up to four workers per core, and the deeper prefetch."""
+        workers, ceiling, count = (
+            max(2, 2 * int(values.get("num_workers") or 0)),
+            max_workers(int(values.get("cpu_count") or 1)),
+            1,
+        )
+        while workers * 2 <= ceiling:
+            workers, count = workers * 2, count + 1
+        return count + 1
+
     def _setting(self, values: dict[str, Any], workers: int, prefetch: int | None) -> Setting:
         cuda = bool(values.get("cuda_used"))
         loader: dict[str, Any] = {"num_workers": workers, "persistent_workers": True}

@@ -32,9 +32,11 @@ class Watched:
 TRANSFORMERS_SETTINGS = (
     "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
     "dataloader_prefetch_factor", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "bf16", "fp16", "tf32", "optim", "gradient_checkpointing",
+    "bf16", "fp16", "tf32", "optim", "gradient_checkpointing", "max_steps", "num_train_epochs",
 )  # fmt: skip
-LIGHTNING_SETTINGS = ("precision", "accumulate_grad_batches", "benchmark", "strategy")
+LIGHTNING_SETTINGS = (
+    "precision", "accumulate_grad_batches", "benchmark", "strategy", "max_steps", "max_epochs",
+)  # fmt: skip
 ACCELERATE_SETTINGS = ("mixed_precision", "gradient_accumulation_steps")
 
 WATCHED = (

@@ -8,10 +8,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainadvisor import _serial
+from trainadvisor.measure.settle import Settling
 from trainadvisor.records import Overrides
 
 # Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
 PROFILER_WARMUP_STEPS = 1
+
+
+@dataclass(frozen=True)
+class WindowSize:
+    """Beyond its minimum step counts, how long a window runs (`measure.window.WindowPlan`): its
+    timed steps last at least `min_time_s`, its warm-up until step time settles (`settle`;
+    None: the warm-up is a count of steps), and warm-up and timed steps end at `max_steps`
+    where the script has only so many left (None: not known to be short)."""
+
+    min_time_s: float = 0.0
+    settle: Settling | None = None
+    max_steps: int | None = None
 
 
 @dataclass
@@ -37,6 +50,7 @@ class ChildConfig:
     # stacks go when the parent asks (`measure.watchdog`)
     heartbeat_file: str | None = None
     stacks_file: str | None = None
+    size: WindowSize = field(default_factory=WindowSize)
 
 
 @dataclass
@@ -51,6 +65,7 @@ class WindowCommand:
     steps: int = 0
     profile_steps: int = 0  # a run started ahead of its settings: steps it traces
     stop: bool = False
+    size: WindowSize = field(default_factory=WindowSize)
 
 
 def command_file(session_dir: Path, index: int) -> Path:

@@ -67,6 +67,6 @@ def _apply(recorder: Recorder, command: WindowCommand) -> None:
     a run ahead of its settings only for DataLoader fixes, on a run without a GPU."""
     config = recorder.config
     config.overrides, config.warmup, config.steps = command.overrides, command.warmup, command.steps
-    config.profile_steps = command.profile_steps
+    config.profile_steps, config.size = command.profile_steps, command.size
     recorder.loader_overrides = command.overrides.loaders
     recorder.window = recorder.new_window()

@@ -26,7 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from trainadvisor import _serial, fixes
 from trainadvisor.frameworks import watch
 from trainadvisor.measure import gpu, loaders, switches
-from trainadvisor.measure.config import ChildConfig, failed_write_file
+from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file
 from trainadvisor.measure.window import Clock, Window, WindowPlan
 from trainadvisor.records import DeviceInfo, FrameworkCall, LoaderInfo, RawRun
 
@@ -98,9 +98,10 @@ class Recorder(Patches):
     def new_window(self) -> Window:
         """The run's own window, as its config says (before any step was counted)."""
         config = self.config
-        plan = WindowPlan(
+        plan = window_plan(
             config.warmup,
             config.steps,
+            config.size,
             config.profile_steps if config.trace_file is not None else 0,
             config.with_stack,
         )
@@ -197,7 +198,7 @@ class Recorder(Patches):
             gpu.switch_flags(
                 tf32=bool(runtime.get("tf32")), cudnn_benchmark=bool(runtime.get("cudnn_benchmark"))
             )
-        return gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"))
+        return gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"), window.device)
 
     def _window_closes(self, window: Window) -> None:
         self.write("window_complete", exit_code=None, error=None)
@@ -245,9 +246,13 @@ class Recorder(Patches):
         trainadvisor must not break the user's training."""
         try:
             if self.result is None:
+                if status != "window_complete":
+                    self.window.cut_short()
                 with self.heartbeat.busy() if self.heartbeat is not None else contextlib.nullcontext():
                     self.result = self._collect(status, exit_code, error)
             else:
+                if self.session is not None:  # a trial window the script's end cut short
+                    self.session.ended(self, status, error)
                 self.result.steps_seen = self.steps_seen
                 self.result.exit_code, self.result.error = exit_code, error
             self.result.ended_unix_s = time.time()
@@ -280,12 +285,21 @@ class Recorder(Patches):
         )
 
 
+def window_plan(
+    warmup: int, steps: int, size: WindowSize, profile_steps: int = 0, with_stack: bool = False
+) -> WindowPlan:
+    """The window a config or a trial window's command asks for."""
+    return WindowPlan(warmup, steps, profile_steps, with_stack, size.min_time_s, size.settle, size.max_steps)
+
+
 def window_run(window: Window, **fields: Any) -> RawRun:
-    """What a finished window measured, as the run record both profile and `@advise` save."""
+    """What a window measured (all of it, or as far as it got), as the run record both profile
+    and `@advise` save."""
     losses = window.read_back()
+    opened = window.phase != "warmup"
     return RawRun(
-        warmup_steps=window.plan.warmup,
-        window_steps=window.plan.steps,
+        warmup_steps=window.shape.warmup_steps if opened else window.steps_done,
+        window_steps=sum(1 for record in window.records if not record.profiled),
         profile_steps=window.plan.profile_steps,
         steps=window.records,
         device=device_info(),
@@ -293,6 +307,7 @@ def window_run(window: Window, **fields: Any) -> RawRun:
         batch_fingerprints=window.batch_fingerprints,
         losses=losses,
         runtime=window.facts.runtime,
+        shape=window.shape if opened else None,
         **fields,
     )
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainadvisor import _serial
-from trainadvisor.measure.config import WindowCommand, command_file, window_file
+from trainadvisor.measure.config import WindowCommand, WindowSize, command_file, window_file
 from trainadvisor.measure.runner import (
     STOP_GRACE_S,
     Launched,
@@ -59,12 +59,14 @@ class LiveRun:
         return raw
 
     def window(
-        self, label: str, overrides: Overrides, warmup: int, steps: int, timeout_s: float
+        self, label: str, overrides: Overrides, warmup: int, steps: int, size: WindowSize, timeout_s: float
     ) -> RawRun | None:
-        """One trial window: `warmup` steps with the setting to settle, then `steps` timed."""
+        """One trial window: at least `warmup` steps with the setting to settle, then at least
+        `steps` timed (`size`: how long beyond that). A window the script's end cut short comes
+        back as far as it got (status `script_ended` or `script_failed`), and is the last."""
         if self.ended is not None or self.launched is None:
             return None
-        command = WindowCommand(self.index, label, overrides, warmup, steps)
+        command = WindowCommand(self.index, label, overrides, warmup, steps, size=size)
         _serial.save_json(command, command_file(self.folder, self.index))
         self.launched.watchdog.restart()  # it waited for this command, taking no step
         path = window_file(self.folder, self.index)
@@ -77,6 +79,10 @@ class LiveRun:
         attach_samples(
             raw, self.launched.sampler, since_unix_s=raw.window_start_unix_s or sent, until_unix_s=time.time()
         )
+        if raw.status in ("script_ended", "script_failed"):
+            how = "ended" if raw.status == "script_ended" else f"failed ({raw.error})"
+            self.ended = f"the script {how} during trial window {label}, after {raw.steps_seen} steps"
+            self._finish(None)
         return raw
 
     def _await(self, path: Path, timeout_s: float | None, what: str) -> bool:
@@ -139,11 +145,16 @@ class Prestarted:
         """Still there, waiting for its settings (it exits if memory ran short meanwhile)."""
         return self.launched is not None and self.launched.proc.poll() is None
 
-    def run(self, overrides: Overrides, warmup: int, steps: int, profile_steps: int) -> RawRun:
+    def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
+        """Hand the waiting run `spec`'s settings and window, then measure it."""
         launched, self.launched = self.launched, None
         assert launched is not None and self.spec.gate_file is not None
-        spec = replace(self.spec, overrides=overrides, warmup=warmup, steps=steps)
-        command = WindowCommand(0, spec.label, overrides, warmup, steps, profile_steps)
+        spec = replace(
+            self.spec, overrides=spec.overrides, warmup=spec.warmup, steps=spec.steps, size=spec.size
+        )
+        command = WindowCommand(
+            0, spec.label, spec.overrides, spec.warmup, spec.steps, profile_steps, size=spec.size
+        )
         _serial.save_json(command, self.spec.gate_file)
         try:
             result = launched.files.result

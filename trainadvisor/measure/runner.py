@@ -21,7 +21,7 @@ import trainadvisor
 from trainadvisor import _serial
 from trainadvisor.errors import UsageError
 from trainadvisor.measure import console
-from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
+from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.watchdog import Watchdog
@@ -56,6 +56,7 @@ class RunSpec:
     stall_s: float | None = None  # no step for this long: stuck (None: `watchdog`'s own limit)
     session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
     gate_file: Path | None = None  # start ahead of its settings, which arrive here (`measure.gate`)
+    size: WindowSize = field(default_factory=WindowSize)  # time floor, settling, the steps it may use
 
 
 def _child_env() -> dict[str, str]:
@@ -198,6 +199,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         gate_file=str(spec.gate_file.resolve()) if spec.gate_file else None,
         heartbeat_file=str(files.heartbeat.resolve()),
         stacks_file=str(files.stacks.resolve()),
+        size=spec.size,
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)

@@ -37,6 +37,8 @@ class Sampler:
         self._procs: dict[int, psutil.Process] = {}
         self._nvml: NvmlSampler | None = None
         self._last_busy: tuple[float, float] | None = None  # (clock s, the machine's busy CPU s)
+        self._ours = TreeCpu(os.getpid())  # trainadvisor, the script and everything they started
+        self._strangers = Strangers()
         self._thread = threading.Thread(target=self._loop, name="trainadvisor-sampler", daemon=True)
 
     def start(self) -> None:
@@ -45,6 +47,12 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        if self._nvml is None and self.devices is not None and self.devices():
+            # a GPU run shorter than the sampling interval named its GPU after the last tick
+            self.nvml_status = (
+                f"not sampled: the run ended before NVML's first sample of its GPU (one every "
+                f"{self.interval_s:g} s)"
+            )
 
     def status_now(self) -> str:
         """What was and was not sampled so far (while sampling goes on: a live run's window)."""
@@ -95,42 +103,110 @@ class Sampler:
                 workers_rss += proc.memory_info().rss
             except psutil.Error:
                 continue
-        tree_pids = {self.pid, *(child.pid for child in children)}
-        other_cpu = self._other_cpu_pct(main_cpu + workers_cpu, tree_pids)
+        other_cpu, strangers = self._others()
         return time.time(), HostSample(
-            0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu
+            0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers
         )
 
-    def _other_cpu_pct(self, tree_cpu_pct: float, tree_pids: set[int]) -> float:
-        """The CPU the machine spent since the last tick outside the profiled tree and
-        trainadvisor's own processes (this one, and its other children: a confirmation run
-        started beside the baseline), in percent of one core. The first tick only starts the
-        interval (0.0)."""
+    def _others(self) -> tuple[float, dict[str, float]]:
+        """The CPU the machine spent since the last tick outside trainadvisor's own process tree
+        (this process, the profiled script and its workers, a confirmation run started beside the
+        baseline), in percent of one core; and, where that is half a core or more, the processes
+        that spent it. The first tick only starts the interval (0.0)."""
         now_s, busy_s = self.clock(), _busy_cpu_s()
-        own_pct = self._own_cpu_pct(tree_pids)
+        ours_s = self._ours.spent_s()
         last, self._last_busy = self._last_busy, (now_s, busy_s)
         if last is None or now_s <= last[0]:
-            return 0.0
-        machine_pct = 100.0 * (busy_s - last[1]) / (now_s - last[0])
-        return max(0.0, machine_pct - tree_cpu_pct - own_pct)
+            return 0.0, {}
+        other_pct = max(0.0, 100.0 * (busy_s - last[1] - ours_s) / (now_s - last[0]))
+        strangers = self._strangers.busiest(now_s) if other_pct >= NAME_FROM_PCT else {}
+        return other_pct, strangers
 
-    def _own_cpu_pct(self, tree_pids: set[int]) -> float:
-        """This (trainadvisor's) process and its children outside the profiled tree."""
-        total_pct = 0.0
+
+# From this share of one core spent outside trainadvisor's processes, the sampler names the
+# processes that spent it (`Strangers`): half a core is where a window counts as disturbed.
+NAME_FROM_PCT = 50.0
+
+
+def _spent_s(proc: psutil.Process) -> float:
+    """CPU seconds a process has spent, with those of its children it has waited for."""
+    times = proc.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+class TreeCpu:
+    """CPU seconds spent by a process and all its descendants, tick to tick, counting the
+    processes that start and end between two ticks: a DataLoader worker started for a trial
+    window and ended before the next tick (or read for the first time) would otherwise pass
+    for another process's CPU. A process's own times include those of its children once it
+    has waited for them, so a child's last reading is taken back when it is gone."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._last: dict[int, float] = {}
+
+    def spent_s(self) -> float:
+        """CPU seconds the tree spent since the last call (0.0 at the first)."""
+        first = not self._last
+        now: dict[int, float] = {}
         try:
-            own = self._process(os.getpid())
-            total_pct += own.cpu_percent(None)
-            children = own.children(recursive=True)
+            root = psutil.Process(self.root)
+            members = [root, *root.children(recursive=True)]
         except psutil.Error:
-            return total_pct
-        for child in children:
-            if child.pid in tree_pids:
-                continue
+            return 0.0
+        for proc in members:
             try:
-                total_pct += self._process(child.pid).cpu_percent(None)
+                now[proc.pid] = _spent_s(proc)
             except psutil.Error:
                 continue
-        return total_pct
+        gone = sum(spent for pid, spent in self._last.items() if pid not in now)
+        grown = sum(spent - self._last.get(pid, 0.0) for pid, spent in now.items())
+        self._last = now
+        return 0.0 if first else max(0.0, grown - gone)
+
+
+class Strangers:
+    """The processes outside trainadvisor's tree that spent the most CPU between two readings of
+    every process on the machine (at most one reading a second: reading them all costs a few
+    milliseconds). Processes of another container or of the host are not visible here."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self._last: dict[int, float] = {}
+        self._read_at: float | None = None
+        self._named: dict[str, float] = {}
+
+    def busiest(self, now_s: float, top: int = 3) -> dict[str, float]:
+        """"name (pid N)" -> cores, of the busiest processes since the last reading."""
+        if self._read_at is not None and now_s - self._read_at < self.every_s:
+            return self._named
+        ours = _own_tree()
+        spent: dict[int, tuple[str, float]] = {}
+        for proc in psutil.process_iter(["name", "cpu_times"]):
+            times = proc.info.get("cpu_times")
+            if proc.pid in ours or times is None:
+                continue
+            spent[proc.pid] = (str(proc.info.get("name") or "?"), times.user + times.system)
+        named: dict[str, float] = {}
+        if self._read_at is not None:
+            seconds = now_s - self._read_at
+            cores = {
+                f"{name} (pid {pid})": (cpu - self._last.get(pid, cpu)) / seconds
+                for pid, (name, cpu) in spent.items()
+            }
+            named = dict(sorted(cores.items(), key=lambda item: -item[1])[:top])
+            named = {name: round(value, 2) for name, value in named.items() if value >= 0.05}
+        self._last = {pid: cpu for pid, (_, cpu) in spent.items()}
+        self._read_at, self._named = now_s, named
+        return named
+
+
+def _own_tree() -> set[int]:
+    try:
+        me = psutil.Process(os.getpid())
+        return {me.pid, *(child.pid for child in me.children(recursive=True))}
+    except psutil.Error:
+        return {os.getpid()}
 
 
 def _busy_cpu_s() -> float:

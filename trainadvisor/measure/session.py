@@ -18,7 +18,6 @@ Everything else (a GradScaler, the optimizer's implementation, the batch size) r
 from __future__ import annotations
 
 import os
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,8 +28,8 @@ import torch
 from trainadvisor import _serial, fixes
 from trainadvisor.measure import gpu, loaders
 from trainadvisor.measure.config import WindowCommand, command_file, window_file
-from trainadvisor.measure.hooks import Patches, Recorder, WindowComplete, window_run
-from trainadvisor.measure.window import Window, WindowPlan
+from trainadvisor.measure.hooks import Patches, Recorder, WindowComplete, window_plan, window_run
+from trainadvisor.measure.window import Window
 from trainadvisor.records import LoaderInfo, Overrides
 
 POLL_S = 0.005
@@ -79,16 +78,23 @@ class Session:
             if problem is None:
                 break
             self._save(recorder, None, "refused", problem)
-        plan = WindowPlan(command.warmup, command.steps)
+        plan = window_plan(command.warmup, command.steps, command.size)
         amp = command.overrides.runtime.get("amp")
         recorder.window = Window(
             plan,
             recorder.clock,
             first_index=recorder.steps_seen,
             device=recorder.window.device,
-            on_open=lambda _w: gpu.torch_facts(recorder.data_parallel_modules, amp),
+            on_open=lambda w: gpu.torch_facts(recorder.data_parallel_modules, amp, w.device),
         )
         return True
+
+    def ended(self, recorder: Recorder, status: str, error: str | None) -> None:
+        """The script ended (or failed) inside a trial window: what it measured so far is saved
+        as that window's result, for the parent to judge whether it is enough."""
+        if self.command is not None:
+            recorder.window.cut_short()
+            self._save(recorder, recorder.window, status, error)
 
     def _wait(self) -> WindowCommand:
         path = command_file(self.folder, self.index)
@@ -209,9 +215,11 @@ def _stand_in(recorder: Recorder, info: LoaderInfo, wanted: dict[str, Any]) -> s
 
 
 def _shut_down(iterator: Any) -> None:
-    """End an iterator's worker processes (a single-process iterator has none), on a thread of
-    its own: joining dozens of workers one by one takes a second, which the next window's
-    settling steps can use. Nothing else touches the old iterator any more."""
+    """End an iterator's worker processes (a single-process iterator has none) before the next
+    window's first step: workers still ending while it is timed would take CPU from it (the first
+    H100 runs saw 4 cores busy "elsewhere" during trials). Joining dozens of workers takes about
+    a second of the loop's wall time, but no step of the script's. Nothing else touches the old
+    iterator any more."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
-        threading.Thread(target=shutdown, name="trainadvisor-shutdown", daemon=True).start()
+        shutdown()

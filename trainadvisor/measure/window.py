@@ -1,8 +1,10 @@
-"""One measuring window over the steps of a running training loop: `warmup` steps, then `steps`
-steps timed with clocks alone, then (when asked) the profiler's warmup step and `profile_steps`
-steps traced with torch.profiler, whose overhead would bias the timing. Profile's child
-(`measure.hooks.Recorder`) and `@advise` (`advisor.Advisor`) both drive one; the child then
-goes on through a sequence of trial windows in the same process (`measure.session`).
+"""One measuring window over the steps of a running training loop: a warm-up of at least
+`warmup` steps that lasts until step time has settled (`measure.settle`), then at least `steps`
+steps timed with clocks alone for at least `min_time_s`, then (when asked) the profiler's warmup
+step and `profile_steps` steps traced with torch.profiler, whose overhead would bias the timing.
+Where the script has only so many steps left (`max_steps`), warm-up and timed steps end there.
+Profile's child (`measure.hooks.Recorder`) and `@advise` (`advisor.Advisor`) both drive one; the
+child then goes on through a sequence of trial windows in the same process (`measure.session`).
 
 The window knows nothing of how steps are found: its owner calls `boundary()` at the end of each
 step and reports what happened inside it (`add_data_wait`, `add_batch`, `set_loss`,
@@ -19,7 +21,8 @@ import torch
 
 from trainadvisor.measure import gpu
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
-from trainadvisor.records import StepRecord
+from trainadvisor.measure.settle import Blocks, Settling
+from trainadvisor.records import StepRecord, WindowShape
 
 Phase = Literal["warmup", "timed", "traced", "done"]
 
@@ -35,10 +38,13 @@ class Clock:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    warmup: int  # steps before the timed ones, from the window's opening
-    steps: int  # timed with clocks alone
+    warmup: int  # steps before the timed ones at least, from the window's opening
+    steps: int  # timed with clocks alone, at least
     profile_steps: int = 0  # then traced (after PROFILER_WARMUP_STEPS more); 0: no profiler
     with_stack: bool = False  # the trace records Python stacks
+    min_time_s: float = 0.0  # the timed steps last at least this long
+    settle: Settling | None = None  # the warm-up lasts until step time settles; None: `warmup` steps
+    max_steps: int | None = None  # warm-up and timed steps end here (the steps the script has left)
 
     @property
     def traced_steps(self) -> int:
@@ -46,8 +52,9 @@ class WindowPlan:
         return PROFILER_WARMUP_STEPS + self.profile_steps if self.profile_steps else 0
 
     @property
-    def length(self) -> int:
-        return self.warmup + self.steps + self.traced_steps
+    def warmup_cap(self) -> int | None:
+        """The most warm-up steps: the rest of `max_steps` goes to the timed ones."""
+        return None if self.max_steps is None else max(self.warmup, self.max_steps - self.steps)
 
 
 @dataclass
@@ -104,10 +111,13 @@ class Window:
         self.t0 = 0.0
         self.start_unix_s: float | None = None
         self.end_unix_s: float | None = None
-        self.last_mark = self.clock.perf_s()
+        self.last_mark = self.opened_at = self.clock.perf_s()
+        self.blocks = Blocks(plan.settle) if plan.settle is not None else None
+        self.shape = WindowShape(0, 0.0, "count", min_time_s=plan.min_time_s)
+        self.shape_timed_steps = 0
         self._reset_step()
-        if plan.warmup == 0:
-            self._open()
+        if plan.warmup == 0 and plan.settle is None:
+            self._open(self.last_mark, "count")
 
     def _reset_step(self) -> None:
         self.data_wait_s = 0.0
@@ -139,7 +149,10 @@ class Window:
         if self.device is None and tensor.device.type == "cuda":
             self.device = tensor.device.index
         if tensor.numel() == 1:
-            self.loss = tensor.detach()
+            # A copy, not a view: under CUDA graphs (torch.compile's reduce-overhead mode) the
+            # loss is a static output buffer that the next replay overwrites, and reading it
+            # after that raises.
+            self.loss = tensor.detach().clone()
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, counted: bool) -> None:
         self.facts.optimizer_ids.add(id(optimizer))
@@ -157,21 +170,53 @@ class Window:
         """One step ended: record it, and move to the next phase when this one is complete."""
         if self.phase == "done":
             return
-        if self.phase == "timed" and len(self.records) + 1 == self.plan.steps:
-            self.gpu.sync()  # the last timed step ends when its GPU work does
         now = self.clock.perf_s()
+        if self.phase == "timed" and self._timed_done(now, len(self.records) + 1, self.steps_done + 1):
+            self.gpu.sync()  # the last timed step ends when its GPU work does
+            now = self.clock.perf_s()
         self.steps_done += 1
         self.losses.append(self.loss)
         self.batch_fingerprints.append("|".join(self.batches) or None)
         if self.measuring:
             self._record(now)
-        elif self.steps_done == self.plan.warmup:
-            self._open()
+        else:
+            self._warmed(now)
         self._reset_step()
         self.last_mark = self.clock.perf_s()
 
+    def _warmed(self, now: float) -> None:
+        """A warm-up step ended: open the timed steps once the warm-up is complete."""
+        if self.blocks is not None and self.steps_done > self.plan.warmup:
+            self.blocks.add(now - self.last_mark)  # the first `warmup` steps stay out of the blocks
+        end = self._warmup_end(now)
+        if end is not None:
+            self._open(now, end)
+
+    def _warmup_end(self, now: float) -> str | None:
+        """Why the warm-up ends at this step, or None while it goes on."""
+        if self.steps_done < self.plan.warmup:
+            return None
+        cap = self.plan.warmup_cap
+        if self.blocks is None:
+            return "count"
+        if self.blocks.settled:
+            return "settled"
+        if now - self.opened_at >= self.blocks.settling.max_s:
+            return "time cap"
+        if cap is not None and self.steps_done >= cap:
+            return "step cap"
+        return None
+
+    def _timed_done(self, now: float, recorded: int, steps_done: int) -> bool:
+        """Whether the timed steps are complete with `recorded` of them, the window's
+        `steps_done`-th step ending at `now`."""
+        if self.plan.max_steps is not None and steps_done >= self.plan.max_steps:
+            return True
+        return recorded >= self.plan.steps and now - self.t0 >= self.plan.min_time_s
+
     def _record(self, now: float) -> None:
         pre_backward_s = self.backward_at - self.last_mark if self.backward_at is not None else None
+        timed = self.phase == "timed"
         self.records.append(
             StepRecord(
                 index=self.first_index + self.steps_done - 1,
@@ -183,18 +228,32 @@ class Window:
                 pre_backward_ms=pre_backward_s * 1e3 if pre_backward_s is not None else None,
             )
         )
-        recorded = len(self.records)
-        if recorded <= self.plan.steps:
+        if timed:
             self.gpu.mark()
-        if recorded == self.plan.steps + self.plan.traced_steps:
+            if self._timed_done(now, len(self.records), self.steps_done):
+                self._end_timed(now)
+        elif len(self.records) == self.shape_timed_steps + self.plan.traced_steps:
             self._close()
-        elif recorded == self.plan.steps:
-            self.phase = "traced"
-            self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
         elif self.profiler is not None:
             self.profiler.step()
 
-    def _open(self) -> None:
+    def _end_timed(self, now: float) -> None:
+        self.shape.timed_s = now - self.t0
+        capped = self.plan.max_steps is not None and self.steps_done >= self.plan.max_steps
+        unmet = len(self.records) < self.plan.steps or self.shape.timed_s < self.plan.min_time_s
+        self.shape.timed_end = "step cap" if capped and unmet else "plan"
+        self.shape_timed_steps = len(self.records)
+        if not self.plan.traced_steps:
+            self._close()
+            return
+        self.phase = "traced"
+        self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
+
+    def _open(self, now: float, end: str) -> None:
+        block_ms = list(self.blocks.block_ms) if self.blocks is not None else []
+        self.shape = WindowShape(
+            self.steps_done, now - self.opened_at, end, block_ms, min_time_s=self.plan.min_time_s
+        )
         if self.on_open is not None:
             self.facts.runtime = self.on_open(self)
         self.phase = "timed"
@@ -202,13 +261,20 @@ class Window:
         self.gpu.start(self.device if self.device is not None else gpu.training_device(None))
         self.t0 = self.last_mark = self.clock.perf_s()
         if self.plan.steps == 0:
-            self._close()
+            self._end_timed(self.t0)
 
     def _close(self) -> None:
         self.phase = "done"
         self.end_unix_s = self.clock.unix_s()
         if self.on_close is not None:
             self.on_close(self)
+
+    def cut_short(self) -> None:
+        """The script ended inside the timed steps: they end here (what was timed is kept)."""
+        if self.phase == "timed":
+            self.shape.timed_s = self.last_mark - self.t0
+            self.shape.timed_end = "script ended"
+            self.shape_timed_steps = len(self.records)
 
     # ---- after the window ----
 
@@ -222,8 +288,9 @@ class Window:
     def read_back(self) -> list[float | None]:
         """The losses as numbers (one host sync for all steps, after the window: the loop itself
         never waited for them); the records gain their CUDA-event times and losses, the runtime
-        facts the optimizer's, the number of optimizers that stepped and CUDA memory."""
-        values = [float(loss.float().item()) if loss is not None else None for loss in self.losses]
+        facts the optimizer's, the number of optimizers that stepped and CUDA memory. A loss
+        that cannot be read is left out (None), never the window."""
+        values = [_number(loss) for loss in self.losses]
         for record, gpu_ms in zip(self.records, self.gpu.step_ms()):
             record.gpu_ms = gpu_ms
         for record in self.records:
@@ -234,3 +301,12 @@ class Window:
         if runtime.get("cuda_used"):
             runtime["cuda_memory"] = self.gpu.memory()
         return [*([None] * self.first_index), *values]
+
+
+def _number(loss: torch.Tensor | None) -> float | None:
+    if loss is None:
+        return None
+    try:
+        return float(loss.float().item())
+    except RuntimeError:  # a device error surfacing here: the loss is unknown, the steps stay
+        return None

@@ -1,0 +1,71 @@
+"""When a loop's step time has settled, so that a window's timed steps measure the loop as it
+runs, not its start.
+
+A fixed count of warm-up steps is a few milliseconds at GPU speed: on the first H100 runs five
+warm-up steps took 23 ms and the loop then sped up by 15-54% while the trials ran (the caching
+allocator filling, cuBLAS picking its kernels, the GPU's clocks ramping up, DataLoader workers
+filling their queues). Benchmark harnesses calibrate instead: Google Benchmark and timeit run a
+measurement until it lasts a minimum time, pyperf and JMH warm up until consecutive samples
+agree. Here the warm-up steps are cut into consecutive blocks, each at least `block_s` long
+and `block_steps` steps (two rounds of the DataLoader's workers, which deliver batches in
+bursts); the loop has settled when the last `blocks` blocks agree in time per step to within
+`tolerance`. A loop that never settles is measured anyway once the warm-up has lasted `max_s`,
+and the report says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Each block lasts at least this long: long enough that a few slow steps (a garbage collection,
+# a burst of batches) move its time per step by well under the tolerance.
+BLOCK_S = 0.2
+BLOCK_STEPS = 5
+BLOCKS = 3
+# Consecutive blocks whose time per step differs by at most this share count as settled: above
+# the few percent a quiet machine's loop varies by (tests/scripts/settling.py measures it), below
+# the 15-54% drift the first H100 runs showed.
+TOLERANCE = 0.10
+MAX_WARMUP_S = 60.0
+# Every timed window lasts at least this long: at GPU speed 20 steps are 30 ms, and the spread
+# over windows of a few milliseconds is the timer's and the scheduler's, not the loop's.
+MIN_TIME_S = 1.0
+
+
+@dataclass(frozen=True)
+class Settling:
+    """The steadiness test a window's warm-up ends on (see the module's docstring)."""
+
+    block_s: float = BLOCK_S
+    block_steps: int = BLOCK_STEPS
+    blocks: int = BLOCKS
+    tolerance: float = TOLERANCE
+    max_s: float = MAX_WARMUP_S
+
+    def for_workers(self, workers: int) -> Settling:
+        """Blocks of at least two rounds of `workers` DataLoader workers' batches."""
+        steps = max(self.block_steps, 2 * workers)
+        return Settling(self.block_s, steps, self.blocks, self.tolerance, self.max_s)
+
+
+@dataclass
+class Blocks:
+    """The warm-up's steps, cut into blocks as they come."""
+
+    settling: Settling
+    block_ms: list[float] = field(default_factory=list)  # time per step of each finished block
+    _steps: int = 0
+    _s: float = 0.0
+
+    def add(self, step_s: float) -> None:
+        self._steps += 1
+        self._s += step_s
+        if self._steps >= self.settling.block_steps and self._s >= self.settling.block_s - 1e-9:
+            self.block_ms.append(1e3 * self._s / self._steps)
+            self._steps, self._s = 0, 0.0
+
+    @property
+    def settled(self) -> bool:
+        last = self.block_ms[-self.settling.blocks :]
+        if len(last) < self.settling.blocks:
+            return False
+        return max(last) <= (1.0 + self.settling.tolerance) * min(last)
