@@ -154,6 +154,7 @@ def test_rules_advise_in_the_framework_of_the_loop() -> None:
     facts = {
         "cuda_used": True, "has_tensor_cores": True, "fp32_matmul_pct": 70.0, "gpu_name": "NVIDIA H100",
         "alloc_retries": 3, "ooms": 0, "peak_reserved_pct": 97.0, "reserved_unused_pct": 12.0,
+        "memory_limit_source": "device total",
     }  # fmt: skip
     rules = engine.rules_for([])
     for framework, precision, accumulation in (

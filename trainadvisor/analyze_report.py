@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainadvisor.analysis.facts import HOST_ITEM
 from trainadvisor.analysis.rank_table import RankRow, RankTable, table_lines
 from trainadvisor.records import Report
 from trainadvisor.report import LABELS, _wrap
@@ -32,8 +33,11 @@ def _facts(a: Any) -> list[str]:
     if a.h2d_pageable or a.h2d_pinned or a.h2d_unknown:
         unknown_copies = f" / {a.h2d_unknown} of unknown kind" if a.h2d_unknown else ""
         facts.append(f"H2D copies {a.h2d_pageable} pageable / {a.h2d_pinned} pinned{unknown_copies}")
-    if a.syncs:
-        facts.append("syncs " + ", ".join(f"{v} {_SYNC_NAMES.get(k, k)}" for k, v in sorted(a.syncs.items())))
+    syncs = {kind: count for kind, count in a.syncs.items() if kind != HOST_ITEM}
+    if syncs:
+        facts.append("syncs " + ", ".join(f"{v} {_SYNC_NAMES.get(k, k)}" for k, v in sorted(syncs.items())))
+    if a.syncs.get(HOST_ITEM):
+        facts.append(f"{a.syncs[HOST_ITEM]} .item() that waited for no device")
     if a.allocator_calls:
         facts.append(f"{a.allocator_calls} device malloc/free calls in the steps")
     if a.graph_launches:

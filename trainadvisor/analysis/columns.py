@@ -79,6 +79,8 @@ class Table:
     op_precision: dict[int, int] = field(default_factory=dict)  # external id -> REDUCED/FLOAT32
     peak_allocated: float | None = None
     peak_reserved: float | None = None
+    # GPU index -> the kernels, copies and memsets that ran on it (the rank's GPU is the busiest)
+    device_events: dict[int, int] = field(default_factory=dict)
 
     def duration(self, rows: np.ndarray) -> np.ndarray:
         return self.end[rows] - self.ts[rows]
@@ -111,6 +113,7 @@ _COLUMNS = ("kind", "ts", "end", "name", "tid", "corr", "ext_rows", "ext_ids")
 _CAT, _NAME, _TID = attrgetter("cat"), attrgetter("name"), attrgetter("tid")
 _TS, _DUR, _CORR = attrgetter("ts"), attrgetter("dur"), attrgetter("args.correlation")
 _EXT, _EXT_2021 = attrgetter("args.external_id"), attrgetter("args.external_id_2021")
+_DEVICE = attrgetter("args.device")
 
 
 class TableReader:
@@ -132,6 +135,7 @@ class TableReader:
         self.peak_allocated: float | None = None
         self.peak_reserved: float | None = None
         self.base_us: float | None = None
+        self.device_events: dict[int, int] = {}
 
     @staticmethod
     def _codes(values: list[Any], table: dict[Any, int], code: Any) -> np.ndarray:
@@ -196,6 +200,11 @@ class TableReader:
             nbytes = events[i].args.bytes
             if nbytes:
                 self.copy_bytes[self.rows + i] = nbytes
+        on_device = np.flatnonzero((kind == KERNEL) | (kind == MEMCPY) | (kind == MEMSET)).tolist()
+        if on_device:
+            devices = np.fromiter(map(_DEVICE, [events[i] for i in on_device]), np.int64, len(on_device))
+            for index, count in zip(*(part.tolist() for part in np.unique(devices, return_counts=True))):
+                self.device_events[index] = self.device_events.get(index, 0) + count
         if not self._matrix_names:
             return
         for i in np.flatnonzero((kind == HOST) & (ext >= 0) & np.isin(name, self._matrix_names)).tolist():
@@ -221,7 +230,7 @@ class TableReader:
         hold its rows twice)."""
         return Pieces(
             self._parts, self.rows, self.names, self.tids, self.copy_bytes, self.op_precision,
-            self.peak_allocated, self.peak_reserved, self.base_us,
+            self.peak_allocated, self.peak_reserved, self.base_us, self.device_events,
         )  # fmt: skip
 
     def table(self) -> Table:
@@ -241,6 +250,7 @@ class Pieces:
     peak_allocated: float | None
     peak_reserved: float | None
     base_us: float | None
+    device_events: dict[int, int] = field(default_factory=dict)
 
 
 _EMPTY = {"kind": np.int8, "ts": np.float64, "end": np.float64, "name": np.int32, "tid": np.int32}
@@ -279,6 +289,8 @@ def join(pieces: list[Pieces]) -> Table:
     for p, offset in zip(pieces, offsets):
         table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})
         table.op_precision.update(p.op_precision)
+        for index, count in p.device_events.items():
+            table.device_events[index] = table.device_events.get(index, 0) + count
         for peak in ("peak_allocated", "peak_reserved"):
             value = getattr(p, peak)
             if value is not None:

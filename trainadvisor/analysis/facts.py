@@ -28,6 +28,10 @@ SYNCS = {
 # Device)"), so a host-to-device copy they make counts as pageable: the host waits for it as for
 # a pageable copy, and the fix (pinned memory, non-blocking copy) is the same.
 SYNC_COPIES = {"hipMemcpyWithStream", "hipMemcpy"}
+# An `.item()` (aten::_local_scalar_dense) that waited for no device: of a host tensor (Adam's
+# step count, a Python-side counter), or any `.item()` of a run without a GPU. An `.item()` of a
+# GPU tensor copies the value to the host and syncs its stream inside its own span.
+HOST_ITEM = "host_item"
 _NAMED_OPS = copies.FACTORY | copies.COPY | copies.GLUE
 
 
@@ -60,6 +64,7 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
         if t.kind[r] == RUNTIME and name in SYNC_COPIES and t.corr[r] >= 0:
             f.sync_copies.add(int(t.corr[r]))
     f.syncs.sort(key=lambda s: s[0])
+    _items_without_wait(t, f)
     for r in host_ops[t.matching(host_ops, _NAMED_OPS.__contains__)].tolist():
         f.named_ops.append((int(t.tid[r]), float(ts[r]), float(end[r]), t.names[t.name[r]]))
     f.named_ops.sort(key=lambda op: op[1])
@@ -74,6 +79,34 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
     f.data_wait = iv.Union(ts[loader], end[loader]).pairs()
     _python_frames(t, f)
     return f
+
+
+def _items_without_wait(t: Table, f: Facts) -> None:
+    """Mark as HOST_ITEM each `.item()` in whose span its thread made no call that waits for the
+    device: a stream or device sync, or the launch of a device-to-host copy."""
+    waits = _device_waits(t)
+    for index, (ts, kind, dur, tid) in enumerate(f.syncs):
+        if kind != "item":
+            continue
+        starts = waits.get(tid)
+        first = int(np.searchsorted(starts, ts)) if starts is not None else 0
+        if starts is None or first == len(starts) or starts[first] > ts + dur:
+            f.syncs[index] = (ts, HOST_ITEM, dur, tid)
+
+
+def _device_waits(t: Table) -> dict[int, np.ndarray]:
+    """Per thread, the sorted starts of the runtime calls in which the host waits for the device."""
+    runtime = t.rows(RUNTIME)
+    if not len(runtime):
+        return {}
+    syncing = t.matching(runtime, lambda name: SYNCS.get(name) in ("stream_sync", "device_sync"))
+    memcpy = t.rows(MEMCPY)
+    to_host = memcpy[t.matching(memcpy, lambda name: "DtoH" in name or "DeviceToHost" in name)]
+    corr = t.corr[runtime]
+    copying = np.isin(corr, t.corr[to_host]) & (corr >= 0)
+    rows = runtime[syncing | copying]
+    tids = t.tid[rows]
+    return {int(tid): np.sort(t.ts[rows[tids == tid]]) for tid in np.unique(tids).tolist()}
 
 
 def _copy_context(t: Table, f: Facts, host_ops: np.ndarray) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from trainadvisor.analysis import callsites, copies, device
 from trainadvisor.analysis import intervals as iv
 from trainadvisor.analysis.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
-from trainadvisor.analysis.facts import Facts, gather
+from trainadvisor.analysis.facts import HOST_ITEM, Facts, gather
 from trainadvisor.analysis.reading import read_table
 from trainadvisor.analysis.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
 from trainadvisor.errors import UsageError
@@ -259,11 +259,12 @@ def _per_step_counts(
 
 def _sync_sites(f: Facts) -> list[str]:
     """Where the host waited for the device. With a device, .item() of a host tensor (Adam's
-    step count) is no sync: only waits count."""
+    step count) is no sync: only waits count. Without one, where .item() is called (the calls
+    that wait once the run moves to a GPU)."""
     waits = [
         (tid, ts)
         for ts, kind, _, tid in f.syncs
-        if kind in ("stream_sync", "device_sync") or (kind == "item" and not f.kernels_seen)
+        if kind in ("stream_sync", "device_sync") or (kind == HOST_ITEM and not f.kernels_seen)
     ]
     return callsites.sites(f, waits)
 
@@ -286,7 +287,7 @@ def _summarize(
         {n[len("enumerate(DataLoader)#") : -len(".__next__")] for n in t.names if is_loader_call(n)}
     )
     return TraceAnalysis(
-        **_identity(path, meta),
+        **_identity(path, meta, t.device_events),
         steps_marked=found.marked,
         steps=steps,
         breakdown_pct={k: 100.0 * v / wall_ms for k, v in totals.items()} if wall_ms else {},
@@ -319,10 +320,10 @@ def _summarize(
     )
 
 
-def _identity(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Which trace, rank and GPU, from the trace's top-level keys."""
-    props = meta.get("deviceProperties") or []
-    gpu: dict[str, Any] = props[0] if props and isinstance(props[0], dict) else {}
+def _identity(path: Path, meta: dict[str, Any], device_events: dict[int, int]) -> dict[str, Any]:
+    """Which trace, rank and GPU, from the trace's top-level keys and the device its kernels,
+    copies and memsets ran on."""
+    gpu = _rank_gpu(meta.get("deviceProperties"), device_events)
     dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
     major = gpu.get("computeMajor")
     return {
@@ -334,6 +335,22 @@ def _identity(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
         "gpu_memory_bytes": gpu.get("totalGlobalMem"),
         "compute_capability": major if isinstance(major, int) else None,
     }
+
+
+def _rank_gpu(props: Any, device_events: dict[int, int]) -> dict[str, Any]:
+    """The rank's GPU among those the trace lists: deviceProperties holds every device the
+    process could see (8 on an 8-GPU node, for each rank), and the rank's is the one its device
+    work ran on (the most of it). The first entry when nothing tells: no device work with a
+    device index, or no entry of that id (ROCm traces may list one device, id 0, and number
+    the device work otherwise)."""
+    entries = [entry for entry in props if isinstance(entry, dict)] if isinstance(props, list) else []
+    known = {index: count for index, count in device_events.items() if index >= 0}
+    if known:
+        busiest = max(known, key=lambda index: (known[index], -index))
+        found = next((entry for entry in entries if entry.get("id") == busiest), None)
+        if found is not None:
+            return found
+    return entries[0] if entries else {}
 
 
 def _counted(keys: Any) -> dict[str, int]:

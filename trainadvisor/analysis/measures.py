@@ -76,14 +76,27 @@ def allocator_measurements(a: TraceAnalysis, step_ms: float | None) -> dict[str,
     return table
 
 
-def memory_measurements(allocated: int | None, reserved: int | None, total: int | None) -> dict[str, Any]:
+def memory_measurements(
+    allocated: int | None,
+    reserved: int | None,
+    total: int | None,
+    limit: int | None = None,
+    limit_source: str | None = None,
+) -> dict[str, Any]:
+    """Peak memory against what this process's allocator may use: `limit` (a per-process
+    fraction, or what other processes left free; `gpu.allocator_limit`) where the run measured
+    it, else the card's `total` (a trace tells no more)."""
     table: dict[str, Any] = {}
     if total:
         table["gpu_memory_bytes"] = total
+    usable = limit or total
+    if usable:
+        table["memory_limit_bytes"] = usable
+        table["memory_limit_source"] = limit_source if limit else "device total"
     if reserved is not None:
         table["peak_reserved_bytes"] = reserved
-        if total:
-            table["peak_reserved_pct"] = 100.0 * reserved / total
+        if usable:
+            table["peak_reserved_pct"] = 100.0 * reserved / usable
             table["memory_headroom_pct"] = 100.0 - table["peak_reserved_pct"]
         if allocated is not None and reserved:
             table["peak_allocated_bytes"] = allocated
@@ -97,7 +110,8 @@ def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
     memory = runtime.get("cuda_memory") or {}
     if memory:
         peaks = (memory.get("peak_allocated_bytes"), memory.get("peak_reserved_bytes"))
-        table.update(memory_measurements(*peaks, memory.get("total_bytes")))
+        limit = (memory.get("limit_bytes"), memory.get("limit_source"))
+        table.update(memory_measurements(*peaks, memory.get("total_bytes"), *limit))
         table["alloc_retries"] = memory.get("alloc_retries", 0)
         table["ooms"] = memory.get("ooms", 0)
     return table
@@ -133,12 +147,10 @@ def _per_step(a: TraceAnalysis, step_ms: float) -> dict[str, Any]:
         table["h2d_pageable_pct"] = 100.0 * sum(s.h2d_pageable for s in steps) / sum(h2d)
         table["h2d_ms_per_step"] = sum(s.h2d_ms for s in steps) / n
         table["h2d_pct"] = 100.0 * table["h2d_ms_per_step"] / step_ms
-    # With a device, count the host's waits (an .item() of a GPU tensor is a copy plus a
-    # stream sync; an .item() of a host tensor, like Adam's step count, waits for nothing).
-    syncs = [
-        s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0) if a.kernels else s.syncs.get("item", 0)
-        for s in steps
-    ]
+    # The host's waits for the device: an .item() of a GPU tensor is a copy plus a stream sync
+    # (counted once, as the sync); an .item() of a host tensor, like Adam's step count, and
+    # every .item() of a run without a GPU wait for nothing (`facts.HOST_ITEM`, not counted).
+    syncs = [s.syncs.get("stream_sync", 0) + s.syncs.get("device_sync", 0) for s in steps]
     table["syncs_per_step"] = sum(syncs) / n
     table["items_per_step"] = sum(s.syncs.get("item", 0) for s in steps) / n
     table["sync_ms_per_step"] = sum(s.sync_ms for s in steps) / n

@@ -44,6 +44,7 @@ class Args(msgspec.Struct, gc=False):
     external_id: int = msgspec.field(name="External id", default=-1)
     external_id_2021: int = msgspec.field(name="external id", default=-1)
     input_type: Any = msgspec.field(name="Input type", default=None)  # with record_shapes
+    device: int = -1  # the GPU a kernel, copy or memset ran on
 
 
 class Event(msgspec.Struct, gc=False):
@@ -77,6 +78,7 @@ def _loose_args(args: dict[str, Any]) -> Args:
         external_id=_int(args.get("External id")),
         external_id_2021=_int(args.get("external id")),
         input_type=args.get("Input type"),
+        device=_int(args.get("device")),
     )
 
 

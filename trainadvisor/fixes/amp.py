@@ -53,7 +53,7 @@ class Amp(Switch):
 
         switches.install_autocast(recorder, torch.bfloat16 if amp == "bf16" else torch.float16)
         if amp == "fp16":  # the scaler steps with gradient accumulation when both are asked for
-            scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+            scaler = switches.grad_scaler()
             switches.install_step_control(
                 recorder, scaler, int(overrides.runtime.get("grad_accumulation") or 1)
             )

@@ -6,6 +6,7 @@ Everything here does nothing on a run that uses no GPU."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,16 +35,15 @@ def training_device(tensor: torch.Tensor | None) -> int | None:
     return int(torch.cuda.current_device())
 
 
-def native_bf16(device: int | None = None) -> bool:
-    """bf16 in hardware. NVIDIA: Ampere and newer (torch's default check also counts emulation,
-    true on Volta and Turing and slower than fp32 there). ROCm: by the device's architecture."""
+def native_bf16(device: int) -> bool:
+    """bf16 in hardware on the training device. NVIDIA: Ampere and newer, from the device's
+    compute capability (torch.cuda.is_bf16_supported() asks about the current device, which a
+    rank training on cuda:1 without set_device does not use, and counts emulation, true on Volta
+    and Turing and slower than fp32 there). ROCm: by the device's architecture."""
+    props = torch.cuda.get_device_properties(device)
     if torch.version.hip:
-        arch = str(getattr(torch.cuda.get_device_properties(device or 0), "gcnArchName", ""))
-        return arch.startswith(_ROCM_BF16)
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except TypeError:  # torch before 2.3 had no emulation and no argument
-        return bool(torch.cuda.is_bf16_supported())
+        return str(getattr(props, "gcnArchName", "")).startswith(_ROCM_BF16)
+    return int(props.major) >= 8
 
 
 # ---- TF32: torch >= 2.9 has `fp32_precision`; reading the legacy API after a script set the new
@@ -81,38 +81,94 @@ def float32_matmul_precision() -> str:
 
 
 def switch_flags(tf32: bool = False, cudnn_benchmark: bool = False) -> Callable[[], None]:
-    """Turn TF32 (matmuls and cuDNN convolutions) and cuDNN autotuning on, in the API the script
-    uses; returns what puts every flag back as it was."""
-    api = tf32_api()
-    if api == "new":
-        saved: tuple[Any, ...] = (
-            torch.backends.cuda.matmul.fp32_precision,
-            torch.backends.cudnn.conv.fp32_precision,
-        )
-    else:
-        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    benchmark = torch.backends.cudnn.benchmark
+    """Turn TF32 (matmuls and cuDNN convolutions) and cuDNN autotuning on where they are off, in
+    the API the script uses; returns what puts every flag it changed back exactly as it was."""
+    undo: list[Callable[[], None]] = []
     if tf32:
-        _set_tf32(api, (True, True) if api == "legacy" else ("tf32", "tf32"))
+        undo += _tf32_on() if _has_new_tf32_api() else _legacy_tf32_on()
+    benchmark = torch.backends.cudnn.benchmark
     if cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
+        undo.append(lambda: setattr(torch.backends.cudnn, "benchmark", benchmark))
 
     def restore() -> None:
-        _set_tf32(api, saved)
-        torch.backends.cudnn.benchmark = benchmark
+        for step in reversed(undo):
+            step()
 
     return restore
 
 
-def _set_tf32(api: str, values: tuple[Any, ...]) -> None:
-    if api == "new":
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = values
+def _legacy_tf32_on() -> list[Callable[[], None]]:
+    """torch < 2.9: two booleans, each switched only where off (matmul's True would also turn a
+    script's float32_matmul_precision "medium" into "high")."""
+    undo: list[Callable[[], None]] = []
+    owners: tuple[Any, ...] = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    for owner in owners:
+        if not owner.allow_tf32:
+            owner.allow_tf32 = True
+            undo.append(functools.partial(setattr, owner, "allow_tf32", False))
+    return undo
+
+
+# torch >= 2.9 keeps fp32_precision at three levels: an op's (cuBLAS matmul, cuDNN conv and
+# rnn) "none" inherits its backend's (`torch.backends.cudnn.fp32_precision`, CUDA's), whose
+# "none" inherits the global `torch.backends.fp32_precision`; every read answers the inherited
+# value, never "none" below a level that has one. The legacy flags write these too:
+# `matmul.allow_tf32 = False` writes "ieee" and `cudnn.allow_tf32` writes conv and rnn, and
+# reading a legacy flag raises once it disagrees with them. So an op is switched through the
+# legacy flag where that flag still reads (the script uses it: both stay in agreement), else
+# through fp32_precision, and is written back through both.
+
+
+def _tf32_on() -> list[Callable[[], None]]:
+    undo: list[Callable[[], None]] = []
+    matmul: Any = torch.backends.cuda.matmul
+    cudnn: Any = torch.backends.cudnn
+    if matmul.fp32_precision != "tf32":
+        undo.append(_switched(matmul if _legacy_reads(matmul) else None, (matmul,)))
+    if cudnn.conv.fp32_precision != "tf32":
+        if _legacy_reads(cudnn):  # its flag writes rnn as well as conv
+            undo.append(_switched(cudnn, (cudnn.conv, cudnn.rnn)))
+        else:
+            undo.append(_switched(None, (cudnn.conv,)))
+    return undo
+
+
+def _legacy_reads(owner: Any) -> bool:
+    try:
+        owner.allow_tf32  # noqa: B018 - the read is the test
+    except RuntimeError:  # the script set fp32_precision: legacy and new flags disagree
+        return False
+    return True
+
+
+def _switched(legacy: Any, ops: tuple[Any, ...]) -> Callable[[], None]:
+    """Put `ops` on TF32, through `legacy`'s allow_tf32 where given; returns what writes back
+    the legacy flag and each op's fp32_precision as read now. An op that reads as its backend
+    does is written back "none" (torch does not tell "none" from the same value set again, and
+    "none" keeps following the backend as before)."""
+    backend = torch.backends.cudnn.fp32_precision
+    saved = [(op, op.fp32_precision) for op in ops]
+    if legacy is not None:
+        legacy.allow_tf32 = True
     else:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values
+        for op in ops:
+            op.fp32_precision = "tf32"
+
+    def restore() -> None:
+        if legacy is not None:  # the flag's own state (matmul's: float32_matmul_precision "highest")
+            legacy.allow_tf32 = False
+        for op, value in saved:
+            op.fp32_precision = "none" if value == backend else value
+
+    return restore
 
 
-def torch_facts(data_parallel_modules: int | None, amp_override: str | None) -> dict[str, Any]:
-    """torch's switches as the training loop runs with them (read at the window's start)."""
+def torch_facts(
+    data_parallel_modules: int | None, amp_override: str | None, device: int | None = None
+) -> dict[str, Any]:
+    """torch's switches as the training loop runs with them (read at the window's start);
+    `device`: the GPU the loop trains on (None: the current one)."""
     cuda_used = cuda_in_use()
     facts: dict[str, Any] = {
         "cuda_used": cuda_used,
@@ -127,7 +183,7 @@ def torch_facts(data_parallel_modules: int | None, amp_override: str | None) -> 
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
             tf32_enabled=tf32_enabled(),
             cuda_device_count=torch.cuda.device_count(),
-            bf16_supported=native_bf16(),
+            bf16_supported=native_bf16(device if device is not None else torch.cuda.current_device()),
         )
     return facts
 
@@ -203,18 +259,41 @@ class GpuWindow:
         return [float(a.elapsed_time(b)) for a, b in zip(self.events, self.events[1:])]
 
     def memory(self) -> dict[str, Any]:
-        """Peaks since the window started, allocator retries and OOMs during it."""
+        """Peaks since the window started, allocator retries and OOMs during it, and what this
+        process's allocator may use (`allocator_limit`)."""
         if self.device is None:
             return {}
         stats = torch.cuda.memory_stats(self.device)
+        total = int(torch.cuda.get_device_properties(self.device).total_memory)
+        limit, source = allocator_limit(self.device, total, int(stats.get("reserved_bytes.all.current", 0)))
         return {
             "device": self.device,
             "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
-            "total_bytes": int(torch.cuda.get_device_properties(self.device).total_memory),
+            "total_bytes": total,
+            "limit_bytes": limit,
+            "limit_source": source,
             "alloc_retries": int(stats.get("num_alloc_retries", 0)) - self.retries_at_start,
             "ooms": int(stats.get("num_ooms", 0)) - self.ooms_at_start,
         }
+
+
+def allocator_limit(device: int, total_bytes: int, reserved_bytes: int) -> tuple[int, str]:
+    """What this process's caching allocator may hold on `device`, and which bound it is: the
+    card's total times the per-process fraction (`set_per_process_memory_fraction`: the
+    allocator refuses beyond it, "3.17 GiB allowed" on an 80 GB H100 at 0.04), or what it holds
+    now plus what is free now (CUDA contexts and other processes hold the rest)."""
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.5
+    fraction = float(get_fraction(device)) if get_fraction is not None else 1.0
+    capped = int(fraction * total_bytes)  # as the allocator rounds it
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    available = reserved_bytes + int(free_bytes)
+    if available < capped:
+        held = total_bytes - available
+        return available, f"free device memory (other processes and CUDA contexts hold {held / 1e9:.1f} GB)"
+    if fraction < 1.0:
+        return capped, f"per-process memory fraction {fraction:g}"
+    return total_bytes, "device total"
 
 
 def announce_device(path: Path, device: int) -> None:

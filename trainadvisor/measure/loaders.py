@@ -122,9 +122,10 @@ def describe_iterator(iterator: _BaseDataLoaderIter, index: int) -> LoaderInfo:
 
 
 def pinning_device_problem() -> str | None:
-    """Why pinned memory would misbehave in this torchrun rank, or None. The DataLoader's pinning
-    thread runs on the current CUDA device; a rank that never called `torch.cuda.set_device`
-    has device 0 current, so every rank would open a CUDA context (hundreds of MB) on GPU 0."""
+    """Why pinned memory would misbehave in this torchrun rank now, or None. The DataLoader's
+    pinning thread runs on the CUDA device current when its iterator is created; a rank that
+    never called `torch.cuda.set_device` has device 0 current, so every rank would open a CUDA
+    context (hundreds of MB) on GPU 0."""
     local = os.environ.get("LOCAL_RANK")
     if local is None or not local.isdigit() or int(local) == 0 or torch.cuda.device_count() < 2:
         return None
@@ -132,14 +133,19 @@ def pinning_device_problem() -> str | None:
     if current == int(local):
         return None
     return (
-        f"local rank {local} has not called torch.cuda.set_device({local}) before building its "
+        f"local rank {local} has not called torch.cuda.set_device({local}) before iterating its "
         f"DataLoader: with pin_memory=True its pinning thread would run on GPU {current} and every "
         "rank would open a CUDA context there; call "
         "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, then pin memory"
     )
 
 
-def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> None:
+def apply(
+    args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo, pin_device_later: bool = False
+) -> None:
+    """Give a loader's arguments the overrides wanted, or record in `info` why they cannot apply.
+    The device pinning would use is checked now, unless `pin_device_later`: for a loader the
+    script builds, whose iterators come later (`check_pinning_device`)."""
     if not wanted:
         return
     workers = int(wanted.get("num_workers", args.get("num_workers", 0)))
@@ -150,7 +156,7 @@ def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> Non
     )
     if wanted.get("pin_memory") and not torch.cuda.is_available():
         wanted = {k: v for k, v in wanted.items() if k != "pin_memory"}
-    elif wanted.get("pin_memory"):
+    elif wanted.get("pin_memory") and not pin_device_later:
         refused = refused or pinning_device_problem()
     if refused:
         info.override_refused = refused
@@ -164,6 +170,19 @@ def apply(args: dict[str, Any], wanted: dict[str, Any], info: LoaderInfo) -> Non
     info.pin_memory = bool(args.get("pin_memory", False))
     info.persistent_workers = bool(args.get("persistent_workers", False))
     info.prefetch_factor = args.get("prefetch_factor")
+
+
+def check_pinning_device(loader: DataLoader, info: LoaderInfo, refuse: Callable[[str], None]) -> None:
+    """Before an iterator of a loader given pin_memory by an override is made: torch picks the
+    device its batches are pinned on then (`_BaseDataLoaderIter.__init__` and the pinning
+    thread read the current device), not when the loader is built, so a rank may call
+    set_device in between. Once one iterator passed, the loader's device is settled."""
+    problem = pinning_device_problem()
+    if problem is None:
+        loader._trainadvisor_pin_check = False  # type: ignore[attr-defined]
+        return
+    info.override_refused = problem
+    refuse(problem)
 
 
 @dataclass
@@ -213,6 +232,9 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
     original_iter = DataLoader.__iter__
 
     def get_iterator(self: DataLoader) -> _BaseDataLoaderIter:
+        if getattr(self, "_trainadvisor_pin_check", False):
+            info = recorder.loaders[self._trainadvisor_loader]  # type: ignore[attr-defined]
+            check_pinning_device(self, info, refuse)
         iterator = original_get_iterator(self)
         iterator._trainadvisor_loader = getattr(self, "_trainadvisor_loader", None)  # type: ignore[attr-defined]
         return iterator
@@ -242,12 +264,13 @@ def _record_construction(recorder: Any, refuse: Callable[[str], None]) -> None:
         info = describe(call, len(recorder.loaders), site)
         info.framework = framework_of(site)
         info.origin_site = loader_origin(recorder.loaders) if info.framework else ""
-        apply(call, dict(recorder.loader_overrides.get(site, {})), info)
+        apply(call, dict(recorder.loader_overrides.get(site, {})), info, pin_device_later=True)
         recorder.loaders.append(info)
         if info.override_refused:  # the run cannot measure what it was started for
             refuse(info.override_refused)
         original_init(self, **call)
         self._trainadvisor_loader = info.index  # type: ignore[attr-defined]
+        self._trainadvisor_pin_check = bool(info.overrides_applied.get("pin_memory"))  # type: ignore[attr-defined]
         live.args.append(call)
         live.refs.append(weakref.ref(self))
 

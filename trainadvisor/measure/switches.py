@@ -26,8 +26,19 @@ class Patcher(Protocol):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None: ...
 
 
+def grad_scaler() -> Any:
+    """A GradScaler for the GPU in use (the CPU's where none is). torch.amp.GradScaler(device)
+    came in torch 2.3; before it, only torch.cuda.amp.GradScaler (CUDA and ROCm alike)."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.cuda.amp.GradScaler()
+
+
 def _unscaled(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
-    from torch.amp.grad_scaler import OptState
+    try:
+        from torch.amp.grad_scaler import OptState
+    except ImportError:  # torch < 2.3 keeps the scaler in torch.cuda.amp
+        from torch.cuda.amp.grad_scaler import OptState  # type: ignore[no-redef]
 
     return scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
 

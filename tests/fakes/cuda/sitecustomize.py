@@ -5,6 +5,9 @@ trainadvisor's own code runs unchanged. Keys of FAKE_CUDA (all optional):
 
     name, major, minor, total_memory, uuid, device_count, bf16, hip (a ROCm version: torch.version.hip),
     gcnArchName, current_device, alloc_retries_before (allocator retries counted before the window),
+    free_memory (bytes `mem_get_info` reports free; default total_memory less 1 GiB, held by the
+    CUDA context), memory_fraction (what `get_per_process_memory_fraction` answers until
+    `set_per_process_memory_fraction` changes it; default 1.0),
     log (a file: one JSON line per synchronize/reset/event call, to check the window's edges)
 """
 
@@ -24,6 +27,8 @@ def _install(torch) -> None:  # noqa: ANN001 - torch itself
     spec = json.loads(_SPEC or "{}")
     state = {"current": int(spec.get("current_device", 0)), "peak": 0, "retries": 0, "ooms": 0}
     state["retries"] = int(spec.get("alloc_retries_before", 0))
+    total_memory = int(spec.get("total_memory", 80 * 2**30))
+    fraction = {"value": float(spec.get("memory_fraction", 1.0))}
     log_path = spec.get("log")
 
     def log(event: str, **fields: object) -> None:
@@ -38,7 +43,7 @@ def _install(torch) -> None:  # noqa: ANN001 - torch itself
     def properties(device: object = None) -> SimpleNamespace:
         return SimpleNamespace(
             name=spec.get("name", "NVIDIA A100-SXM4-80GB"),
-            total_memory=int(spec.get("total_memory", 80 * 2**30)),
+            total_memory=total_memory,
             major=int(spec.get("major", 8)),
             minor=int(spec.get("minor", 0)),
             multi_processor_count=108,
@@ -73,7 +78,17 @@ def _install(torch) -> None:  # noqa: ANN001 - torch itself
     def memory_stats(device: object = None) -> dict:
         # the peak grows with each read, like an allocator under load; retries stay as they were
         state["peak"] += 2**20
-        return {"num_alloc_retries": state["retries"], "num_ooms": state["ooms"]}
+        return {
+            "num_alloc_retries": state["retries"],
+            "num_ooms": state["ooms"],
+            "reserved_bytes.all.current": state["peak"],
+        }
+
+    def mem_get_info(device: object = None) -> tuple[int, int]:
+        return int(spec.get("free_memory", total_memory - 2**30)), total_memory
+
+    def set_fraction(value: float, device: object = None) -> None:
+        fraction["value"] = float(value)
 
     def set_device(device: object) -> None:
         state["current"] = index(device)
@@ -95,6 +110,9 @@ def _install(torch) -> None:  # noqa: ANN001 - torch itself
     cuda.reset_peak_memory_stats = reset_peak_memory_stats
     cuda.max_memory_allocated = lambda device=None: state["peak"] // 2
     cuda.max_memory_reserved = lambda device=None: state["peak"]
+    cuda.mem_get_info = mem_get_info
+    cuda.get_per_process_memory_fraction = lambda device=None: fraction["value"]
+    cuda.set_per_process_memory_fraction = set_fraction
     _profile_without_cuda(torch, log)
     torch.version.cuda = None if spec.get("hip") else spec.get("cuda", "12.4")
     torch.version.hip = spec.get("hip")
