@@ -26,6 +26,9 @@ from trainadvisor.advisor import Advisor
 from trainadvisor.errors import MissingDependencyError
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__next__
+# Windows of exactly `warmup` and `steps` steps (no steadiness test, no time floor): these tests
+# are about what the advisor records, step by step; tests/test_gpu_speed.py times windows
+EXACT: dict[str, typing.Any] = {"min_time": 0.0, "max_warmup": None}
 
 
 def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -84,7 +87,7 @@ def test_a_decorated_step_trains_exactly_as_undecorated_and_leaves_nothing_behin
     plain_weights = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.reset()
     before = _state()
-    advised = advise(warmup=3, steps=10, out=tmp_path / "report")(trainer.step)
+    advised = advise(warmup=3, steps=10, out=tmp_path / "report", **EXACT)(trainer.step)
     assert _train(advised) == plain  # the same losses, step by step
     assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), plain_weights))
     assert _state() == before
@@ -105,7 +108,7 @@ def test_decorating_keeps_signature_hints_return_values_and_exceptions(tmp_path:
             raise ValueError("negative")
         return x * factor
 
-    advised = advise(warmup=1, steps=2, out=tmp_path / "r")(scaled)
+    advised = advise(warmup=1, steps=2, out=tmp_path / "r", **EXACT)(scaled)
     assert inspect.signature(advised) == inspect.signature(scaled)
     assert typing.get_type_hints(advised) == typing.get_type_hints(scaled)
     assert (advised.__name__, advised.__doc__, advised.__wrapped__) == ("scaled", "Double it.", scaled)  # type: ignore[attr-defined]
@@ -127,14 +130,17 @@ def test_bare_decorator_on_a_method(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             return super().step(x, y)
 
     trainer = Trainer()
-    for x, y in _batches(40):  # 5 warmup + 20 timed + 1 + 10 traced by default
-        trainer.step(x, y)
+    batches, deadline = _batches(40), time.monotonic() + 60.0
+    # by default: a warm-up until step time settles, then at least 20 steps and 1 s timed
+    while not (tmp_path / "trainadvisor-report" / "report.json").is_file() and time.monotonic() < deadline:
+        for x, y in batches:
+            trainer.step(x, y)
     assert (tmp_path / "trainadvisor-report" / "report.json").is_file()
 
 
 def test_the_wait_between_calls_is_the_input_pipeline(tmp_path: Path) -> None:
     """A loop that spends 20 ms fetching each batch and 1 ms in the step: data-stall, high."""
-    step = advise(warmup=2, steps=10, out=tmp_path / "r")(_Trainer().step)
+    step = advise(warmup=2, steps=10, out=tmp_path / "r", **EXACT)(_Trainer().step)
     for x, y in _batches(25):
         time.sleep(0.02)  # the slow input pipeline
         step(x, y)
@@ -162,7 +168,7 @@ class _Slow(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 def test_a_with_block_times_steps_and_dataloader_waits(tmp_path: Path) -> None:
     model, optimizer = _model()
     loader = DataLoader(_Slow(), batch_size=4)
-    with advise(warmup=2, steps=6, out=tmp_path / "r") as advisor:
+    with advise(warmup=2, steps=6, out=tmp_path / "r", **EXACT) as advisor:
         for _ in range(8):
             for x, y in loader:
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -180,7 +186,7 @@ def test_a_with_block_times_steps_and_dataloader_waits(tmp_path: Path) -> None:
 def test_a_with_block_that_ends_early_writes_nothing_and_cleans_up(tmp_path: Path) -> None:
     messages: list[str] = []
     before = _state()
-    with Advisor(warmup=2, steps=10, out=tmp_path / "r", echo=messages.append) as advisor:
+    with Advisor(warmup=2, steps=10, out=tmp_path / "r", echo=messages.append, **EXACT) as advisor:
         for _ in range(5):
             advisor.step()
     assert _state() == before and not (tmp_path / "r").exists()
@@ -197,7 +203,7 @@ def test_an_error_inside_the_advisor_is_a_warning_and_training_goes_on(
     plain = _train(trainer.step)
     trainer.reset()
     before = _state()
-    advised = advise(warmup=2, steps=4, out=tmp_path / "r")(trainer.step)
+    advised = advise(warmup=2, steps=4, out=tmp_path / "r", **EXACT)(trainer.step)
 
     def broken(self: Advisor) -> None:
         raise OSError("disk full")
@@ -228,7 +234,7 @@ def test_a_folder_of_the_users_is_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        advised = advise(warmup=1, steps=2, out=tmp_path / "mine")(lambda x: x)
+        advised = advise(warmup=1, steps=2, out=tmp_path / "mine", **EXACT)(lambda x: x)
         # said when decorating, not after a window was measured for nothing; in advise's words
         assert len(caught) == 1 and f"advise(out=...) {tmp_path / 'mine'}: the folder has files" in str(
             caught[0].message
@@ -256,7 +262,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=8)
-    callback = LightningAdvisor(warmup=2, steps=5, out=tmp_path / "r")
+    callback = LightningAdvisor(warmup=2, steps=5, out=tmp_path / "r", **EXACT)
     trainer = lightning.Trainer(
         max_epochs=1, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
@@ -292,7 +298,7 @@ def test_hugging_face_callback(tmp_path: Path) -> None:
         output_dir=str(tmp_path / "hf"), per_device_train_batch_size=8, num_train_epochs=1,
         report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
     )  # fmt: skip
-    callback = HuggingFaceAdvisor(warmup=2, steps=5, out=tmp_path / "r")
+    callback = HuggingFaceAdvisor(warmup=2, steps=5, out=tmp_path / "r", **EXACT)
     transformers.Trainer(model=Model(), args=args, train_dataset=Data(), callbacks=[callback]).train()
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["baseline"]["steps"] == 5 and report["baseline"]["raw"]["runtime"]["optimizer"] == "AdamW"
@@ -337,8 +343,8 @@ def test_advise_stands_down_under_trainadvisor_profile(tmp_path: Path) -> None:
 def test_one_window_per_process_and_close_ends_an_unfinished_one(tmp_path: Path) -> None:
     messages: list[str] = []
     before = _state()
-    first = Advisor(warmup=1, steps=50, out=tmp_path / "a", echo=messages.append)
-    second = Advisor(warmup=1, steps=50, out=tmp_path / "b", echo=messages.append)
+    first = Advisor(warmup=1, steps=50, out=tmp_path / "a", echo=messages.append, **EXACT)
+    second = Advisor(warmup=1, steps=50, out=tmp_path / "b", echo=messages.append, **EXACT)
     step_a, step_b = first(lambda: None), second(lambda: None)
     for _ in range(3):
         step_a()
@@ -359,7 +365,7 @@ def test_the_restart_command_is_profiles_own_and_writes_beside_the_report(
     script = tmp_path / "train.py"
     script.write_text("")
     monkeypatch.setattr("sys.argv", [str(script), "--lr", "0.1"])
-    advisor = Advisor(warmup=3, steps=10, out=tmp_path / "r", echo=_quiet)
+    advisor = Advisor(warmup=3, steps=10, out=tmp_path / "r", echo=_quiet, **EXACT)
     assert advisor._profile_command(script) == [
         "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(tmp_path / "r-profile"),
         "--seed", "0", str(script), "--lr", "0.1",
@@ -372,7 +378,10 @@ def test_framework_callbacks_are_one_class_and_pickle_as_fresh_advisors(tmp_path
     pytest.importorskip("lightning")
     from trainadvisor.integrations import LightningAdvisor
 
-    first, second = LightningAdvisor(out=tmp_path / "a"), LightningAdvisor(warmup=2, out=tmp_path / "b")
+    first, second = (
+        LightningAdvisor(out=tmp_path / "a"),
+        LightningAdvisor(warmup=2, out=tmp_path / "b", **EXACT),
+    )
     assert type(first) is type(second) and type(first).__module__ == "trainadvisor.integrations"
     copy = pickle.loads(pickle.dumps(second))
     assert type(copy) is type(second) and copy.advisor is not second.advisor
@@ -389,7 +398,7 @@ def test_trials_measure_the_workers_fix_in_this_process_and_put_everything_back(
     loader = DataLoader(_Slow(), batch_size=4)  # 8 samples x 2 ms: 2 batches an epoch
     seen = []
     before = _state()
-    with advise(warmup=2, steps=6, out=tmp_path / "r", trials=True) as advisor:
+    with advise(warmup=2, steps=6, out=tmp_path / "r", trials=True, **EXACT) as advisor:
         for _ in range(120):
             for x, y in loader:
                 seen.append(int(x.shape[0]))

@@ -80,7 +80,12 @@ class _World:
     third; and a stranger (4242). CPU seconds (user) per process and tick:"""
 
     tick = 0
-    own = {_OWN: [0.5, 0.55, 0.6], _TREE: [2.0, 2.8, 3.5], 1002: [1.0, 1.3, 1.6], _PRESTARTED: [0.3, 0.4, 0.5]}
+    own = {
+        _OWN: [0.5, 0.55, 0.6],
+        _TREE: [2.0, 2.8, 3.5],
+        1002: [1.0, 1.3, 1.6],
+        _PRESTARTED: [0.3, 0.4, 0.5],
+    }
     brief = [None, 0.2, None]  # 0.35 s in all: 0.15 s of it after the second tick
     reaped = [0.0, 0.0, 0.35]  # the script's children_user: the brief worker's total, once waited for
     stranger = [5.0, 5.0, 5.7]
@@ -130,10 +135,14 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(monkeypatch:
     seconds its parent records once it has waited for it), not passed off as another's."""
     monkeypatch.setattr(sampling.psutil, "Process", _FakeProcess)
     monkeypatch.setattr(
-        sampling.psutil, "cpu_times", lambda: _Times(_World.busy_s[_World.tick], 0, 0, 50.0, 2.0, 0, 0, 0, 3.0, 0)
+        sampling.psutil,
+        "cpu_times",
+        lambda: _Times(_World.busy_s[_World.tick], 0, 0, 50.0, 2.0, 0, 0, 0, 3.0, 0),
     )
     monkeypatch.setattr(
-        sampling.psutil, "process_iter", lambda _fields: [_FakeProcess(p) for p in [*_World.alive(), _STRANGER]]
+        sampling.psutil,
+        "process_iter",
+        lambda _fields: [_FakeProcess(p) for p in [*_World.alive(), _STRANGER]],
     )
     sampler = sampling.Sampler(_TREE, clock=lambda: 100.0 + _World.tick)
     ticks = []

@@ -493,7 +493,7 @@ def test_advise_on_a_gpu_records_what_profile_records(tmp_path: Path, fake_gpu: 
         "from trainadvisor import advise\n"
         "model = torch.nn.Linear(4, 1)\n"
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "@advise(warmup=2, steps=4, out=sys.argv[1])\n"
+        "@advise(warmup=2, steps=4, out=sys.argv[1], min_time=0, max_warmup=None)\n"
         "def step(x):\n"
         "    loss = model(x).pow(2).mean()\n"
         "    optimizer.zero_grad(); loss.backward(); optimizer.step()\n"

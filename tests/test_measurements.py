@@ -91,7 +91,7 @@ def test_speedup_and_its_range() -> None:
     assert c.speedup == after.steps_per_s / before.steps_per_s == (20 / 0.225) / (20 / 0.9)
     assert c.speedup_low == 80.0 / 25.0 and c.speedup_high == 100.0 / 20.0
     assert c.loss_check.equivalent is True and c.loss_check.steps_compared == 22
-    assert verdict(c) == ("kept", "measured 4.00x (range 3.20-5.00x)")
+    assert verdict(c) == ("kept", "measured 4.00x steps/s (range 3.20-5.00x)")
 
 
 def test_no_gain_is_not_kept() -> None:

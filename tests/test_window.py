@@ -90,7 +90,11 @@ def test_warmup_then_timed_then_traced_steps_with_exact_times() -> None:
     assert window.read_back() == [10.0, 11.0, 20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
     assert [r.loss for r in window.records] == [20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
     assert window.batch_fingerprints[:3] == ["batch0", "batch1", "batch2"]
-    assert window.facts.runtime == {"cuda_used": False, "optimizers": 0}
+    assert window.facts.runtime == {
+        "cuda_used": False,
+        "optimizers": 0,
+        "switched": {"autocast_outputs": 0, "non_blocking_copies": 0},
+    }
 
 
 def test_a_sequence_of_windows_numbers_steps_on_and_pads_the_losses() -> None:
@@ -232,15 +236,17 @@ def test_a_warmup_that_never_settles_ends_at_its_cap_and_says_so() -> None:
 
 
 def test_where_the_script_has_few_steps_left_the_window_ends_with_them() -> None:
-    """max_steps 30: the warm-up may take 30 - 10 = 20 steps, the timed ones end at step 30
+    """max_steps 30: the warm-up may take a third of them (10), the timed ones end at step 30
     even though their time floor (1 s) is not reached."""
     clock = FakeClock()
-    window = Window(WindowPlan(warmup=2, steps=10, min_time_s=1.0, settle=SETTLE, max_steps=30), clock.clock())
-    _steps(window, clock, [4.0, 8.0] * 10)  # never settles
+    window = Window(
+        WindowPlan(warmup=2, steps=10, min_time_s=1.0, settle=SETTLE, max_steps=30), clock.clock()
+    )
+    _steps(window, clock, [4.0, 8.0] * 5)  # never settles
     assert window.phase == "timed" and window.shape.warmup_end == "step cap"
-    assert window.shape.warmup_steps == 20
-    _steps(window, clock, [1.0] * 10)
-    assert window.phase == "done" and len(window.records) == 10
+    assert window.shape.warmup_steps == 10
+    _steps(window, clock, [1.0] * 20)
+    assert window.phase == "done" and len(window.records) == 20
     assert window.shape.timed_end == "step cap"
 
 
@@ -277,10 +283,25 @@ class _Unreadable(torch.Tensor):
 def test_a_loss_that_cannot_be_read_is_left_out_and_the_window_kept() -> None:
     clock = FakeClock()
     window = Window(WindowPlan(warmup=0, steps=2), clock.clock())
-    window.losses = []
-    for value in (1.0, 2.0):
+    for _ in range(2):
         clock.advance(1.0)
         window.boundary()
     window.losses = [torch.tensor(1.0).as_subclass(_Unreadable), torch.tensor(2.0)]
     assert window.read_back() == [None, 2.0]
     assert [r.loss for r in window.records] == [None, 2.0]
+
+
+def test_a_plateau_the_warmup_settled_on_is_left_out_when_the_loop_speeds_up_while_timed() -> None:
+    """Three 10 ms blocks of 5 ms steps look settled; then the loop speeds up to 1 ms per step.
+    The timed steps' halves differ beyond 10%: the first half becomes warm-up and timing goes
+    on until both halves agree."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=10, min_time_s=0.030, settle=SETTLE), clock.clock())
+    _steps(window, clock, [5.0] * 16)  # 1 + three blocks of 5 steps (25 ms each)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    _steps(window, clock, [5.0] * 2 + [1.0] * 200)
+    assert window.phase == "done"
+    # 22 timed steps reach 30 ms (5, 5, then 1 ms each): halves of 1.73 and 1.0 ms per step
+    assert (window.shape.slid_steps, window.shape.warmup_steps) == (11, 27)
+    assert len(window.records) == 30 and {round(r.step_ms, 6) for r in window.records} == {1.0}
+    assert round(window.records[0].start_ms, 6) == 0.0 and round(window.shape.timed_s, 6) == 0.030

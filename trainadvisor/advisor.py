@@ -127,7 +127,7 @@ class Advisor:
 
     def settling(self, workers: int) -> Settling | None:
         """The warm-up's steadiness test (None: `warmup` steps exactly, `max_warmup=None`)."""
-        if self.max_warmup_s is None:
+        if not self.max_warmup_s:
             return None
         return Settling(max_s=self.max_warmup_s).for_workers(workers)
 
@@ -392,10 +392,18 @@ class Advisor:
             self.close()
             if kind is None:
                 self.echo(
-                    f"trainadvisor: the block ended after {self.calls} steps, before the window was "
-                    f"complete (a warm-up until step time settles, then at least {self.steps} steps "
-                    f"and {self.min_time_s:g} s timed): no report"
+                    f"trainadvisor: the block ended after {self.calls} steps, {self._needs()}: no report"
                 )
+
+    def _needs(self) -> str:
+        """What the window still needed, in words."""
+        plan = self.window.plan
+        if plan.settle is None and not plan.min_time_s:
+            return f"before the {plan.warmup + plan.steps + plan.traced_steps} the window needs"
+        return (
+            f"before the window was complete (a warm-up until step time settles, then at least "
+            f"{plan.steps} steps and {plan.min_time_s:g} s timed, then {plan.traced_steps} traced)"
+        )
 
     # ---- `@advise(...)` ----
 

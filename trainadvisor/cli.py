@@ -16,6 +16,7 @@ from trainadvisor import __version__
 from trainadvisor.cli_options import (
     ANALYZE_EXIT_CODES,
     DURATION,
+    DURATION_OR_ZERO,
     EXIT_CODES,
     option,
     out_option,
@@ -67,17 +68,17 @@ def main() -> None:
 @option(
     "--min-time",
     "1s",
-    DURATION,
+    DURATION_OR_ZERO,
     "Every timed window lasts at least this long (at GPU speed 20 steps are a few ms), within "
-    "the steps the script has.",
+    "the steps the script has; 0: exactly --steps steps.",
     "min_time_s",
 )
 @option(
     "--max-warmup",
     "60s",
-    DURATION,
+    DURATION_OR_ZERO,
     "The longest a warm-up may wait for step time to settle; a window measured unsettled is "
-    "named in the report.",
+    "named in the report. 0: exactly --warmup steps, no steadiness test.",
     "max_warmup_s",
 )
 @out_option("Report folder: report.html, report.md, report.json and the raw traces.")

@@ -57,6 +57,9 @@ class Duration(click.ParamType):
     name = "duration"
     _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
+    def __init__(self, zero: bool = False) -> None:
+        self.zero = zero  # 0 is allowed (it switches something off)
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
             return float(value)
@@ -67,12 +70,13 @@ class Duration(click.ParamType):
             seconds = float(number) * (unit or 1.0)
         except ValueError:
             self.fail(f"{value!r} is not a duration: write it as 90s, 10m or 1.5h", param, ctx)
-        if seconds <= 0:
+        if seconds < 0 or (seconds == 0 and not self.zero):
             self.fail(f"{value!r}: a duration must be more than zero", param, ctx)
         return seconds
 
 
 DURATION = Duration()
+DURATION_OR_ZERO = Duration(zero=True)
 
 
 def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:

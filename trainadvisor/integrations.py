@@ -18,6 +18,7 @@ from typing import Any
 from trainadvisor.advisor import Advisor
 from trainadvisor.errors import MissingDependencyError
 from trainadvisor.frameworks.watch import described
+from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S
 
 
 def _base_class(places: tuple[tuple[str, str], ...], missing: str) -> type:
@@ -46,8 +47,10 @@ def _callback_class(name: str, base: type, methods: dict[str, Any]) -> type:
 def _set_up(callback: Any, factory: Any, options: tuple[Any, ...]) -> None:
     """The state of a callback: its advisor, and the factory call that made it."""
     callback._factory, callback._options = factory, options
-    warmup, steps, out, rules = options
-    callback.advisor = Advisor(warmup=warmup, steps=steps, out=out, rules=rules)
+    warmup, steps, out, rules, min_time, max_warmup = options
+    callback.advisor = Advisor(
+        warmup=warmup, steps=steps, out=out, rules=rules, min_time=min_time, max_warmup=max_warmup
+    )
 
 
 def _told(advisor: Advisor, framework: str, settings: Any) -> None:
@@ -66,9 +69,16 @@ def _reduce(self: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance of
-    warmup: int = 5, steps: int = 20, out: str | Path | None = None, rules: list[str | Path] | None = None
+    warmup: int = 5,
+    steps: int = 20,
+    out: str | Path | None = None,
+    rules: list[str | Path] | None = None,
+    min_time: float = MIN_TIME_S,
+    max_warmup: float | None = MAX_WARMUP_S,
 ) -> Any:
-    """A `lightning.pytorch.Callback` that profiles `steps` training batches after `warmup`."""
+    """A `lightning.pytorch.Callback` that profiles training batches: at least `steps` (and
+    `min_time` seconds) after a warm-up of at least `warmup` that lasts until step time settles
+    (at most `max_warmup` seconds), as `advise` does."""
     base = _base_class(
         (("lightning.pytorch", "Callback"), ("pytorch_lightning", "Callback")),  # new and old names
         "LightningAdvisor needs PyTorch Lightning: pip install lightning (or pytorch-lightning)",
@@ -100,13 +110,21 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
         "on_train_batch_start": on_train_batch_start,
         "on_train_batch_end": on_train_batch_end, "on_train_end": on_train_end, "on_exception": on_exception,
     }  # fmt: skip
-    return _callback_class("LightningAdvisorCallback", base, methods)(warmup, steps, out, rules)
+    options = (warmup, steps, out, rules, min_time, max_warmup)
+    return _callback_class("LightningAdvisorCallback", base, methods)(*options)
 
 
 def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instance of
-    warmup: int = 5, steps: int = 20, out: str | Path | None = None, rules: list[str | Path] | None = None
+    warmup: int = 5,
+    steps: int = 20,
+    out: str | Path | None = None,
+    rules: list[str | Path] | None = None,
+    min_time: float = MIN_TIME_S,
+    max_warmup: float | None = MAX_WARMUP_S,
 ) -> Any:
-    """A `transformers.TrainerCallback` that profiles `steps` optimizer steps after `warmup`."""
+    """A `transformers.TrainerCallback` that profiles optimizer steps: at least `steps` (and
+    `min_time` seconds) after a warm-up of at least `warmup` that lasts until step time settles
+    (at most `max_warmup` seconds), as `advise` does."""
     base = _base_class(
         (("transformers", "TrainerCallback"),),
         "HuggingFaceAdvisor needs transformers: pip install transformers",
@@ -132,7 +150,8 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
         "on_step_begin": on_step_begin, "on_step_end": on_step_end,
         "on_train_end": on_train_end,
     }  # fmt: skip
-    return _callback_class("HuggingFaceAdvisorCallback", base, methods)(warmup, steps, out, rules)
+    options = (warmup, steps, out, rules, min_time, max_warmup)
+    return _callback_class("HuggingFaceAdvisorCallback", base, methods)(*options)
 
 
 __all__ = ["HuggingFaceAdvisor", "LightningAdvisor"]

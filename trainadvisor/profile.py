@@ -20,8 +20,9 @@ from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.frameworks.change import fix_change
 from trainadvisor.judge import MIN_TIMED_STEPS, compare, usable, verdict
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.live import LiveRun, Prestarted
-from trainadvisor.measure.runner import PROFILE_STEPS, measure
+from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
 from trainadvisor.records import (
     SCHEMA_VERSION,
     Comparison,
@@ -39,6 +40,7 @@ from trainadvisor.report import hold_out_dir
 from trainadvisor.runs import (
     ProfileOptions,
     confirmation_spec,
+    fresh_spec,
     measure_fitted,
     measure_run,
     reproduce_command,
@@ -71,9 +73,40 @@ def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
         )
     if not raw.steps:
         raise UsageError(
-            f"{options.script} ran only {raw.steps_seen} step(s), all inside the warmup of "
-            f"{options.warmup}: lower --warmup, or pass arguments that make the script train longer"
+            f"{options.script} ran only {raw.steps_seen} step(s), too few to time any after a warm-up "
+            f"of at least {options.warmup}: lower --warmup, or pass arguments that make the script "
+            "train longer"
         )
+
+
+def _too_short(raw: RawRun) -> bool:
+    """The script ended by itself before the baseline's window timed enough steps."""
+    return raw.status == "script_ended" and raw.steps_seen > 0 and not usable(raw)
+
+
+def _fitted_baseline(
+    options: ProfileOptions, spec: RunSpec, first: Run, echo: Echo
+) -> tuple[Run, str] | None:
+    """The baseline measured again, its window fitted into the steps the script turned out to
+    have (it ended inside the first one's warm-up): fewer traced steps where the script is that
+    short; and why no trial can run in its process. None where even a fitted window would time
+    too few steps."""
+    total = first.raw.steps_seen
+    spare = total - options.warmup - MIN_TIMED_STEPS
+    if spare < 0:
+        return None
+    traced = min(PROFILE_STEPS, spare - PROFILER_WARMUP_STEPS)  # the profiler's warm-up step first
+    echo(
+        f"trainadvisor: the script ended after {total} steps, before the window had timed enough of "
+        "them; measuring the baseline again, fitted into those steps"
+    )
+    after_window = PROFILER_WARMUP_STEPS + traced if traced > 0 else 0
+    fitted = fresh_spec(
+        options, "baseline", Overrides(), run_length(first.raw), after_window,
+        show_output=spec.show_output, stop_after_window=spec.stop_after_window,
+        profile=traced > 0, profile_steps=max(traced, 0),
+    )  # fmt: skip
+    return measure_run(fitted), f"the script's {total} steps leave none for trial windows after the baseline"
 
 
 def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str, Any]:
@@ -139,6 +172,12 @@ def _profile(job: _Job) -> Report:
         live = LiveRun(replace(spec, session_dir=options.out_dir / ".work" / "session"))
     try:
         baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
+        fitted = _fitted_baseline(options, spec, baseline, echo) if _too_short(baseline.raw) else None
+        if fitted is not None:
+            if live is not None:
+                live.close()
+                live = None
+            baseline, why_restart = fitted
         _check_steps(baseline.raw, options)
         diagnosed = _diagnose_baseline(options, job.rules, baseline)
         blocked = _why_no_fixes(options, baseline)
@@ -262,6 +301,12 @@ def _prepare(options: ProfileOptions) -> list[engine.Rule]:
 def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseline: Run) -> _Diagnosed:
     """The rules over the baseline, and the fixes they propose (those `--fix` names, if given)."""
     notes = []
+    if options.torchrun:
+        notes.append(
+            f"Under torchrun each window is a count of steps ({options.warmup} warm-up, {options.steps} "
+            "timed), with no steadiness test or time floor: every rank must stop at the same step. "
+            "Raise --warmup and --steps where steps take well under a millisecond."
+        )
     if baseline.raw.step_source == "backward":
         notes.append(
             "No torch.optim optimizer was built, so each backward() ended a training step (a loop "
@@ -362,12 +407,15 @@ def _report(
 
 
 def _modes_note(outcomes: list[FixOutcome]) -> str | None:
-    """How the trials ran: which fixes in windows of the baseline's process, which restarted
-    the script, and why."""
+    """How the trials ran where some restarted the script: which fixes in windows of the
+    baseline's process, which in fresh runs, and why (windows alone: the bracket's note and the
+    windows' table say so)."""
     windows = [o.fix for o in outcomes if o.mode == "in_process"]
     restarted = [
         f"{o.fix} ({o.mode_reason})" if o.mode_reason else o.fix for o in outcomes if o.mode == "restart"
     ]
+    if not restarted:
+        return None
     parts = []
     if windows:
         parts.append(

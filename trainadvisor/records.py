@@ -117,6 +117,9 @@ class WindowShape:
     # (the steps the script has left), "script ended" (the script finished inside the window)
     timed_end: str = "plan"
     min_time_s: float = 0.0  # the timed steps were to last at least this long
+    # timed steps moved into the warm-up because the loop changed speed while they were timed
+    # (the warm-up had settled on a plateau); counted in warmup_steps too
+    slid_steps: int = 0
 
 
 @dataclass

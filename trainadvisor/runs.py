@@ -92,9 +92,13 @@ def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
 
 def size_for(options: ProfileOptions, overrides: Overrides, max_steps: int | None = None) -> WindowSize:
     """A window's time floor, its warm-up's steadiness test (blocks of at least two rounds of
-    the setting's DataLoader workers) and the steps it may use."""
+    the setting's DataLoader workers) and the steps it may use. Under torchrun a window is a
+    count of steps: every rank must stop at the same step (the others would wait in their next
+    all-reduce), and each rank would judge its own clock and blocks differently."""
+    if options.torchrun:
+        return WindowSize(max_steps=max_steps)
     settle = Settling(max_s=options.max_warmup_s).for_workers(overrides.workers())
-    return WindowSize(options.min_time_s, settle, max_steps)
+    return WindowSize(options.min_time_s, settle if options.max_warmup_s else None, max_steps)
 
 
 def fit(warmup: int, steps: int, available: int | None) -> tuple[int, int, int | None]:

@@ -184,8 +184,6 @@ class Tuning:
     def _script_ended(self, live: LiveRun, planned: PlannedFix) -> None:
         """The script ended during this fix's windows: its length is known from here on."""
         self.live_ended = live.ended or ""
-        if live.final is not None:
-            self.learn(live.final)
         outcome = self.outcomes[self.plan.index(planned)]
         if not any(t.status == "measured" for t in outcome.trials):
             self.tried.discard(planned.fix)  # nothing measured: its trials restart the script
@@ -196,6 +194,7 @@ class Tuning:
         def measure(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Any:
             measured = measurer(fix, label, candidate)
             self.live_steps = max(self.live_steps, measured.raw.steps_seen)
+            self.learn(measured.raw)  # the script ended inside this window: its length is known
             t0 = self.baseline.raw.window_start_unix_s or 0.0
             started = (measured.raw.window_start_unix_s - t0) if measured.raw.window_start_unix_s else None
             self.windows.append(

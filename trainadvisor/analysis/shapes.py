@@ -28,7 +28,14 @@ def baseline_note(raw: RawRun) -> str | None:
     if shape is None:
         return None
     timed = sum(1 for s in raw.steps if not s.profiled)
-    if shape.warmup_end == "settled":
+    if shape.warmup_end == "settled" and shape.slid_steps:
+        text = (
+            f"Warm-up: the baseline's step time seemed settled ({_blocks(shape.block_ms)} ms per step "
+            f"in its last blocks), then changed while it was timed: the first {shape.slid_steps} timed "
+            f"steps were counted as warm-up too ({shape.warmup_steps} steps, {shape.warmup_s:.1f} s in "
+            f"all); then {timed} steps were timed over {shape.timed_s:.2f} s."
+        )
+    elif shape.warmup_end == "settled":
         text = (
             f"Warm-up: the baseline's step time settled after {shape.warmup_steps} steps "
             f"({shape.warmup_s:.1f} s; the last blocks took {_blocks(shape.block_ms)} ms per step); "

@@ -100,6 +100,15 @@ def describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
     )
 
 
+def _length(loader: DataLoader) -> int | None:
+    """Batches per pass (for the script's length, `analysis.length`); None where the loader has
+    no length (an IterableDataset without __len__) or computing it fails."""
+    try:
+        return int(len(loader))
+    except Exception:  # user code (a sampler's or dataset's __len__): a missing length, not an error
+        return None
+
+
 def describe_iterator(iterator: _BaseDataLoaderIter, index: int) -> LoaderInfo:
     """A loader known only by an iterator of it (`@advise` starts after the loaders are built):
     what the iterator was built with; where the loader was built is not known."""
@@ -269,6 +278,7 @@ def _record_construction(recorder: Any, refuse: Callable[[str], None]) -> None:
         if info.override_refused:  # the run cannot measure what it was started for
             refuse(info.override_refused)
         original_init(self, **call)
+        info.length = _length(self)
         self._trainadvisor_loader = info.index  # type: ignore[attr-defined]
         self._trainadvisor_pin_check = bool(info.overrides_applied.get("pin_memory"))  # type: ignore[attr-defined]
         live.args.append(call)

@@ -57,6 +57,7 @@ class RunSpec:
     session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
     gate_file: Path | None = None  # start ahead of its settings, which arrive here (`measure.gate`)
     size: WindowSize = field(default_factory=WindowSize)  # time floor, settling, the steps it may use
+    profile_steps: int = PROFILE_STEPS  # traced after the timed steps (at most as many as those)
 
 
 def _child_env() -> dict[str, str]:
@@ -189,7 +190,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         trace_file=str((spec.out_dir / files.trace_rel).resolve()) if files.trace_rel else None,
         warmup=spec.warmup,
         steps=spec.steps,
-        profile_steps=min(PROFILE_STEPS, spec.steps) if spec.profile else 0,
+        profile_steps=min(spec.profile_steps, spec.steps) if spec.profile else 0,
         stop_after_window=spec.stop_after_window,
         seed=spec.seed,
         overrides=spec.overrides,

@@ -177,7 +177,7 @@ class Strangers:
         self._named: dict[str, float] = {}
 
     def busiest(self, now_s: float, top: int = 3) -> dict[str, float]:
-        """"name (pid N)" -> cores, of the busiest processes since the last reading."""
+        """ "name (pid N)" -> cores, of the busiest processes since the last reading."""
         if self._read_at is not None and now_s - self._read_at < self.every_s:
             return self._named
         ours = _own_tree()

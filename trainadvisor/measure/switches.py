@@ -135,11 +135,20 @@ def _unscale_before_clipping(
             recorder.patch(module, name, clip)
 
 
+# What the switches did in this process, counted: a measuring window reads the counts when its
+# timed steps begin and after its last step, so the report shows each switch in effect in its
+# window (bf16 outputs under autocast, pinned batches copied without blocking), not only installed.
+SWITCHED: dict[str, int] = {"autocast_outputs": 0, "non_blocking_copies": 0}
+
+
 def _to_fp32(value: Any, dtype: torch.dtype) -> Any:
     """Autocast's low-precision outputs as fp32 (tensors inside tuples, lists and mappings too):
     a loss computed outside a module then runs in fp32, as torch.amp recommends, not in bf16."""
     if isinstance(value, torch.Tensor):
-        return value.float() if value.dtype == dtype else value
+        if value.dtype != dtype:
+            return value
+        SWITCHED["autocast_outputs"] += 1
+        return value.float()
     if isinstance(value, tuple):
         items = [_to_fp32(v, dtype) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
@@ -191,6 +200,7 @@ def install_non_blocking_copies(recorder: Patcher) -> None:
     def non_blocking(self: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if getattr(self, "_trainadvisor_batch", False) and "non_blocking" not in kwargs and len(args) < 2:
             kwargs["non_blocking"] = True
+            SWITCHED["non_blocking_copies"] += 1
         return kwargs
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

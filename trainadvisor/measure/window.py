@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainadvisor.measure import gpu
+from trainadvisor.measure import gpu, switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.settle import Blocks, Settling
 from trainadvisor.records import StepRecord, WindowShape
@@ -53,8 +53,11 @@ class WindowPlan:
 
     @property
     def warmup_cap(self) -> int | None:
-        """The most warm-up steps: the rest of `max_steps` goes to the timed ones."""
-        return None if self.max_steps is None else max(self.warmup, self.max_steps - self.steps)
+        """The most warm-up steps where the script has only `max_steps` to spare: a third of
+        them (at least `warmup`, at most what leaves `steps` timed); the rest are timed."""
+        if self.max_steps is None:
+            return None
+        return max(self.warmup, min(self.max_steps - self.steps, self.max_steps // 3))
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Window:
         self.blocks = Blocks(plan.settle) if plan.settle is not None else None
         self.shape = WindowShape(0, 0.0, "count", min_time_s=plan.min_time_s)
         self.shape_timed_steps = 0
+        self.switched_at_open: dict[str, int] | None = None  # the switches' counts when timing began
         self._reset_step()
         if plan.warmup == 0 and plan.settle is None:
             self._open(self.last_mark, "count")
@@ -230,12 +234,46 @@ class Window:
         )
         if timed:
             self.gpu.mark()
-            if self._timed_done(now, len(self.records), self.steps_done):
+            if not self._timed_done(now, len(self.records), self.steps_done):
+                return
+            if self._changing(now):
+                self._slide()
+            else:
                 self._end_timed(now)
         elif len(self.records) == self.shape_timed_steps + self.plan.traced_steps:
             self._close()
         elif self.profiler is not None:
             self.profiler.step()
+
+    def _changing(self, now: float) -> bool:
+        """Whether the timed steps' first half and second half differ in time per step beyond
+        the settling tolerance: the warm-up settled on a plateau the loop has since left (a
+        slow phase that lasted three blocks). Not tested where the warm-up was a count, where
+        the script has no steps to spare, or past the warm-up's time cap."""
+        settle = self.plan.settle
+        if settle is None or self.plan.max_steps is not None or now - self.opened_at >= settle.max_s:
+            return False
+        half = len(self.records) // 2
+        if half < settle.block_steps:
+            return False
+        first = sum(r.step_ms for r in self.records[:half]) / half
+        second = sum(r.step_ms for r in self.records[half:]) / (len(self.records) - half)
+        return max(first, second) > (1.0 + settle.tolerance) * min(first, second)
+
+    def _slide(self) -> None:
+        """The timed steps' first half becomes warm-up: timing goes on from the second half."""
+        half = len(self.records) // 2
+        shift_ms = self.records[half].start_ms
+        self.records = self.records[half:]
+        del self.gpu.events[:half]  # the event that ended the last dropped step starts the rest
+        for record in self.records:
+            record.start_ms -= shift_ms
+        self.t0 += shift_ms / 1e3
+        if self.start_unix_s is not None:
+            self.start_unix_s += shift_ms / 1e3
+        self.shape.warmup_steps += half
+        self.shape.warmup_s += shift_ms / 1e3
+        self.shape.slid_steps += half
 
     def _end_timed(self, now: float) -> None:
         self.shape.timed_s = now - self.t0
@@ -256,6 +294,7 @@ class Window:
         )
         if self.on_open is not None:
             self.facts.runtime = self.on_open(self)
+        self.switched_at_open = dict(switches.SWITCHED)
         self.phase = "timed"
         self.start_unix_s = self.clock.unix_s()
         self.gpu.start(self.device if self.device is not None else gpu.training_device(None))
@@ -298,6 +337,11 @@ class Window:
         runtime = self.facts.runtime
         runtime.update(gpu.optimizer_facts(self.facts.optimizer))
         runtime["optimizers"] = len(self.facts.optimizer_ids)
+        opened = self.switched_at_open
+        if opened is not None:  # what the fixes' switches did in the window
+            runtime["switched"] = {
+                key: count - opened.get(key, 0) for key, count in switches.SWITCHED.items()
+            }
         if runtime.get("cuda_used"):
             runtime["cuda_memory"] = self.gpu.memory()
         return [*([None] * self.first_index), *values]
