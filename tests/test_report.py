@@ -27,9 +27,12 @@ def test_renderings_match_the_golden_files() -> None:
 
 
 def test_terminal_summary_fits_in_80_columns() -> None:
+    """One finding and one fix fit a 24-line terminal: how the run was measured (warm-up, the
+    bracket) is left to the report files; the caveats stay."""
     summary = (ROOT / "tests" / "golden" / "summary.txt").read_text().splitlines()[1:]
-    assert 5 <= len(summary) <= 15
+    assert 5 <= len(summary) <= 20
     assert max(len(line) for line in summary) <= 80
+    assert not any("Warm-up:" in line for line in summary)
 
 
 def test_report_json_round_trips() -> None:

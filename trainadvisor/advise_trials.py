@@ -287,7 +287,11 @@ class AdviseTrials:
         )
         kept_notes = [n for n in self.report.notes if not n.startswith("Measured in-process by @advise")]
         return replace(
-            self.report, fix_outcomes=outcomes, trial_windows=self.windows, notes=[*kept_notes, note]
+            self.report,
+            fix_outcomes=outcomes,
+            trial_windows=self.windows,
+            notes=kept_notes,
+            details=[*self.report.details, note],
         )
 
     def _references(self) -> list[Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import psutil
 from trainadvisor import engine, fixes
 from trainadvisor.analysis.disturbance import disturbance_notes
 from trainadvisor.analysis.length import run_length
-from trainadvisor.analysis.shapes import window_notes
+from trainadvisor.analysis.shapes import baseline_note, window_notes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.frameworks.change import fix_change
@@ -135,6 +135,7 @@ class _Diagnosed:
     diagnosis: engine.Diagnosis
     plan: list[PlannedFix]
     notes: list[str]
+    details: list[str] = field(default_factory=list)  # how it was measured (report files only)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _measure_fixes(
         to_judge += [p for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried]  # fresh runs
         if diagnosed.diagnosis.values.get("cuda_used") and to_judge:
             noise_rel = loss_noise(options, diagnosed.baseline, job.echo)
-            tuning.notes.append(noise_note(noise_rel))
+            tuning.details.append(noise_note(noise_rel))
         tuning.restarted(noise_rel, why_restart or "")
         report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted)
     finally:
@@ -344,7 +345,7 @@ def _with_sites(
         "the Python tracer slows the host."
     )
     diagnosis = engine.diagnose(named_measurements(baseline), rules)
-    return _Diagnosed(baseline, diagnosis, diagnosed.plan, [*diagnosed.notes, note])
+    return _Diagnosed(baseline, diagnosis, diagnosed.plan, diagnosed.notes, [*diagnosed.details, note])
 
 
 def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
@@ -382,10 +383,12 @@ def _report(
     noise_rel: float | None = None,
     tuning: Tuning | None = None,
 ) -> Report:
-    notes = [*(extra_notes or []), *(tuning.notes if tuning else []), _modes_note(outcomes)]
+    notes = [*(extra_notes or []), *(tuning.notes if tuning else [])]
     notes += window_notes(diagnosed.baseline, outcomes, after)
     notes += disturbance_notes(diagnosed.baseline, outcomes, after)
     notes.append(masked_note(mask_arguments(options.args)[1]))
+    details = [baseline_note(diagnosed.baseline.raw), *(tuning.details if tuning else [])]
+    details.append(_modes_note(outcomes))
     return Report(
         schema_version=SCHEMA_VERSION,
         command=reproduce_command(options),
@@ -403,6 +406,7 @@ def _report(
         elapsed_s=time.monotonic() - started,
         loss_noise_rel=noise_rel,
         trial_windows=list(tuning.windows) if tuning else [],
+        details=[*diagnosed.details, *(d for d in details if d)],
     )
 
 
@@ -485,7 +489,8 @@ def _length_note(tuning: Tuning, comparison: Comparison | None) -> list[str | No
     if comparison is None or not comparison.cut:
         return []
     length = tuning.length
-    known = f" ({length.source})" if length is not None and length.total_steps is not None else ""
+    told = length is not None and length.total_steps is not None and "ended after" not in length.source
+    known = f" ({length.source})" if told and length is not None else ""
     return [
         f"The confirmation run was measured on what fitted: {comparison.cut}{known}; give the "
         "script more steps (more data or epochs) for a longer confirmation."

@@ -454,6 +454,9 @@ class Report:
     loss_noise_rel: float | None = None
     # profile: every measuring window of the run kept alive for trials, in order
     trial_windows: list[TrialWindow] = field(default_factory=list)
+    # how the run was measured (the warm-up, the bracket around trial windows, where trials ran):
+    # shown in report.md and report.html; `notes` are the caveats, shown in the terminal too
+    details: list[str] = field(default_factory=list)
 
 
 def timed_steps(raw: RawRun) -> list[StepRecord]:

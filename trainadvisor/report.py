@@ -103,13 +103,16 @@ def fix_line(outcome: FixOutcome) -> str:
     return text
 
 
-def after_line(report: Report) -> str | None:
-    """What the after run contained, in words (None without an after run)."""
+def after_line(report: Report, settings: bool = True) -> str | None:
+    """What the after run contained, in words, with each fix's settings unless `settings` is
+    False (the terminal, whose fix lines give them); None without an after run."""
     if report.after is None:
         return None
     contains = report.comparison.contains if report.comparison else []
-    if not contains:
-        contains = [o.fix for o in report.fix_outcomes if o.status in ("kept", "unconfirmed")]
+    if not contains or not settings:
+        contains = [c.split(":", 1)[0] for c in contains] or [
+            o.fix for o in report.fix_outcomes if o.status in ("kept", "unconfirmed")
+        ]
     changed = "; ".join(contains) or "nothing"
     if not report.after.steps:
         return f"the after run ({changed}) timed no step"
@@ -415,7 +418,7 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
     if report.after is not None:
         if report.after.steps:
             lines.append(_run_line("after", report.after, samples))
-        lines += _wrap(f"         {after_line(report)}")
+        lines += _wrap(f"         {after_line(report, settings=False)}")
     if base is not None and base.ranks:
         times = [r.step_time_ms_mean for r in base.ranks if r.step_time_ms_mean is not None]
         spread = f", step time {min(times):.1f}-{max(times):.1f} ms" if times else ""

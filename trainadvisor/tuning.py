@@ -69,7 +69,8 @@ class Tuning:
     started: float  # time.monotonic() when profile began
     outcomes: list[FixOutcome]
     windows: list[TrialWindow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # caveats
+    details: list[str] = field(default_factory=list)  # how the trials were measured
     tried: set[str] = field(default_factory=set)
     live_ended: str = ""  # why the baseline's process could measure no more windows
     on_progress: Callable[[], None] = lambda: None
@@ -224,7 +225,7 @@ class Tuning:
             later = getattr(again.run, key)
             if later is not None and (reference.get(key) or 0.0) < later:
                 reference[key] = later
-        self.notes.append(
+        self.details.append(
             f"Trial windows ran in the baseline's own process, bracketed by the baseline's setting "
             f"({first:.1f} steps/s first, {again.run.steps_per_s:.1f} after the trials: "
             f"{100 * drift:+.0f}% drift); a trial, and the confirmation run, counted only when "

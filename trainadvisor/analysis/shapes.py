@@ -76,11 +76,11 @@ def unsettled_note(windows: dict[str, RawRun | None]) -> str | None:
 
 
 def window_notes(baseline: Run, outcomes: list[FixOutcome], after: Run | None) -> list[str]:
-    """The notes on the windows of a `profile` run: the baseline's, each trial's, the
-    confirmation run's."""
+    """The caveat on the windows of a `profile` run (the baseline's, each trial's, the
+    confirmation run's) that measured a loop still changing speed."""
     windows: dict[str, RawRun | None] = {"the baseline window": baseline.raw}
     for outcome in outcomes:
         windows.update({f"{outcome.fix}'s trial {trial.label}": trial.raw for trial in outcome.trials})
     windows["the confirmation run's window"] = after.raw if after else None
-    notes = [baseline_note(baseline.raw), unsettled_note(windows)]
-    return [note for note in notes if note]
+    note = unsettled_note(windows)
+    return [note] if note else []
