@@ -476,7 +476,7 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     assert report["loss_noise_rel"] == 0.0
     noise = "Two identical runs of the baseline's seeded steps differed in loss by up to 0%"
     assert any(note.startswith(noise)
-               for note in report["notes"])  # fmt: skip
+               for note in report["details"])  # fmt: skip
     [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
     assert workers["status"] == "kept", workers
     assert all(t["overrides"]["non_blocking_h2d"] for t in workers["trials"])

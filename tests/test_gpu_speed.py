@@ -68,7 +68,7 @@ def test_a_loop_that_starts_slow_is_timed_on_its_settled_steps(tmp_path: Path) -
     assert shape["warmup_end"] == "settled" and shape["warmup_s"] >= 1.5
     assert baseline["step_time_ms"]["p90"] < 5.0  # no 20 ms step among the timed ones
     assert shape["timed_s"] >= 1.0 and baseline["steps"] >= 100  # the time floor, not 10 steps
-    assert any(n.startswith("Warm-up: the baseline's step time") for n in report["notes"])
+    assert any(n.startswith("Warm-up: the baseline's step time") for n in report["details"])
 
 
 def test_a_loop_that_never_settles_is_measured_at_the_cap_and_the_report_says_so(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
     indices = [t["raw"]["steps"][0]["index"] for t in outcome["trials"]]
     assert indices == sorted(indices) and indices[0] > report["baseline"]["raw"]["steps"][-1]["index"]
     assert any(
-        "Trial windows ran in the baseline's own process, bracketed" in note for note in report["notes"]
+        "Trial windows ran in the baseline's own process, bracketed" in note for note in report["details"]
     )
     # the search says why it stopped
     assert outcome["search"].startswith("stopped")
@@ -84,7 +84,7 @@ def test_a_loader_built_every_epoch_restarts_the_script_per_trial(tmp_path: Path
     assert outcome["mode"] == "restart"
     assert "is built anew every epoch" in outcome["mode_reason"]
     assert report["trial_windows"] == []  # no fix ran in windows
-    assert f"dataloader-workers ({outcome['mode_reason']})" in " ".join(report["notes"])
+    assert f"dataloader-workers ({outcome['mode_reason']})" in " ".join(report["details"])
 
 
 def test_an_iterable_dataset_restarts_the_script_per_trial(tmp_path: Path) -> None:

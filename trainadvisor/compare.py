@@ -9,6 +9,7 @@ from typing import Any
 
 from trainadvisor._serial import to_plain
 from trainadvisor.analysis.summary import named_measurements, percentile
+from trainadvisor.judge import usable
 from trainadvisor.records import Report, Run
 
 
@@ -112,8 +113,9 @@ def compare_reports(
             100.0 * ((percentile(hw, 90) or 0.0) / (percentile(bw, 10) or 1.0) - 1),
         )
     regressed = False
-    if head_run.raw.status != "window_complete":
-        # A head that no longer runs its window is the worst regression of all.
+    if not usable(head_run.raw):
+        # A head that no longer runs its window is the worst regression of all (one the script's
+        # own end cut short after enough timed steps still counts, as it did in its report).
         regressed = True
         verdict = (
             f"the head's run did not complete ({head_run.raw.status.replace('_', ' ')}: {head_run.raw.error})"

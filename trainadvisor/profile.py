@@ -17,37 +17,33 @@ from trainadvisor.analysis.disturbance import disturbance_notes
 from trainadvisor.analysis.length import run_length
 from trainadvisor.analysis.shapes import baseline_note, window_notes
 from trainadvisor.analysis.summary import attach_trace, named_measurements
+from trainadvisor.confirm import confirm
 from trainadvisor.errors import NoStepsError, UsageError
-from trainadvisor.frameworks.change import fix_change
-from trainadvisor.judge import MIN_TIMED_STEPS, compare, usable, verdict
-from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
+from trainadvisor.judge import MIN_TIMED_STEPS, usable
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
 from trainadvisor.records import (
     SCHEMA_VERSION,
     Comparison,
     FixOutcome,
-    FixStatus,
     Overrides,
     PlannedFix,
     RawRun,
     Report,
     Run,
-    merge_overrides,
 )
 from trainadvisor.redact import mask_arguments, masked_note
 from trainadvisor.report import hold_out_dir
 from trainadvisor.runs import (
     ProfileOptions,
-    confirmation_spec,
     fresh_spec,
-    measure_fitted,
     measure_run,
     reproduce_command,
     run_of,
     spec_for,
 )
-from trainadvisor.trials import Echo, loss_noise, noise_note, tolerance
+from trainadvisor.trials import Echo, loss_noise, noise_note
 from trainadvisor.tuning import Tuning
 
 # Findings whose evidence names lines of the user's code, found in a run traced with stacks.
@@ -115,7 +111,7 @@ def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str,
     echo(f"trainadvisor: tracing {SITE_STEPS} steps with Python stacks to find the lines behind them")
     spec = spec_for(
         options, "sites", steps=SITE_STEPS, with_stack=True, show_output=False,
-        timeout_s=max(60.0, 5 * baseline.raw.wall_s),
+        timeout_s=max(60.0, 5 * baseline.raw.wall_s), size=WindowSize(),  # steps to trace, not timings
     )  # fmt: skip
     raw = measure(spec)
     if not raw.trace_file:
@@ -439,84 +435,8 @@ def _confirm(
     echo: Echo,
     prestarted: Prestarted | None = None,
 ) -> Report:
-    """The fixes chosen by their trials, measured together in one fresh run (fitted into the
-    steps the script has): kept only if that run is faster and trains the same. Where no
-    confirmation could be measured, each keeps its status `unconfirmed` with the gain its own
-    trial measured. Each kept or recommended fix gets its code change."""
-    outcomes = tuning.outcomes
-    chosen = [o for o in outcomes if o.status == "unconfirmed"]
-    after, comparison = None, None
-    verdicts: dict[str, tuple[FixStatus, str]] = {}
-    if chosen:
-        echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
-        merged = merge_overrides([o.settings for o in chosen])
-        first = measure_run
-        if prestarted is not None and prestarted.waiting():  # its set-up ran while the trials did
-            waiting = prestarted
-            first = lambda spec: run_of(waiting.run(spec, PROFILE_STEPS), spec)  # noqa: E731
-        spec_of = lambda known: confirmation_spec(options, merged, known)  # noqa: E731
-        after = measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first)
-        if usable(after.raw):
-            kept_fixes = [fixes.REGISTRY[o.fix] for o in chosen]
-            comparison = compare(
-                diagnosed.baseline,
-                after,
-                max(tolerance(fix, noise_rel) for fix in kept_fixes),
-                per_sample=any(fix.metric == "samples_per_s" for fix in kept_fixes),
-                references=[r for r in (diagnosed.baseline, tuning.again) if r is not None],
-            )
-            comparison.contains = [f"{o.fix}: {o.chosen}" if o.chosen else o.fix for o in chosen]
-            status, reason = verdict(comparison)
-            verdicts = {o.fix: (status, _together(reason, chosen)) for o in chosen}
-        else:
-            why = after.raw.error or _short_run(after.raw)
-            verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
-    final = [_final(options, o, verdicts, diagnosed.baseline.raw) for o in outcomes]
-    notes = [*_length_note(tuning, comparison)]
-    return _report(options, diagnosed, started, final, after, comparison, notes, noise_rel, tuning)
-
-
-def _together(reason: str, chosen: list[FixOutcome]) -> str:
-    """A verdict's reason, saying it is the combination's where several fixes were confirmed
-    together (each fix's own gain is its trial's)."""
-    if len(chosen) < 2:
-        return reason
-    return f"{reason} in the confirmation run of {', '.join(o.fix for o in chosen)} together"
-
-
-def _length_note(tuning: Tuning, comparison: Comparison | None) -> list[str | None]:
-    """What the script's length did to the windows: a confirmation measured on what fitted."""
-    if comparison is None or not comparison.cut:
-        return []
-    length = tuning.length
-    told = length is not None and length.total_steps is not None and "ended after" not in length.source
-    known = f" ({length.source})" if told and length is not None else ""
-    return [
-        f"The confirmation run was measured on what fitted: {comparison.cut}{known}; give the "
-        "script more steps (more data or epochs) for a longer confirmation."
-    ]
-
-
-def _short_run(raw: RawRun) -> str:
-    timed = sum(1 for s in raw.steps if not s.profiled)
-    return (
-        f"the script ended after {raw.steps_seen} steps, before the confirmation run had timed enough "
-        f"steps ({timed} of at least {MIN_TIMED_STEPS}): give the script more steps to train (more "
-        "data or epochs) to confirm it"
-        if raw.status == "script_ended" and raw.steps_seen
-        else "the confirmation run did not complete"
+    """The confirmation stage (`confirm`), and the report of the whole run."""
+    done = confirm(options, diagnosed.baseline, tuning, noise_rel, echo, prestarted)
+    return _report(
+        options, diagnosed, started, done.outcomes, done.after, done.comparison, done.notes, noise_rel, tuning
     )
-
-
-def _final(
-    options: ProfileOptions, outcome: FixOutcome, verdicts: dict[str, tuple[FixStatus, str]], raw: RawRun
-) -> FixOutcome:
-    """The outcome as the report keeps it: the confirmation's verdict for a chosen fix, and the
-    change to the user's script for what is kept or recommended."""
-    if outcome.fix in verdicts:
-        status, reason = verdicts[outcome.fix]
-        outcome = replace(outcome, status=status, reason=reason)
-    if outcome.status in ("kept", "recommended"):
-        change = fix_change(options.script, outcome.fix, outcome.settings, raw)
-        outcome = replace(outcome, diff=change.diff, setting_change=change.setting)
-    return outcome
