@@ -19,15 +19,30 @@ DATA = ROOT / "tests" / "data"
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
 
-def shared_trace(relative: str) -> Path:
-    """A trace under ../shared/traces; the test is skipped, saying why, where it is absent."""
-    path = SHARED_TRACES / relative
+# The first runs of trainadvisor on an H100: reports, traces and raw GPU artifacts.
+GPU_RUNS = ROOT.parent / "shared" / "gpu-runs" / "h100-2026-11-24"
+
+
+def _shared(path: Path, what: str) -> Path:
     if not path.exists():
         pytest.skip(
-            f"{path} is not on this machine: the real GPU traces recorded by others are read from "
-            "../shared/traces beside the checkout (present on development machines and in CI)"
+            f"{path} is not on this machine: {what} beside the checkout (present on development "
+            "machines and in CI)"
         )
     return path
+
+
+def shared_trace(relative: str) -> Path:
+    """A trace under ../shared/traces; the test is skipped, saying why, where it is absent."""
+    return _shared(
+        SHARED_TRACES / relative, "the real GPU traces recorded by others are read from ../shared/traces"
+    )
+
+
+def gpu_run(relative: str) -> Path:
+    """A file or folder of the first H100 runs (../shared/gpu-runs); skipped where absent."""
+    what = "the H100 runs' reports and traces are read from ../shared/gpu-runs"
+    return _shared(GPU_RUNS / relative, what)
 
 
 def run_cli(*args: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:

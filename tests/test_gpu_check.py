@@ -11,19 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-from conftest import ROOT
+from conftest import ROOT, gpu_run
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
 
-H100 = ROOT.parent / "shared" / "gpu-runs" / "h100-2026-11-24"
-
 
 def _h100(name: str) -> tuple[dict[str, Any], Path]:
-    folder = H100 / name
-    if not (folder / "report.json").is_file():
-        pytest.skip(f"{folder} is not on this machine: the first H100 runs are read from ../shared/gpu-runs")
+    folder = gpu_run(name)
     return json.loads((folder / "report.json").read_text()), folder
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DATA, ROOT, shared_trace
+from conftest import DATA, ROOT, gpu_run, shared_trace
 from torch.utils.data import DataLoader
 
 from trainadvisor import engine
@@ -29,19 +29,8 @@ from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.records import Overrides
 from trainadvisor.resources import rules_dir
 
-GPU_RUNS = ROOT.parent / "shared" / "gpu-runs" / "h100-2026-11-24"
 FAKES = ROOT / "tests" / "fakes"
 H100_TOTAL_BYTES = 85017493504  # totalGlobalMem of the H100 80GB HBM3 in the H100 run's traces
-
-
-def _gpu_run(relative: str) -> Path:
-    path = GPU_RUNS / relative
-    if not path.exists():
-        pytest.skip(
-            f"{path} is not on this machine: the H100 run's traces are read from ../shared/gpu-runs "
-            "beside the checkout (present on development machines and in CI)"
-        )
-    return path
 
 
 # ---- 1. the rank's GPU is the one its device work ran on ----
@@ -112,7 +101,7 @@ def test_real_traces_name_the_gpu_their_rank_used() -> None:
 def test_only_items_that_waited_count_in_the_h100_fp32_trace() -> None:
     """185 .item() calls in 10 steps (18.5 per step were reported), 182 of them on host tensors
     (Adam's step count): 3 copied a value from the GPU and synced its stream."""
-    analysis = analyze_trace(_gpu_run("fp32/traces/baseline/trainadvisor.pt.trace.json.gz"))
+    analysis = analyze_trace(gpu_run("fp32/traces/baseline/trainadvisor.pt.trace.json.gz"))
     assert analysis.syncs == {
         "host_item": 182,
         "item": 3,

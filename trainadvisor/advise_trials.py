@@ -85,17 +85,19 @@ class AdviseTrials:
         self.planned: PlannedFix | None = None
         self.trials: list[Trial] = []
         self.outcomes: dict[str, FixOutcome] = {}
+        baseline = report.baseline
+        assert baseline is not None  # trials follow a measured window
         self.windows = [
             TrialWindow(
                 "baseline",
                 "",
                 AS_SCRIPT,
                 "measured",
-                report.baseline.steps_per_s,
-                report.baseline.samples_per_s,
+                baseline.steps_per_s,
+                baseline.samples_per_s,
                 0.0,
-                report.baseline.steps,
-            )
+                baseline.steps,
+            )  # fmt: skip
         ]
         self.setting: fixes.Setting | None = None
         self.patches = _Patches()

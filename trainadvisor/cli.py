@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -224,7 +224,7 @@ def _profile(options: Any) -> int:
     kept and says so."""
     from trainadvisor.profile import profile
 
-    out_dir, saved = options.out_dir, []
+    out_dir, saved = options.out_dir, cast(list[Report], [])
 
     def save(report: Report) -> None:
         write_report(report, out_dir, templates_dir())

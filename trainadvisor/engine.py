@@ -12,10 +12,10 @@ import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trainadvisor.errors import RuleError
-from trainadvisor.records import Evidence, Finding
+from trainadvisor.records import Evidence, Finding, Severity
 from trainadvisor.resources import rules_dir
 
 if sys.version_info >= (3, 11):
@@ -266,7 +266,7 @@ def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
     return Finding(
         rule=rule.id,
         title=rule.title,
-        severity=level.severity,
+        severity=cast(Severity, level.severity),
         message=message,
         evidence=[Evidence(e.measurement, e.label, values.get(e.measurement), e.unit) for e in rule.evidence],
         fixes=list(rule.fixes),

@@ -85,7 +85,7 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
     )
 
     def init(self: Any, *options: Any) -> None:
-        base.__init__(self)
+        base.__init__(self)  # type: ignore[misc]  # the framework's Callback, built with no arguments
         _set_up(self, LightningAdvisor, options)
 
     def on_fit_start(self: Any, trainer: Any, pl_module: Any) -> None:

@@ -214,8 +214,10 @@ def _measure_fixes(
             live.close()
         diagnosed = _with_sites(options, job.rules, diagnosed, job.echo)
         noise_rel = None
-        to_judge = [o for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
-        to_judge += [p for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried]  # fresh runs
+        to_judge = [o.fix for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
+        to_judge += [
+            p.fix for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried
+        ]  # fresh runs
         if diagnosed.diagnosis.values.get("cuda_used") and to_judge:
             noise_rel = loss_noise(options, diagnosed.baseline, job.echo)
             tuning.details.append(noise_note(noise_rel))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from trainadvisor import fixes
 from trainadvisor.analysis.summary import summarize
@@ -18,7 +18,17 @@ from trainadvisor.judge import Ratio, cut_short, judge_trial, loss_check, ratio,
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import measure
-from trainadvisor.records import FixOutcome, Overrides, PlannedFix, RawRun, Run, RunLength, Trial, TrialStatus
+from trainadvisor.records import (
+    FixOutcome,
+    FixStatus,
+    Overrides,
+    PlannedFix,
+    RawRun,
+    Run,
+    RunLength,
+    Trial,
+    TrialStatus,
+)
 from trainadvisor.runs import (
     ProfileOptions,
     fit,
@@ -172,6 +182,7 @@ def tune(
 
 def _shown(fix: fixes.Fix, trial: Trial) -> str:
     value = fixes.trial_value(trial, fix.metric)
+    shown: str
     if trial.status != "measured" or not value:
         shown = trial.status
     elif fix.metric == "peak_reserved_bytes":
@@ -207,7 +218,7 @@ def decide(
         outcome = FixOutcome(
             planned.fix,
             planned.rule,
-            blocked.status,
+            cast(FixStatus, blocked.status),  # a trial's refused | failed | changed_training
             f"{blocked.label}: {blocked.reason}",
             Overrides(),
             trials,
@@ -227,6 +238,7 @@ def _chosen(
     gain: Ratio | None,
 ) -> FixOutcome:
     described = fix.describe(chosen, values)
+    status: FixStatus
     if fix.goal == "memory":
         status, reason = "recommended", "measured in its own run; " + described
     elif fix.goal == "opportunity":

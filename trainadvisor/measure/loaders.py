@@ -228,8 +228,8 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
             if again is None:
                 recorder.window.add_data_wait(clock() - t0)
                 raise
-            self._trainadvisor_delegate = again()
-            batch = original_next(self._trainadvisor_delegate)
+            delegate = self._trainadvisor_delegate = again()  # type: ignore[attr-defined]
+            batch = original_next(delegate)
         index = getattr(self, "_trainadvisor_loader", None)
         recorder.data_wait(clock() - t0, batch, index)
         if index is not None:

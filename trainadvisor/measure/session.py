@@ -206,10 +206,10 @@ def _stand_in(recorder: Recorder, info: LoaderInfo, wanted: dict[str, Any]) -> s
             _shut_down(getattr(previous_shadow, "_iterator", None))
     if serving is not None:
         previous = getattr(serving, "_trainadvisor_delegate", None) or serving
-        serving._trainadvisor_delegate = iter(shadow)  # this epoch goes on from the stand-in
+        serving._trainadvisor_delegate = iter(shadow)  # type: ignore[attr-defined]  # the epoch goes on there
         # and does not end inside the trials: the stand-in's passes follow one another (an
         # epoch's end, with its validation or checkpoint, would fall into a window)
-        serving._trainadvisor_again = lambda: iter(shadow)
+        serving._trainadvisor_again = lambda: iter(shadow)  # type: ignore[attr-defined]
         _shut_down(previous)
     return None
 

@@ -157,7 +157,7 @@ def _to_fp32(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, Mapping):
         converted = {k: _to_fp32(v, dtype) for k, v in value.items()}
         try:
-            return type(value)(converted)  # dict, OrderedDict, transformers' ModelOutput
+            return type(value)(converted)  # type: ignore[call-arg]  # dict, OrderedDict, ModelOutput
         except Exception:  # a mapping that cannot be built from a dict: change it in place
             for key, item in converted.items():
                 value[key] = item  # type: ignore[index]
