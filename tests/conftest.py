@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = ROOT / "tests" / "scripts"
 DATA = ROOT / "tests" / "data"
+# Timed windows of half a second instead of the default second: for the tests that check what a
+# run records and decides, on gains that dwarf the noise (tests/test_gpu_speed.py times windows).
+SHORT = ("--min-time", "0.5s")
+
 # Traces recorded by others live beside the checkout, not in it (see ../shared/README.md).
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
@@ -59,15 +63,18 @@ def load_report(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "report.json").read_text())
 
 
-def processes_running(fragment: str) -> list[str]:
-    """Command lines of live processes that mention `fragment` (leftover scripts or workers)."""
+def processes_running(fragment: str | Path, within: str | Path) -> list[str]:
+    """Command lines of live processes that mention `fragment` (leftover scripts or workers) and
+    the test's folder `within`: the report folder (or the run's config file in it) is on every
+    command line of a run, so tests running side by side (pytest -n) do not see each other's."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
         except psutil.Error:
             continue
-        if fragment in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+        mine = str(fragment) in cmdline and str(within) in cmdline
+        if mine and proc.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(cmdline)
     return found
 
@@ -85,11 +92,12 @@ def slow_input_report(
         "3",
         "--steps",
         "10",
+        *SHORT,
         "--out",
         out,
         EXAMPLES / "slow_input_mnist.py",
         "--samples",
-        "40000",
+        "100000",  # long enough for every window, traces included (runs stop after their window)
         cwd=work,
     )
     return result, out

@@ -21,7 +21,7 @@ def _profile(tmp_path: Path, *args: str, options: tuple[str, ...] = ("--no-fix",
         "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", *options,
         "--out", out, DDP, *args, cwd=tmp_path,
     )  # fmt: skip
-    assert not processes_running(str(DDP)), "a rank was left running"
+    assert not processes_running(DDP, out), "a rank was left running"
     return result, out
 
 

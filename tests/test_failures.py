@@ -69,4 +69,4 @@ def test_sigterm_while_fixes_are_measured_keeps_the_baseline_report(tmp_path: Pa
     [outcome] = report["fix_outcomes"]
     assert outcome["status"] == "not_run" and report["after"] is None
     assert report["notes"][-1].startswith("The run was interrupted")
-    assert processes_running("slow_input_mnist.py") == []
+    assert processes_running("slow_input_mnist.py", out) == []

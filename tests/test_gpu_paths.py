@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import EXAMPLES, ROOT, SCRIPTS, load_report, run_cli
+from conftest import EXAMPLES, ROOT, SCRIPTS, SHORT, load_report, run_cli
 
 from trainadvisor.analysis.disturbance import gpu_intruders, gpu_note
 from trainadvisor.measure import gpu, hooks, loaders, switches
@@ -466,7 +466,7 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     workers fix's trials pin memory and copy without blocking (the patch that crashed every CUDA
     run), NVML samples the GPU the script named, and the report shows both clocks."""
     result = run_cli(
-        "profile", "--warmup", "3", "--steps", "10", "--out", tmp_path / "r",
+        "profile", "--warmup", "3", "--steps", "10", *SHORT, "--out", tmp_path / "r",
         EXAMPLES / "slow_input_mnist.py", "--samples", "20000", "--latency-ms", "0.5", "--device", "cpu",
         cwd=tmp_path,
     )  # fmt: skip

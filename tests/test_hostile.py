@@ -87,5 +87,5 @@ def test_a_second_run_into_the_same_report_folder_is_refused(tmp_path: Path) -> 
     finally:
         first.terminate()
         first.wait(timeout=60)
-    assert not processes_running(str(out))  # the first run's child went with it
+    assert not processes_running(out, out)  # the first run's child went with it
     assert not (out / ".lock").exists()

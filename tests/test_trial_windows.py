@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, load_report, run_cli
+from conftest import EXAMPLES, SCRIPTS, SHORT, load_report, run_cli
 
 # Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
 # that count where a script's end falls among the windows
@@ -16,7 +16,7 @@ EXACT = ("--max-warmup", "0", "--min-time", "0")
 
 def _profile(tmp_path: Path, *args: str | Path) -> dict[str, Any]:
     out = tmp_path / "r"
-    result = run_cli("profile", "--warmup", "3", "--steps", "10", "--out", out, *args, cwd=tmp_path)
+    result = run_cli("profile", "--warmup", "3", "--steps", "10", *SHORT, "--out", out, *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return load_report(out)
 
@@ -72,10 +72,10 @@ def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Pat
     outcome = _outcome(report, "dataloader-workers")
     windows = report["trial_windows"]
     first, again = windows[0]["steps_per_s"], windows[-1]["steps_per_s"]
-    trial = windows[1]["steps_per_s"]
-    assert trial > 1.05 * first  # what drift alone would have credited
-    assert again > first and outcome["status"] == "no_gain", outcome
-    assert "drift" in outcome["reason"] and report["after"] is None  # no confirmation run needed
+    assert again > 1.2 * first  # the reads got faster by themselves (their latency halves over 10 s)
+    assert outcome["status"] == "no_gain", outcome
+    # the bracket catches it; where a trial's own noise got past it, the confirmation run does
+    assert "drift" in outcome["reason"] or "not a reliable gain" in outcome["reason"], outcome["reason"]
 
 
 def test_a_loader_built_every_epoch_restarts_the_script_per_trial(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_a_short_script_keeps_the_gain_its_trials_measured(tmp_path: Path) -> No
     """The first H100 runs: a 200-step script measured 12.3x and kept nothing, its windows counted
     in steps outrunning it. Here 200 steps of slow input: the confirmation run is fitted into them
     (or measured on what fitted), and the fix is kept."""
-    report = _profile(tmp_path, EXAMPLES / "slow_input_mnist.py", "--samples", "12800")
+    report = _profile(tmp_path, EXAMPLES / "slow_input_mnist.py", "--samples", "12800", "--latency-ms", "0.5")
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["status"] == "kept", outcome["reason"]
     assert report["after"]["raw"]["steps_seen"] <= 200 and report["speedup"] > 3.0
