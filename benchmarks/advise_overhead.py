@@ -12,7 +12,7 @@ import time
 import timeit
 from pathlib import Path
 
-from trainadvisor.advisor import Advisor
+from trainadvisor.advising.advisor import Advisor
 
 CALLS = 200_000
 

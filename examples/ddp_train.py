@@ -53,7 +53,10 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=0)
     args = parser.parse_args()
 
-    cuda = torch.cuda.is_available()
+    # one GPU per local rank, or every rank on the CPU (a 2-rank job on a 1-GPU machine would
+    # ask for cuda:1, which is not there)
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

@@ -121,7 +121,7 @@ def _outcome(report: Report, fix: str) -> dict[str, Any] | None:
 def _headline(report: Report) -> str:
     from trainadvisor._serial import from_plain
     from trainadvisor.records import Report as Saved
-    from trainadvisor.report import headline
+    from trainadvisor.report.render import headline
 
     return headline(from_plain(Saved, report))
 
@@ -148,7 +148,7 @@ def gpu_facts(report: Report, folder: Path) -> list[str]:
 
 
 def _trace_facts(raw: dict[str, Any], folder: Path) -> list[str]:
-    from trainadvisor.analysis.kineto import analyze_trace
+    from trainadvisor.analyze.kineto import analyze_trace
 
     if not raw.get("trace_file") or not (folder / raw["trace_file"]).is_file():
         return ["no baseline trace"]

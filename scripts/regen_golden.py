@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainadvisor.report import load_report, render_markdown, terminal_summary
+from trainadvisor.report.render import load_report, render_markdown, terminal_summary
 from trainadvisor.resources import templates_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from trainadvisor import advise
-from trainadvisor.advisor import Advisor
+from trainadvisor.advising.advisor import Advisor
 from trainadvisor.errors import MissingDependencyError
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__next__
@@ -382,7 +382,7 @@ def test_framework_callbacks_are_one_class_and_pickle_as_fresh_advisors(tmp_path
         LightningAdvisor(out=tmp_path / "a"),
         LightningAdvisor(warmup=2, out=tmp_path / "b", **EXACT),
     )
-    assert type(first) is type(second) and type(first).__module__ == "trainadvisor.integrations"
+    assert type(first) is type(second) and type(first).__module__ == "trainadvisor.advising.integrations"
     copy = pickle.loads(pickle.dumps(second))
     assert type(copy) is type(second) and copy.advisor is not second.advisor
     assert (copy.advisor.warmup, copy.advisor.out) == (2, tmp_path / "b")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA
 
-from trainadvisor.report import load_report, write_report
+from trainadvisor.report.render import load_report, write_report
 from trainadvisor.resources import templates_dir
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

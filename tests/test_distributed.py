@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import EXAMPLES, load_report, processes_running, run_cli
 
-from trainadvisor.judge import KEEP_MIN_SPEEDUP
+from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
 DDP = EXAMPLES / "ddp_train.py"
 

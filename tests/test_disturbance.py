@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, load_report, run_cli
 
-from trainadvisor.analysis.disturbance import (
+from trainadvisor.analyze.disturbance import (
     DISTURBED_MIN_CORES,
     disturbance_note,
     disturbed_cores,

@@ -16,10 +16,10 @@ import pytest
 from conftest import EXAMPLES, ROOT, load_report, run_cli
 
 from trainadvisor import fixes
-from trainadvisor.analysis.summary import attach_trace
+from trainadvisor.analyze.summary import attach_trace
 from trainadvisor.fixes.batch_size import BatchSize
-from trainadvisor.judge import loss_check
 from trainadvisor.measure.runner import RunSpec, measure
+from trainadvisor.profile.judge import loss_check
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, Trial
 
 GPU = {

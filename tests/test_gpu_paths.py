@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import EXAMPLES, ROOT, SCRIPTS, SHORT, load_report, run_cli
 
-from trainadvisor.analysis.disturbance import gpu_intruders, gpu_note
+from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
 from trainadvisor.measure import gpu, hooks, loaders, switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, StepRecord

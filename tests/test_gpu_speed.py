@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from conftest import SCRIPTS, load_report, run_cli
 
-from trainadvisor import attribution, fixes
-from trainadvisor.analysis.length import run_length
-from trainadvisor.analysis.summary import summarize
+from trainadvisor import fixes
+from trainadvisor.analyze.length import run_length
+from trainadvisor.analyze.summary import summarize
 from trainadvisor.measure import sampling
+from trainadvisor.profile import attribution
+from trainadvisor.profile.trials import decide
 from trainadvisor.records import (
     FixOutcome,
     FrameworkCall,
@@ -27,8 +29,7 @@ from trainadvisor.records import (
     StepRecord,
     Trial,
 )
-from trainadvisor.report import headline
-from trainadvisor.trials import decide
+from trainadvisor.report.render import headline
 
 
 def test_a_gpu_run_shorter_than_the_sampling_interval_is_not_reported_as_using_no_gpu() -> None:

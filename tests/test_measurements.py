@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trainadvisor.analysis.summary import named_measurements, percentile, stats, summarize
+from trainadvisor.analyze.summary import named_measurements, percentile, stats, summarize
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
-from trainadvisor.judge import compare, judge_trial, loss_change, loss_check, verdict
+from trainadvisor.profile.judge import compare, judge_trial, loss_change, loss_check, verdict
 from trainadvisor.records import DeviceInfo, Finding, LoaderInfo, Overrides, RawRun, StepRecord, Trial
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import EXAMPLES, SCRIPTS, SHORT, load_report, processes_running, run_cli
 
-from trainadvisor.judge import KEEP_MIN_SPEEDUP
+from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
 RUN_KEYS = {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"}
 # Windows of exactly --warmup and --steps steps: no steadiness test, no time floor (for tests of

@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import DATA, ROOT
 
 from trainadvisor import engine
-from trainadvisor.report import load_report, render_html, report_json, write_report
+from trainadvisor.report.render import load_report, render_html, report_json, write_report
 from trainadvisor.resources import rules_dir, templates_dir
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -112,7 +112,7 @@ def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
 
 def test_the_loss_sentence_states_the_tolerance_it_was_held_to() -> None:
     from trainadvisor.records import LossCheck
-    from trainadvisor.report import loss_sentence
+    from trainadvisor.report.render import loss_sentence
 
     amp = LossCheck(25, 0.031, 0.0129, 0.05, True, same_batches=True)
     assert loss_sentence(amp) == (

@@ -20,9 +20,9 @@ from conftest import DATA, ROOT, gpu_run, shared_trace
 from torch.utils.data import DataLoader
 
 from trainadvisor import engine
-from trainadvisor.analysis.kineto import analyze_trace
-from trainadvisor.analysis.measures import runtime_measurements, trace_measurements
-from trainadvisor.analysis.reading import read_table
+from trainadvisor.analyze.kineto import analyze_trace
+from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
+from trainadvisor.analyze.reading import read_table
 from trainadvisor.fixes.amp import Amp
 from trainadvisor.measure import gpu, hooks, loaders, switches
 from trainadvisor.measure.runner import RunSpec, measure

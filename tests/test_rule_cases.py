@@ -15,8 +15,8 @@ import tomllib
 from conftest import DATA, ROOT, shared_trace
 
 from trainadvisor import engine
-from trainadvisor.analysis.kineto import analyze_trace
-from trainadvisor.analyze import measurements, to_run
+from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.resources import rules_dir
 
 CASES = ROOT / "tests" / "rule_cases"

@@ -15,13 +15,13 @@ from conftest import shared_trace
 
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
-from trainadvisor.analysis import reading
-from trainadvisor.analysis.columns import FLOAT32, REDUCED
-from trainadvisor.analysis.device import combined
-from trainadvisor.analysis.kineto import analyze_trace
-from trainadvisor.analysis.rank_table import RankRow, _straggler, rank_values
-from trainadvisor.analysis.stream import split_points
-from trainadvisor.analyze import measurements, to_run
+from trainadvisor.analyze import reading
+from trainadvisor.analyze.columns import FLOAT32, REDUCED
+from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.device import combined
+from trainadvisor.analyze.kineto import analyze_trace
+from trainadvisor.analyze.rank_table import RankRow, _straggler, rank_values
+from trainadvisor.analyze.stream import split_points
 from trainadvisor.resources import rules_dir
 
 NVJET = "nvjet_sm103_tst_384x16_64x4_4x1_v_bz_TNT"  # B300 decode trace
@@ -103,7 +103,7 @@ def test_our_bf16_trace_records_the_dtypes_kernels_would_be_linked_to() -> None:
     c10::BFloat16 inputs; no kernels on a CPU, so nothing is linked."""
     from conftest import DATA
 
-    from trainadvisor.analysis.reading import read_table
+    from trainadvisor.analyze.reading import read_table
 
     table, _ = read_table(DATA / "traces" / "record_shapes_bf16.json.gz")
     assert sorted(set(table.op_precision.values())) == [REDUCED, FLOAT32]
@@ -217,7 +217,7 @@ def test_without_collectives_the_longest_steps_name_the_straggler() -> None:
 def test_ranks_without_distributed_info_are_named_by_their_files(tmp_path: Path) -> None:
     """Older Kineto wrote no distributedInfo: rank0.json and rank1.json are still two ranks, and
     rank 1, with the shorter all-reduce (the others wait there for it), is the straggler."""
-    from trainadvisor.analyze import analyze
+    from trainadvisor.analyze.command import analyze
 
     nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
     for rank, allreduce_us in ((0, 400.0), (1, 100.0)):

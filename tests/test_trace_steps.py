@@ -12,8 +12,8 @@ import pytest
 from conftest import DATA, run_cli, shared_trace
 
 from trainadvisor import engine
-from trainadvisor.analysis.kineto import analyze_trace
-from trainadvisor.analyze import measurements, to_run
+from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.resources import rules_dir
 
 OWN = DATA / "traces"

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainadvisor.advisor import Advisor
+from trainadvisor.advising.advisor import Advisor
 from trainadvisor.measure import hooks
 from trainadvisor.measure.config import ChildConfig
 from trainadvisor.measure.settle import Settling

@@ -19,7 +19,7 @@ def __getattr__(name: str) -> object:
     # `advise` imports torch: loaded on first use, so `import trainadvisor` stays light (the
     # command-line parent process never imports torch).
     if name == "advise":
-        from trainadvisor.advisor import advise
+        from trainadvisor.advising.advisor import advise
 
         return advise
     raise AttributeError(f"module 'trainadvisor' has no attribute {name!r}")

@@ -25,7 +25,7 @@ from trainadvisor.cli_options import (
 )
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
 from trainadvisor.records import Report
-from trainadvisor.report import terminal_summary, write_report
+from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
 
@@ -195,7 +195,7 @@ def profile_command(
     Example:
       trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
     """
-    from trainadvisor.runs import ProfileOptions
+    from trainadvisor.profile.runs import ProfileOptions
 
     options = ProfileOptions(
         torchrun=torchrun_options(nproc_per_node, launcher),
@@ -222,7 +222,7 @@ def profile_command(
 def _profile(options: Any) -> int:
     """`profile` with each stage's report written as it finishes; interrupted, the last one is
     kept and says so."""
-    from trainadvisor.profile import profile
+    from trainadvisor.profile.command import profile
 
     out_dir, saved = options.out_dir, cast(list[Report], [])
 
@@ -277,9 +277,10 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
       trainadvisor analyze --out report/ ./log/resnet50/
       trainadvisor analyze --json trace_rank*.json.gz > report.json
     """
-    from trainadvisor.analyze import analyze as run_analysis
-    from trainadvisor.analyze_report import analysis_summary
-    from trainadvisor.report import check_out_dir, report_json
+    from trainadvisor.analyze.command import analyze as run_analysis
+    from trainadvisor.report.analyze import analysis_summary
+    from trainadvisor.report.folder import check_out_dir
+    from trainadvisor.report.render import report_json
 
     def work() -> int:
         check_out_dir(out_dir)
@@ -343,7 +344,7 @@ def _terminate(signum: int, _frame: object) -> None:
 
 def _load(path: Path) -> Any:
     """A saved report: its folder or its report.json."""
-    from trainadvisor.report import load_report
+    from trainadvisor.report.render import load_report
 
     folder = path.parent if path.name == "report.json" else path
     if not (folder / "report.json").is_file():
@@ -384,8 +385,8 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
     """
 
     def work() -> int:
-        from trainadvisor.merge import merge_reports
-        from trainadvisor.report import check_out_dir
+        from trainadvisor.report.folder import check_out_dir
+        from trainadvisor.report.merge import merge_reports
 
         dirs = [f.parent if f.name == "report.json" else f for f in folders]
         if len(dirs) > 1 and out_dir is None:
@@ -445,7 +446,7 @@ def compare(max_regression: float, output: str, which: str, base: Path, head: Pa
     """
 
     def work() -> int:
-        from trainadvisor.compare import compare_reports, comparison_json, comparison_markdown
+        from trainadvisor.report.compare import compare_reports, comparison_json, comparison_markdown
 
         try:
             result = compare_reports(_load(base), _load(head), max_regression, which)

@@ -15,9 +15,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trainadvisor import codechange
-from trainadvisor.fixes.common import NO_GPU, Fix, Setting, cuda_memory, overrides
-from trainadvisor.judge import KEEP_MIN_SPEEDUP, MEAN_LOSS_TOLERANCE_REL
+from trainadvisor.fixes import codechange
+from trainadvisor.fixes.common import (
+    KEEP_MIN_SPEEDUP,
+    MEAN_LOSS_TOLERANCE_REL,
+    NO_GPU,
+    Fix,
+    Setting,
+    cuda_memory,
+    overrides,
+)
 from trainadvisor.records import Overrides, Trial
 
 STEP_GAIN = 1.10

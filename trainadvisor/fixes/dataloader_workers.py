@@ -16,9 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor import codechange
-from trainadvisor.fixes.common import LoaderSetting, Setting, overrides
-from trainadvisor.judge import KEEP_MIN_SPEEDUP
+from trainadvisor.fixes import codechange
+from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
 from trainadvisor.records import Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on

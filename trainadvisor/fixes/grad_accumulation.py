@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainadvisor.fixes.common import NO_GPU, Fix, Setting, cuda_memory, overrides
-from trainadvisor.judge import MEAN_LOSS_TOLERANCE_REL
+from trainadvisor.fixes.common import MEAN_LOSS_TOLERANCE_REL, NO_GPU, Fix, Setting, cuda_memory, overrides
 from trainadvisor.records import Overrides, Trial
 
 MIN_RELIEF = 0.10  # peak reserved memory must drop by a tenth

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor import codechange
+from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import NO_GPU, LoaderSetting, Setting, Switch, overrides
 from trainadvisor.records import Overrides
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import libcst as cst
 
-from trainadvisor import codechange
+from trainadvisor.fixes import codechange
 from trainadvisor.frameworks import framework_of, vocab
 from trainadvisor.records import FrameworkCall, Overrides, RawRun
 

@@ -96,6 +96,14 @@ def main() -> int:
     if config.seed is not None:
         _seed(config.seed)
     recorder = hooks.install(config)
+    if config.session_dir is not None:  # trial windows follow the run's own
+        from trainadvisor.measure.session import Session
+
+        recorder.session = Session(Path(config.session_dir))
+    if config.gate_file is not None:  # started ahead of its settings
+        from trainadvisor.measure.gate import hold
+
+        hold(recorder, Path(config.gate_file))
     if config.heartbeat_file is not None:
         from trainadvisor.measure.watchdog import Heartbeat
 

@@ -385,14 +385,6 @@ def install(config: ChildConfig) -> Recorder:
     recorder.on_uninstall(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
     loaders.install(recorder, recorder.refuse)
     watch.install(recorder)
-    if config.session_dir is not None:
-        from trainadvisor.measure.session import Session
-
-        recorder.session = Session(Path(config.session_dir))
-    if config.gate_file is not None:
-        from trainadvisor.measure.gate import hold
-
-        hold(recorder, Path(config.gate_file))
     _patch_autograd(recorder)
     _patch_data_parallel(recorder)
     if config.overrides.non_blocking_h2d and torch.cuda.is_available():

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-import trainadvisor
 from trainadvisor import _serial
 from trainadvisor.errors import UsageError
 from trainadvisor.measure import console
@@ -64,7 +63,7 @@ def _child_env() -> dict[str, str]:
     """The user's environment; this package's folder is appended to PYTHONPATH (after the user's
     entries, so it never changes which copy of a module their script imports)."""
     env = dict(os.environ)
-    package_root = str(Path(trainadvisor.__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder trainadvisor/ is in
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), package_root) if p)
     return env
 

@@ -1,0 +1,196 @@
+"""From a raw run to measurements: per-run statistics, the step-time breakdown, throughput per
+window, and the flat table of named measurements that rules are written against. Pure."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainadvisor.analyze.kineto import analyze_trace
+from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
+from trainadvisor.analyze.ranks import rank_measurements
+from trainadvisor.frameworks.vocab import loop_call
+from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, timed_steps
+
+T = TypeVar("T")
+
+# Steps per throughput window, at least: the spread of a speedup is taken over windows of this
+# many steps, and of at least WINDOW_MIN_S where the run timed enough steps.
+WINDOW_STEPS = 5
+WINDOW_MIN_S = 0.1
+
+BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
+# The main DataLoader's measurements: name -> LoaderInfo field.
+LOADER_MEASUREMENTS = {
+    "dataloader_index": "index",
+    "num_workers": "num_workers",
+    "batch_size": "batch_size",
+    "pin_memory": "pin_memory",
+    "persistent_workers": "persistent_workers",
+    "prefetch_factor": "prefetch_factor",
+    "iterable_dataset": "iterable_dataset",
+    "dataloader_call_site": "created_at",
+    "dataset_class": "dataset_class",
+}
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def stats(values: list[float]) -> Stats:
+    if not values:
+        return Stats(None, None, None, None, None)
+    return Stats(
+        median=percentile(values, 50),
+        p90=percentile(values, 90),
+        mean=sum(values) / len(values),
+        min=min(values),
+        max=max(values),
+    )
+
+
+def attach_trace(raw: RawRun, out_dir: Path, script: Path | None = None) -> dict[str, Any]:
+    """Copy the device-side per-step facts of the run's trace onto its step records; returns
+    the trace's measurements (call sites resolved against the script's folder)."""
+    if not raw.trace_file:
+        return {}
+    sources = (script.resolve().parent,) if script else ()
+    analysis = analyze_trace(out_dir / raw.trace_file, sources)
+    # ProfilerStep#N is the N-th step since the profiler started (#0: its warmup step, not
+    # recorded); a trace without step markers is one window and is copied onto no step.
+    profiled = [s for s in raw.steps if s.profiled]
+    for traced in analysis.steps if analysis.steps_marked else []:
+        if 0 <= traced.number < len(profiled):
+            profiled[traced.number].h2d_copy_ms = traced.h2d_ms
+            profiled[traced.number].trace_step = traced.number
+    return trace_measurements(analysis)
+
+
+def input_shapes_fixed(raw: RawRun) -> bool | None:
+    """Whether every step drew batches of the same shapes (from the batch fingerprints)."""
+    shapes = {
+        ",".join(part.split(":")[0] for part in fingerprint.split(","))
+        for fingerprint in raw.batch_fingerprints
+        if fingerprint
+    }
+    return len(shapes) == 1 if shapes else None
+
+
+def window_size(raw: RawRun) -> int:
+    """Steps per throughput window: at least WINDOW_STEPS, two rounds of the workers (N workers
+    deliver batches in bursts of about N), and WINDOW_MIN_S long where the timed steps make four
+    windows of that (at GPU speed five steps are a few milliseconds: their spread is the timer's)."""
+    workers = max((loader.num_workers for loader in raw.loaders), default=0)
+    durations = sorted(s.step_ms for s in timed_steps(raw))
+    by_time = 0
+    if durations and durations[len(durations) // 2] > 0:
+        by_time = min(math.ceil(WINDOW_MIN_S * 1e3 / durations[len(durations) // 2]), len(durations) // 4)
+    return max(WINDOW_STEPS, 2 * workers, by_time)
+
+
+def window_throughputs(raw: RawRun) -> list[float]:
+    """Steps per second in consecutive windows of `window_size` steps (a short tail is dropped
+    unless it is the only window)."""
+    window_steps = window_size(raw)
+    durations = [s.step_ms for s in timed_steps(raw)]
+    windows = [
+        durations[i : i + window_steps]
+        for i in range(0, len(durations), window_steps)
+        if len(durations[i : i + window_steps]) == window_steps
+    ] or ([durations] if durations else [])
+    return [len(w) / (sum(w) / 1e3) for w in windows if sum(w) > 0]
+
+
+def summarize(raw: RawRun) -> Run:
+    """Timing from the timed steps; device-side copy time (only in the trace) from the traced
+    steps, as a mean per step."""
+    steps = timed_steps(raw)
+    # the steps the trace recorded (not the profiler's warmup step); all traced ones in runs
+    # saved before steps carried their trace step
+    traced = [s for s in raw.steps if s.trace_step is not None] or [s for s in raw.steps if s.profiled]
+    total_ms = sum(s.step_ms for s in steps)
+    per_step: dict[str, float] = {}
+    if steps:
+        data = sum(s.data_wait_ms for s in steps) / len(steps)
+        h2d = sum(s.h2d_copy_ms for s in traced) / len(traced) if traced else 0.0
+        mean = total_ms / len(steps)
+        per_step = {"data_wait": data, "h2d_copy": h2d, "compute": max(mean - data - h2d, 0.0)}
+    mean_ms = total_ms / len(steps) if steps else 0.0
+    samples = [s.samples for s in steps]
+    gpu_ms = [s.gpu_ms for s in steps if s.gpu_ms is not None]  # CUDA events, on a GPU
+    return Run(
+        label=raw.label,
+        steps=len(steps),
+        step_time_ms=stats([s.step_ms for s in steps]),
+        steps_per_s=len(steps) / (total_ms / 1e3) if total_ms > 0 else None,
+        samples_per_s=(
+            sum(n for n in samples if n is not None) / (total_ms / 1e3)
+            if steps and total_ms > 0 and all(n is not None for n in samples)
+            else None
+        ),
+        breakdown_pct={k: 100.0 * v / mean_ms for k, v in per_step.items()} if mean_ms else {},
+        breakdown_ms_per_step=per_step,
+        window_steps_per_s=window_throughputs(raw),
+        raw=raw,
+        gpu_step_time_ms=stats(gpu_ms) if gpu_ms else None,
+    )
+
+
+def window_samples(raw: RawRun, samples: list[T]) -> list[T]:
+    """The host or GPU samples taken while the timed steps ran."""
+    window_ms = sum(s.step_ms for s in timed_steps(raw))
+    return [s for s in samples if 0 <= s.t_ms <= window_ms]  # type: ignore[attr-defined]
+
+
+def main_loader(raw: RawRun) -> LoaderInfo | None:
+    """The DataLoader that fed the profiled steps: the one that served most batches in the window."""
+    used = [loader for loader in raw.loaders if loader.batches_in_window > 0]
+    return max(used, key=lambda loader: loader.batches_in_window) if used else None
+
+
+def named_measurements(run: Run) -> dict[str, Any]:
+    """The flat table rules are evaluated against; a name absent here is 'not measured'.
+    Measurements from the trace come first; the child's exact CUDA memory statistics replace
+    the trace's memory events, and the clock-timed steps replace the traced ones."""
+    raw = run.raw
+    table: dict[str, Any] = dict(run.trace)
+    table.update(runtime_measurements(raw.runtime))
+    table["input_shapes_fixed"] = input_shapes_fixed(raw)
+    table.update(rank_measurements(run.ranks))
+    table.update({
+        "steps": run.steps,
+        "step_time_ms_median": run.step_time_ms.median,
+        "step_time_ms_mean": run.step_time_ms.mean,
+        "step_time_ms_p90": run.step_time_ms.p90,
+        "steps_per_s": run.steps_per_s,
+        "samples_per_s": run.samples_per_s,
+    })  # fmt: skip
+    for key in BREAKDOWN_KEYS:
+        if key in run.breakdown_pct:
+            table[f"{key}_pct"] = run.breakdown_pct[key]
+            table[f"{key}_ms_per_step"] = run.breakdown_ms_per_step[key]
+    if raw.device is not None:
+        table["cpu_count"] = raw.device.cpu_count
+        table["cuda_used"] = raw.device.cuda_used
+    framework = loop_call(raw)
+    if framework is not None:  # the framework that built the loop: advice in its terms
+        table["framework"] = framework.framework
+    loader = main_loader(raw)
+    table["dataloaders"] = len(raw.loaders)
+    if loader is not None:
+        table.update({name: getattr(loader, field) for name, field in LOADER_MEASUREMENTS.items()})
+    inside = window_samples(raw, raw.host_samples)
+    workers = [h.workers_cpu_pct for h in inside]
+    main = [h.main_cpu_pct for h in inside]
+    if main:
+        table["main_process_cpu_pct"] = sum(main) / len(main)
+        table["workers_cpu_pct"] = sum(workers) / len(workers)
+    return {k: v for k, v in table.items() if v is not None}

@@ -1,0 +1,444 @@
+"""`trainadvisor profile`: baseline run -> measurements -> findings -> fix plan -> tuning trials
+-> confirmation run -> comparison -> report. Only `measure` touches processes and clocks; every
+other stage is a pure function of the saved data before it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainadvisor import engine, fixes
+from trainadvisor.analyze.disturbance import disturbance_notes
+from trainadvisor.analyze.length import run_length
+from trainadvisor.analyze.shapes import baseline_note, window_notes
+from trainadvisor.analyze.summary import attach_trace, named_measurements
+from trainadvisor.errors import NoStepsError, UsageError
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
+from trainadvisor.measure.live import LiveRun, Prestarted
+from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
+from trainadvisor.profile.confirm import confirm
+from trainadvisor.profile.judge import MIN_TIMED_STEPS, usable
+from trainadvisor.profile.runs import (
+    ProfileOptions,
+    fresh_spec,
+    measure_run,
+    reproduce_command,
+    run_of,
+    spec_for,
+)
+from trainadvisor.profile.trials import Echo, loss_noise, noise_note
+from trainadvisor.profile.tuning import Tuning
+from trainadvisor.records import (
+    SCHEMA_VERSION,
+    Comparison,
+    FixOutcome,
+    Overrides,
+    PlannedFix,
+    RawRun,
+    Report,
+    Run,
+)
+from trainadvisor.redact import mask_arguments, masked_note
+from trainadvisor.report.folder import hold_out_dir
+
+# Findings whose evidence names lines of the user's code, found in a run traced with stacks.
+SITE_RULES = ("host-sync", "cpu-tensor-creation")
+SITE_KEYS = ("sync_site", "sync_sites", "cpu_tensor_site", "cpu_tensor_sites")
+SITE_STEPS = 3
+
+STEP_MARKING_HELP = (
+    "trainadvisor finds steps through torch.optim optimizers' optimizer.step() (global optimizer "
+    "hooks), or, where no optimizer is built, through backward(). If your loop does neither, add "
+    "`import trainadvisor` and call "
+    "`trainadvisor.step()` once at the end of every training step; outside trainadvisor the "
+    "call does nothing."
+)
+
+
+def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
+    if raw.status == "script_failed":
+        return
+    if raw.steps_seen == 0:
+        raise NoStepsError(
+            f"{options.script} ran to the end but no training step was seen. " + STEP_MARKING_HELP
+        )
+    if not raw.steps:
+        raise UsageError(
+            f"{options.script} ran only {raw.steps_seen} step(s), too few to time any after a warm-up "
+            f"of at least {options.warmup}: lower --warmup, or pass arguments that make the script "
+            "train longer"
+        )
+
+
+def _too_short(raw: RawRun) -> bool:
+    """The script ended by itself before the baseline's window timed enough steps."""
+    return raw.status == "script_ended" and raw.steps_seen > 0 and not usable(raw)
+
+
+def _fitted_baseline(
+    options: ProfileOptions, spec: RunSpec, first: Run, echo: Echo
+) -> tuple[Run, str] | None:
+    """The baseline measured again, its window fitted into the steps the script turned out to
+    have (it ended inside the first one's warm-up): fewer traced steps where the script is that
+    short; and why no trial can run in its process. None where even a fitted window would time
+    too few steps."""
+    total = first.raw.steps_seen
+    spare = total - options.warmup - MIN_TIMED_STEPS
+    if spare < 0:
+        return None
+    traced = min(PROFILE_STEPS, spare - PROFILER_WARMUP_STEPS)  # the profiler's warm-up step first
+    echo(
+        f"trainadvisor: the script ended after {total} steps, before the window had timed enough of "
+        "them; measuring the baseline again, fitted into those steps"
+    )
+    after_window = PROFILER_WARMUP_STEPS + traced if traced > 0 else 0
+    fitted = fresh_spec(
+        options, "baseline", Overrides(), run_length(first.raw), after_window,
+        show_output=spec.show_output, stop_after_window=spec.stop_after_window,
+        profile=traced > 0, profile_steps=max(traced, 0),
+    )  # fmt: skip
+    return measure_run(fitted), f"the script's {total} steps leave none for trial windows after the baseline"
+
+
+def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str, Any]:
+    """Where in the script the syncs and host-made tensors are: a short run traced with Python
+    stacks (its own process: the stacks' overhead must not touch the measured steps)."""
+    echo(f"trainadvisor: tracing {SITE_STEPS} steps with Python stacks to find the lines behind them")
+    spec = spec_for(
+        options, "sites", steps=SITE_STEPS, with_stack=True, show_output=False,
+        timeout_s=max(60.0, 5 * baseline.raw.wall_s), size=WindowSize(),  # steps to trace, not timings
+    )  # fmt: skip
+    raw = measure(spec)
+    if not raw.trace_file:
+        return {}
+    table = attach_trace(raw, options.out_dir, options.script)
+    return {key: table[key] for key in SITE_KEYS if key in table}
+
+
+Save = Callable[[Report], None]
+
+
+@dataclass(frozen=True)
+class _Diagnosed:
+    """The baseline and what the rules found in it: the stage every later one starts from."""
+
+    baseline: Run
+    diagnosis: engine.Diagnosis
+    plan: list[PlannedFix]
+    notes: list[str]
+    details: list[str] = field(default_factory=list)  # how it was measured (report files only)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every stage of one `profile` command shares."""
+
+    options: ProfileOptions
+    rules: list[engine.Rule]
+    echo: Echo
+    keep: Save
+    started: float  # time.monotonic()
+
+
+def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Report:
+    """baseline -> diagnosis -> each fix's trials -> confirmation, each stage's report handed to
+    `save` as it finishes (an interruption leaves the report of what was measured); returns the
+    last."""
+    job = _Job(options, _prepare(options), echo, save or (lambda _report: None), time.monotonic())
+    with hold_out_dir(options.out_dir):
+        return _profile(job)
+
+
+def _profile(job: _Job) -> Report:
+    options, echo = job.options, job.echo
+    echo(
+        f"trainadvisor: running {options.script} (warm-up until step time settles, at least "
+        f"{options.warmup} steps; timing at least {options.steps} steps and {options.min_time_s:g} s; "
+        f"then tracing {PROFILE_STEPS} with torch.profiler)"
+    )
+    why_restart = _why_restart(options)
+    spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
+    live, prestarted = None, None
+    if why_restart is None:  # kept alive after its window, for trial windows
+        prestarted = _prestart(options)
+        live = LiveRun(replace(spec, session_dir=options.out_dir / ".work" / "session"))
+    try:
+        baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
+        fitted = _fitted_baseline(options, spec, baseline, echo) if _too_short(baseline.raw) else None
+        if fitted is not None:
+            if live is not None:
+                live.close()
+                live = None
+            baseline, why_restart = fitted
+        _check_steps(baseline.raw, options)
+        diagnosed = _diagnose_baseline(options, job.rules, baseline)
+        blocked = _why_no_fixes(options, baseline)
+        if blocked is None and options.apply_fixes:
+            return _measure_fixes(job, diagnosed, live, why_restart, _confirmable(diagnosed, prestarted))
+        if live is not None:  # diagnosis only: no fix outcome to report
+            live.close()
+        diagnosed = _with_sites(options, job.rules, diagnosed, echo)
+        report = _report(options, diagnosed, job.started, [], extra_notes=[blocked])
+        job.keep(report)
+        return report
+    finally:
+        if live is not None:
+            live.close()
+        if prestarted is not None:
+            prestarted.cancel()
+
+
+def _measure_fixes(
+    job: _Job,
+    diagnosed: _Diagnosed,
+    live: LiveRun | None,
+    why_restart: str | None,
+    prestarted: Prestarted | None,
+) -> Report:
+    """Each fix's trials (in windows of the live run where they can switch there, else in
+    fresh runs), then the confirmation run; the report saved after each."""
+    options, started = job.options, job.started
+    tuning = _tuning(options, diagnosed, job.echo, started)
+    tuning.on_progress = lambda: job.keep(
+        _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
+    )
+    tuning.on_progress()
+    try:
+        if live is not None:
+            tuning.in_process(live)
+            live.close()
+        diagnosed = _with_sites(options, job.rules, diagnosed, job.echo)
+        noise_rel = None
+        to_judge = [o.fix for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
+        to_judge += [
+            p.fix for p in diagnosed.plan if p.applicable and p.fix not in tuning.tried
+        ]  # fresh runs
+        if diagnosed.diagnosis.values.get("cuda_used") and to_judge:
+            noise_rel = loss_noise(options, diagnosed.baseline, job.echo)
+            tuning.details.append(noise_note(noise_rel))
+        tuning.restarted(noise_rel, why_restart or "")
+        report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted)
+    finally:
+        if prestarted is not None:
+            prestarted.cancel()
+    job.keep(report)
+    return report
+
+
+def _prestart(options: ProfileOptions) -> Prestarted | None:
+    """The confirmation run, started with the baseline so that the script's set-up (imports,
+    loading, building the model) overlaps the baseline and the trials instead of coming after
+    them. It runs at the lowest CPU priority, waits at its first DataLoader for the settings to
+    confirm, and steps aside (exits) if memory runs short. Not on a machine with a GPU: a second
+    process there would hold GPU memory beside the trials."""
+    if _gpu_here():
+        return None
+    gate = options.out_dir / ".work" / "after.gate.json"
+    return Prestarted(spec_for(options, "after", show_output=False, gate_file=gate))
+
+
+def _gpu_here() -> bool:
+    """Whether this machine has an NVIDIA or AMD GPU driver loaded (its device files)."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
+
+
+def _confirmable(diagnosed: _Diagnosed, prestarted: Prestarted | None) -> Prestarted | None:
+    """The started confirmation run, where it can confirm what the trials may choose: only
+    DataLoader settings (applied when the first loader is built) on a run without a GPU."""
+    applicable = [p for p in diagnosed.plan if p.applicable]
+    usable = (
+        not diagnosed.diagnosis.values.get("cuda_used")
+        and applicable
+        and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
+    )
+    if prestarted is not None and not usable:
+        prestarted.cancel()
+        return None
+    return prestarted
+
+
+def _why_restart(options: ProfileOptions) -> str | None:
+    """Why no trial can run as a window of the baseline's process, or None."""
+    if not options.apply_fixes:
+        return "diagnosis only"
+    if options.trials == "restart":
+        return "--trials restart was given"
+    if options.torchrun:
+        return "under torchrun every rank would have to switch its setting at the same step"
+    if options.run_to_end:
+        return "--run-to-end lets the baseline run finish"
+    return None
+
+
+def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started: float) -> Tuning:
+    values = {**diagnosed.diagnosis.values, "memory_available_bytes": psutil.virtual_memory().available}
+    plan = diagnosed.plan
+    tuning = Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
+    tuning.length = run_length(diagnosed.baseline.raw)
+    return tuning
+
+
+def _prepare(options: ProfileOptions) -> list[engine.Rule]:
+    """What can be refused before anything runs: the script, the fixes named, the rules (the
+    report folder is checked when it is locked, `hold_out_dir`)."""
+    if not options.script.is_file():
+        raise UsageError(f"{options.script}: no such script; give the path of a Python training script")
+    unknown = [fix for fix in options.only_fixes if fix not in fixes.REGISTRY]
+    if unknown:
+        raise UsageError(
+            f"--fix {unknown[0]}: no such fix; the fixes are {', '.join(sorted(fixes.REGISTRY))}"
+        )
+    return engine.rules_for(options.rule_dirs)
+
+
+def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseline: Run) -> _Diagnosed:
+    """The rules over the baseline, and the fixes they propose (those `--fix` names, if given)."""
+    notes = []
+    if options.torchrun:
+        notes.append(
+            f"Under torchrun each window is a count of steps ({options.warmup} warm-up, {options.steps} "
+            "timed), with no steadiness test or time floor: every rank must stop at the same step. "
+            "Raise --warmup and --steps where steps take well under a millisecond."
+        )
+    if baseline.raw.step_source == "backward":
+        notes.append(
+            "No torch.optim optimizer was built, so each backward() ended a training step (a loop "
+            "that updates its parameters by hand); call trainadvisor.step() to mark steps yourself."
+        )
+    diagnosis = engine.diagnose(named_measurements(baseline), rules)
+    plan = fixes.plan(diagnosis.findings, diagnosis.values)
+    if options.only_fixes:
+        named = ", ".join(options.only_fixes)
+        plan = [
+            p if p.fix in options.only_fixes or not p.applicable
+            else replace(p, applicable=False, reason=f"not measured in this run: --fix named only {named}")
+            for p in plan
+        ]  # fmt: skip
+    return _Diagnosed(baseline, diagnosis, plan, notes)
+
+
+def _with_sites(
+    options: ProfileOptions, rules: list[engine.Rule], diagnosed: _Diagnosed, echo: Echo
+) -> _Diagnosed:
+    """When a finding names lines of code, the baseline's trace measurements gain the call sites
+    of a separate run traced with Python stacks, and the findings are made again (the plan
+    stays: call sites change what a finding shows, not what it proposes)."""
+    baseline = diagnosed.baseline
+    findings = diagnosed.diagnosis.findings
+    if not any(f.rule in SITE_RULES for f in findings) or baseline.raw.status == "script_failed":
+        return diagnosed
+    sites = _call_sites(options, baseline, echo)
+    if not sites:
+        return diagnosed
+    baseline = replace(baseline, trace={**baseline.trace, **sites})
+    note = (
+        "The lines named for syncs and host-made tensors come from a separate run of "
+        f"{SITE_STEPS} steps traced with Python stacks (traces/sites/), kept apart because "
+        "the Python tracer slows the host."
+    )
+    diagnosis = engine.diagnose(named_measurements(baseline), rules)
+    return _Diagnosed(baseline, diagnosis, diagnosed.plan, diagnosed.notes, [*diagnosed.details, note])
+
+
+def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
+    if baseline.raw.status == "script_failed":
+        return "The script failed, so no fix was tried."
+    if options.apply_fixes and any(option in ("--nnodes", "--node-rank") for option in options.torchrun):
+        return (
+            "Fixes are not measured on several nodes: each node would choose its trials from its "
+            "own ranks and start different runs against one rendezvous. Measure them on one node "
+            "(--nproc-per-node) or apply them by hand."
+        )
+    return None
+
+
+def _not_tried(plan: list[PlannedFix]) -> list[FixOutcome]:
+    """Each planned fix before its trials: not applicable (and why), or not run yet."""
+    return [
+        FixOutcome(p.fix, p.rule, "not_applicable", p.reason, Overrides(), [])
+        if not p.applicable
+        else FixOutcome(
+            p.fix, p.rule, "not_run", "not measured: the run ended before this fix's trials", Overrides(), []
+        )
+        for p in plan
+    ]
+
+
+def _report(
+    options: ProfileOptions,
+    diagnosed: _Diagnosed,
+    started: float,
+    outcomes: list[FixOutcome],
+    after: Run | None = None,
+    comparison: Comparison | None = None,
+    extra_notes: list[str | None] | None = None,
+    noise_rel: float | None = None,
+    tuning: Tuning | None = None,
+) -> Report:
+    notes = [*(extra_notes or []), *(tuning.notes if tuning else [])]
+    notes += window_notes(diagnosed.baseline, outcomes, after)
+    notes += disturbance_notes(diagnosed.baseline, outcomes, after)
+    notes.append(masked_note(mask_arguments(options.args)[1]))
+    details = [baseline_note(diagnosed.baseline.raw), *(tuning.details if tuning else [])]
+    details.append(_modes_note(outcomes))
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        command=reproduce_command(options),
+        script=str(options.script),
+        environment=diagnosed.baseline.raw.device,
+        baseline=diagnosed.baseline,
+        findings=diagnosed.diagnosis.findings,
+        after=after,
+        plan=diagnosed.plan,
+        fix_outcomes=outcomes,
+        applied_fixes=[o.fix for o in outcomes if o.status == "kept"],
+        speedup=comparison.speedup if comparison else None,
+        comparison=comparison,
+        notes=[*diagnosed.notes, *(n for n in notes if n)],
+        elapsed_s=time.monotonic() - started,
+        loss_noise_rel=noise_rel,
+        trial_windows=list(tuning.windows) if tuning else [],
+        details=[*diagnosed.details, *(d for d in details if d)],
+    )
+
+
+def _modes_note(outcomes: list[FixOutcome]) -> str | None:
+    """How the trials ran where some restarted the script: which fixes in windows of the
+    baseline's process, which in fresh runs, and why (windows alone: the bracket's note and the
+    windows' table say so)."""
+    windows = [o.fix for o in outcomes if o.mode == "in_process"]
+    restarted = [
+        f"{o.fix} ({o.mode_reason})" if o.mode_reason else o.fix for o in outcomes if o.mode == "restart"
+    ]
+    if not restarted:
+        return None
+    parts = []
+    if windows:
+        parts.append(
+            f"measured in windows of the baseline's own process, without restarting it: {', '.join(windows)}"
+        )
+    if restarted:
+        parts.append(f"measured in fresh runs of the script: {'; '.join(restarted)}")
+    return ("Trials " + "; trials ".join(parts) + ".") if parts else None
+
+
+def _confirm(
+    options: ProfileOptions,
+    diagnosed: _Diagnosed,
+    started: float,
+    tuning: Tuning,
+    noise_rel: float | None,
+    echo: Echo,
+    prestarted: Prestarted | None = None,
+) -> Report:
+    """The confirmation stage (`confirm`), and the report of the whole run."""
+    done = confirm(options, diagnosed.baseline, tuning, noise_rel, echo, prestarted)
+    return _report(
+        options, diagnosed, started, done.outcomes, done.after, done.comparison, done.notes, noise_rel, tuning
+    )

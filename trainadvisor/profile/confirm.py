@@ -1,0 +1,127 @@
+"""The confirmation stage of `profile`: the fixes chosen by their trials, measured together in
+one fresh, seeded run fitted into the steps the script has; each kept only if that run is
+faster and trains the same, and each kept or recommended fix given its code change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from trainadvisor import fixes
+from trainadvisor.frameworks.change import fix_change
+from trainadvisor.measure.live import Prestarted
+from trainadvisor.measure.runner import PROFILE_STEPS
+from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
+from trainadvisor.profile.runs import ProfileOptions, confirmation_spec, measure_fitted, measure_run, run_of
+from trainadvisor.profile.trials import Echo, tolerance
+from trainadvisor.profile.tuning import Tuning
+from trainadvisor.records import Comparison, FixOutcome, FixStatus, RawRun, Run, merge_overrides
+
+# Outcomes whose setting the report gives as a change to the script: kept, recommended (memory),
+# and measured faster but not confirmed or not applied (a gain is never left without its change)
+CHANGED = ("kept", "recommended", "unconfirmed", "opportunity")
+
+
+@dataclass
+class Confirmed:
+    """Every fix's final outcome, the confirmation run and its comparison with the baseline."""
+
+    outcomes: list[FixOutcome]
+    after: Run | None = None
+    comparison: Comparison | None = None
+    notes: list[str | None] = field(default_factory=list)
+
+
+def confirm(
+    options: ProfileOptions,
+    baseline: Run,
+    tuning: Tuning,
+    noise_rel: float | None,
+    echo: Echo,
+    prestarted: Prestarted | None = None,
+) -> Confirmed:
+    """Where no confirmation could be measured, each chosen fix stays `unconfirmed` with the gain
+    its own trial measured."""
+    chosen = [o for o in tuning.outcomes if o.status == "unconfirmed"]
+    after, comparison = None, None
+    verdicts: dict[str, tuple[FixStatus, str]] = {}
+    if chosen:
+        echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
+        merged = merge_overrides([o.settings for o in chosen])
+        first = measure_run
+        if prestarted is not None and prestarted.waiting():  # its set-up ran while the trials did
+            waiting = prestarted
+            first = lambda spec: run_of(waiting.run(spec, PROFILE_STEPS), spec)  # noqa: E731
+        spec_of = lambda known: confirmation_spec(options, merged, known)  # noqa: E731
+        after = measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first)
+        if usable(after.raw):
+            comparison = _comparison(baseline, after, tuning, chosen, noise_rel)
+            status, reason = verdict(comparison)
+            verdicts = {o.fix: (status, _together(reason, chosen)) for o in chosen}  # type: ignore[misc]
+        else:
+            why = after.raw.error or _short_run(after.raw)
+            verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
+    final = [_final(options, o, verdicts, baseline.raw) for o in tuning.outcomes]
+    return Confirmed(final, after, comparison, _length_note(tuning, comparison))
+
+
+def _comparison(
+    baseline: Run, after: Run, tuning: Tuning, chosen: list[FixOutcome], noise_rel: float | None
+) -> Comparison:
+    """The after run against the faster of the baseline and its setting measured again after the
+    trial windows, with the loss check at the loosest tolerance of the fixes confirmed."""
+    confirmed = [fixes.REGISTRY[o.fix] for o in chosen]
+    comparison = compare(
+        baseline,
+        after,
+        max(tolerance(fix, noise_rel) for fix in confirmed),
+        per_sample=any(fix.metric == "samples_per_s" for fix in confirmed),
+        references=[r for r in (baseline, tuning.again) if r is not None],
+    )
+    comparison.contains = [f"{o.fix}: {o.chosen}" if o.chosen else o.fix for o in chosen]
+    return comparison
+
+
+def _together(reason: str, chosen: list[FixOutcome]) -> str:
+    """A verdict's reason, saying it is the combination's where several fixes were confirmed
+    together (each fix's own gain is its trial's)."""
+    if len(chosen) < 2:
+        return reason
+    return f"{reason} in the confirmation run of {', '.join(o.fix for o in chosen)} together"
+
+
+def _length_note(tuning: Tuning, comparison: Comparison | None) -> list[str | None]:
+    """What the script's length did to the windows: a confirmation measured on what fitted."""
+    if comparison is None or not comparison.cut:
+        return []
+    length = tuning.length
+    told = length is not None and length.total_steps is not None and "ended after" not in length.source
+    known = f" ({length.source})" if told and length is not None else ""
+    return [
+        f"The confirmation run was measured on what fitted: {comparison.cut}{known}; give the "
+        "script more steps (more data or epochs) for a longer confirmation."
+    ]
+
+
+def _short_run(raw: RawRun) -> str:
+    timed = sum(1 for s in raw.steps if not s.profiled)
+    return (
+        f"the script ended after {raw.steps_seen} steps, before the confirmation run had timed enough "
+        f"steps ({timed} of at least {MIN_TIMED_STEPS}): give the script more steps to train (more "
+        "data or epochs) to confirm it"
+        if raw.status == "script_ended" and raw.steps_seen
+        else "the confirmation run did not complete"
+    )
+
+
+def _final(
+    options: ProfileOptions, outcome: FixOutcome, verdicts: dict[str, tuple[FixStatus, str]], raw: RawRun
+) -> FixOutcome:
+    """The outcome as the report keeps it: the confirmation's verdict for a chosen fix, and the
+    change to the user's script for what is kept or recommended."""
+    if outcome.fix in verdicts:
+        status, reason = verdicts[outcome.fix]
+        outcome = replace(outcome, status=status, reason=reason)
+    if outcome.status in CHANGED:
+        change = fix_change(options.script, outcome.fix, outcome.settings, raw)
+        outcome = replace(outcome, diff=change.diff, setting_change=change.setting)
+    return outcome

@@ -1,0 +1,208 @@
+"""What `profile` runs: its options, the command that repeats it, and the specification and
+measurement of one run of the script (baseline, trial or confirmation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trainadvisor.analyze.kineto import analyze_trace
+from trainadvisor.analyze.ranks import rank_stats
+from trainadvisor.analyze.summary import attach_trace, summarize
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
+from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
+from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
+from trainadvisor.profile.judge import usable
+from trainadvisor.records import Overrides, RawRun, Run, RunLength
+from trainadvisor.redact import mask_arguments
+
+
+@dataclass
+class ProfileOptions:
+    script: Path
+    args: list[str]
+    out_dir: Path
+    warmup: int = 5
+    steps: int = 20
+    seed: int | None = 0
+    rule_dirs: list[Path] = field(default_factory=list)
+    run_to_end: bool = False
+    apply_fixes: bool = True
+    torchrun: list[str] = field(default_factory=list)  # torch.distributed.run options, if any
+    timeout_s: float | None = None  # the longest a run may take (a hung rank ends here)
+    stall_s: float | None = None  # no step for this long ends a run; None: the watchdog's own limit
+    budget_s: float | None = None  # the longest all of profile may take; None: no cap
+    only_fixes: list[str] = field(default_factory=list)  # measure only these fixes (--fix)
+    trials: str = "auto"  # "auto": windows of one process where they can run; "restart": fresh runs
+    min_time_s: float = MIN_TIME_S  # every timed window lasts at least this long (--min-time)
+    max_warmup_s: float = MAX_WARMUP_S  # a warm-up that has not settled ends here (--max-warmup)
+
+
+def reproduce_command(options: ProfileOptions) -> list[str]:
+    """The command line that repeats this run, every option spelled out; the values of the
+    script's credential-like arguments masked (`redact`): reports are published."""
+    command = [
+        "trainadvisor",
+        "profile",
+        "--warmup",
+        str(options.warmup),
+        "--steps",
+        str(options.steps),
+        "--out",
+        str(options.out_dir),
+    ]
+    if options.seed is not None:
+        command += ["--seed", str(options.seed)]
+    for folder in options.rule_dirs:
+        command += ["--rules", str(folder)]
+    if options.run_to_end:
+        command.append("--run-to-end")
+    if not options.apply_fixes:
+        command.append("--no-fix")
+    if options.timeout_s is not None:
+        command += ["--timeout", f"{options.timeout_s:g}"]
+    if options.stall_s is not None:
+        command += ["--stall-timeout", f"{options.stall_s:g}"]
+    if options.budget_s is not None:
+        command += ["--budget", f"{options.budget_s:g}s"]
+    for fix in options.only_fixes:
+        command += ["--fix", fix]
+    if options.trials != "auto":
+        command += ["--trials", options.trials]
+    if options.min_time_s != MIN_TIME_S:
+        command += ["--min-time", f"{options.min_time_s:g}s"]
+    if options.max_warmup_s != MAX_WARMUP_S:
+        command += ["--max-warmup", f"{options.max_warmup_s:g}s"]
+    return [*command, *options.torchrun, str(options.script), *mask_arguments(options.args)[0]]
+
+
+# What every run of the script takes from the command's options.
+RUN_OPTIONS = ("script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s", "stall_s")
+
+
+def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
+    """A run of the script; a measuring window settles and lasts `--min-time` unless `changes`
+    say otherwise (the call-sites and loss-noise runs need steps, not timings)."""
+    shared: dict[str, Any] = {name: getattr(options, name) for name in RUN_OPTIONS}
+    shared["size"] = size_for(options, Overrides())
+    return RunSpec(label=label, **{**shared, **changes})
+
+
+def size_for(options: ProfileOptions, overrides: Overrides, max_steps: int | None = None) -> WindowSize:
+    """A window's time floor, its warm-up's steadiness test (blocks of at least two rounds of
+    the setting's DataLoader workers) and the steps it may use. Under torchrun a window is a
+    count of steps: every rank must stop at the same step (the others would wait in their next
+    all-reduce), and each rank would judge its own clock and blocks differently."""
+    if options.torchrun:
+        return WindowSize(max_steps=max_steps)
+    settle = Settling(max_s=options.max_warmup_s).for_workers(overrides.workers())
+    return WindowSize(options.min_time_s, settle if options.max_warmup_s else None, max_steps)
+
+
+def fit(warmup: int, steps: int, available: int | None) -> tuple[int, int, int | None]:
+    """(warmup, timed steps at least, the most steps) of a window that must end within
+    `available` steps (None: not known to be short): the minimums shrink, warm-up first,
+    where they do not fit."""
+    if available is None or available >= warmup + steps:
+        return warmup, steps, available
+    timed = max(2, (2 * available) // 3)
+    return max(1, available - timed), timed, max(available, 3)
+
+
+def settle_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, int]:
+    """(warmup, timed steps) at least, of a fresh run that tries a fix. Workers fill up to
+    workers x prefetch_factor batches while the first, slow steps run; consumed inside the
+    window, that buffer would pass for speed. So the warmup is lengthened by the buffer's depth
+    and the window made at least three times as long as it."""
+    buffered = overrides.buffered_batches()
+    return options.warmup + buffered, max(options.steps, 3 * buffered)
+
+
+def window_steps(options: ProfileOptions, overrides: Overrides) -> tuple[int, int]:
+    """(warmup, timed steps) at least, of a trial window in the baseline's running process.
+    There the steps are already at their steady pace when the setting switches, and the new
+    workers start with empty buffers: a buffer fills only where the workers outpace the loop,
+    and then stays full. What remains is the first round of batches, finished by all workers at
+    about the same time: the warmup is lengthened by one batch per worker, and the window spans
+    at least three such rounds."""
+    workers = overrides.workers()
+    return options.warmup + workers, max(options.steps, 3 * workers)
+
+
+def fresh_spec(
+    options: ProfileOptions,
+    label: str,
+    overrides: Overrides,
+    length: RunLength | None,
+    traced: int,
+    **changes: Any,
+) -> RunSpec:
+    """A fresh run of the script with `overrides`, its window fitted into the steps the script
+    is known to have (less the `traced` ones after it)."""
+    warmup, steps = settle_steps(options, overrides)
+    total = length.total_steps if length is not None else None
+    warmup, steps, most = fit(warmup, steps, total - traced if total is not None else None)
+    size = size_for(options, overrides, most)
+    return spec_for(options, label, warmup=warmup, steps=steps, overrides=overrides, size=size, **changes)
+
+
+def trial_spec(
+    options: ProfileOptions, label: str, overrides: Overrides, length: RunLength | None = None, **changes: Any
+) -> RunSpec:
+    """A fresh run of the script that tries a fix (traced by nothing)."""
+    return fresh_spec(options, label, overrides, length, 0, **changes)
+
+
+def confirmation_spec(options: ProfileOptions, overrides: Overrides, length: RunLength | None) -> RunSpec:
+    """The fresh run that confirms the chosen settings: the buffer the workers fill while the
+    first, slow steps run is drained in its warmup (as in a trial run), its timed steps hold at
+    least three throughput windows of two rounds of the workers' batches each (the spread the
+    verdict is judged on), and the whole of it fits in the steps the script has."""
+    traced = PROFILER_WARMUP_STEPS + PROFILE_STEPS
+    spec = fresh_spec(options, "after", overrides, length, traced, show_output=False)
+    steps = max(spec.steps, 6 * overrides.workers())
+    if spec.size.max_steps is not None:
+        steps = min(steps, max(2, spec.size.max_steps - spec.warmup))
+    return replace(spec, steps=steps)
+
+
+def measure_run(spec: RunSpec) -> Run:
+    return run_of(measure(spec), spec)
+
+
+def measure_fitted(
+    spec_of: Callable[[RunLength | None], RunSpec],
+    length: Callable[[], RunLength | None],
+    learn: Callable[[RawRun], None],
+    first: Callable[[RunSpec], Run] = measure_run,
+) -> Run:
+    """A fresh run with its window fitted into the steps the script is known to have. A script
+    of unknown length that ends before its window timed enough steps has just told its length:
+    the run is measured once more, fitted into it."""
+    known = length()
+    run = first(spec_of(known))
+    learn(run.raw)
+    now = length()
+    learnt = (known is None or known.total_steps is None) and now is not None and now.total_steps
+    if not usable(run.raw) and run.raw.status == "script_ended" and learnt:
+        run = measure_run(spec_of(now))
+        learn(run.raw)
+    return run
+
+
+def run_of(raw: RawRun, spec: RunSpec) -> Run:
+    """A measured run summarised, its trace's measurements (every rank's) attached."""
+    trace = attach_trace(raw, spec.out_dir, spec.script)
+    run = summarize(raw)
+    run.trace = trace
+    if raw.ranks:
+        communication = {}
+        for rank in raw.ranks:
+            if rank.trace_file and (spec.out_dir / rank.trace_file).is_file():
+                analysis = analyze_trace(spec.out_dir / rank.trace_file)
+                share = analysis.breakdown_pct.get("communication") if analysis.kernels else None
+                communication[rank.rank or 0] = (share, analysis.communication_overlap_pct)
+        run.ranks = rank_stats(raw, communication)
+    return run

@@ -1,0 +1,274 @@
+"""The trials of a fix: each candidate setting measured, and what the trials decide. A
+candidate is measured in a window of the live baseline run where its setting can switch while
+the loop runs (`measure.live`; no restart), otherwise in a fresh run of its own, judged against
+the baseline (faster? training unchanged, within the loss tolerance raised above the GPU's own
+noise?). Windows in one process skip the loss check (their steps are not the baseline's): the
+chosen settings are confirmed in a fresh seeded run with it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from trainadvisor import fixes
+from trainadvisor.analyze.summary import summarize
+from trainadvisor.measure.config import WindowSize
+from trainadvisor.measure.live import LiveRun
+from trainadvisor.measure.runner import measure
+from trainadvisor.profile.judge import Ratio, cut_short, judge_trial, loss_check, ratio, usable
+from trainadvisor.profile.runs import (
+    ProfileOptions,
+    fit,
+    measure_fitted,
+    size_for,
+    spec_for,
+    trial_spec,
+    window_steps,
+)
+from trainadvisor.records import (
+    FixOutcome,
+    FixStatus,
+    Overrides,
+    PlannedFix,
+    RawRun,
+    Run,
+    RunLength,
+    Trial,
+    TrialStatus,
+)
+
+Echo = Callable[[str], None]
+# The steps the next trial window may use (None: as many as it needs).
+Budget = Callable[[], int | None]
+
+MAX_TRIALS_PER_FIX = 8
+# A loss tolerance is at least this many times the loss noise between two identical GPU runs.
+NOISE_MARGIN = 4.0
+
+
+def loss_noise(options: ProfileOptions, baseline: Run, echo: Echo) -> float | None:
+    """How far the loss of the same seeded steps moves between two identical runs: on a GPU,
+    atomics-based kernels (cuDNN weight gradients, embedding backward) sum in a varying order,
+    so a bit-for-bit tolerance would reject every fix. Measured by running the baseline's steps
+    once more (as many as it recorded losses for: no timing, no settling); None when that run does
+    not complete or records no comparable loss. A CPU run is not repeated: its arithmetic is
+    deterministic, and the tolerances stay as they are."""
+    echo("trainadvisor: running the baseline's seeded steps again to measure the GPU's loss noise")
+    timeout_s = max(60.0, 5 * baseline.raw.wall_s)
+    recorded = sum(1 for loss in baseline.raw.losses if loss is not None)
+    steps = max(2, recorded - options.warmup)
+    quiet = {"profile": False, "show_output": False, "timeout_s": timeout_s}
+    spec = spec_for(options, "noise", steps=steps, size=WindowSize(), **quiet)
+    raw = measure(spec)
+    if not usable(raw):
+        return None
+    check = loss_check(baseline.raw, raw, 0.0)
+    if not check.steps_compared or check.max_rel_diff is None or check.max_rel_diff == float("inf"):
+        return None
+    return check.mean_rel_diff if check.same_batches is False else check.max_rel_diff
+
+
+def tolerance(fix: fixes.Fix, noise_rel: float | None) -> float:
+    """The fix's own loss tolerance, raised above the measured noise of identical runs. An
+    opportunity changes what is learned by design: only a loss that diverges stops it."""
+    if fix.goal == "opportunity":
+        return math.inf
+    return max(fix.loss_tolerance_rel, NOISE_MARGIN * (noise_rel or 0.0))
+
+
+def noise_note(noise_rel: float | None) -> str:
+    if noise_rel is None:
+        return (
+            "The baseline's seeded steps were run twice to measure the GPU's loss noise, but the "
+            "second run did not complete: fixes were held to their own loss tolerances."
+        )
+    return (
+        f"Two identical runs of the baseline's seeded steps differed in loss by up to "
+        f"{100 * noise_rel:.3g}% (GPU kernels that sum in a varying order); every fix was held to "
+        f"at least {NOISE_MARGIN:g}x that."
+    )
+
+
+@dataclass
+class Measured:
+    run: Run | None  # None: nothing was measured (a refused or failed window)
+    raw: RawRun
+    status: TrialStatus
+    reason: str | None
+
+
+# How one candidate is measured: (fix, the window's or run's label, candidate) -> what it measured.
+Measurer = Callable[[fixes.Fix, str, fixes.Setting], Measured]
+
+
+def restarts(
+    options: ProfileOptions,
+    baseline: Run,
+    noise_rel: float | None,
+    length: Callable[[], RunLength | None],
+    learn: Callable[[RawRun], None],
+) -> Measurer:
+    """Each candidate in a fresh run of the script (fitted into the steps the script is known to
+    have, `runs.measure_fitted`), its loss checked against the baseline's."""
+    timeout_s = max(60.0, 5 * baseline.raw.wall_s + options.max_warmup_s)
+
+    def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
+        quiet = {"profile": False, "show_output": False, "timeout_s": timeout_s}
+        run = measure_fitted(
+            lambda known: trial_spec(options, label, candidate.overrides, known, **quiet), length, learn
+        )
+        status, reason = judge_trial(baseline.raw, run.raw, tolerance(fix, noise_rel))
+        return Measured(run, run.raw, status, reason)  # type: ignore[arg-type]
+
+    return measure_candidate
+
+
+def windows(live: LiveRun, options: ProfileOptions, baseline: Run, budget: Budget) -> Measurer:
+    """Each candidate in a window of the live baseline run, switched at a step boundary, fitted
+    into the steps `budget` says the window may use."""
+    step_s = (baseline.step_time_ms.median or 100.0) / 1e3
+
+    def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
+        overrides = candidate.overrides
+        warmup, steps, most = fit(*window_steps(options, overrides), budget())
+        size = size_for(options, overrides, most)
+        # generous: a candidate may be slower than the baseline, and workers take time to start
+        timeout_s = max(60.0, options.max_warmup_s + 20 * ((warmup + steps) * step_s + options.min_time_s))
+        if options.timeout_s is not None:
+            timeout_s = min(timeout_s, options.timeout_s)
+        raw = live.window(label, overrides, warmup, steps, size, timeout_s)
+        if raw is None:
+            gone = RawRun(label, "script_failed", None, live.ended, warmup, steps, 0, 0, [], [], None)
+            return Measured(None, gone, "failed", live.ended)
+        if raw.status == "refused":
+            return Measured(None, raw, "refused", raw.error)
+        if not usable(raw):
+            return Measured(None, raw, "failed", raw.error or live.ended)
+        return Measured(summarize(raw), raw, "measured", cut_short(raw) or None)
+
+    return measure_candidate
+
+
+def tune(
+    fix: fixes.Fix,
+    values: dict[str, Any],
+    measure_candidate: Measurer,
+    echo: Echo,
+    more: Callable[[], bool] = lambda: True,
+) -> list[Trial]:
+    """The fix's candidates, one after another, until it has none left (or `more` says stop)."""
+    trials: list[Trial] = []
+    while len(trials) < MAX_TRIALS_PER_FIX and more():
+        candidate = fix.next_candidate(values, trials)
+        if candidate is None:
+            break
+        measured = measure_candidate(fix, f"{fix.id}-{len(trials) + 1}", candidate)
+        run = measured.run
+        trial = Trial(
+            candidate.label,
+            candidate.overrides,
+            measured.status,
+            run.steps_per_s if run else None,
+            measured.reason,
+            measured.raw,
+            run.samples_per_s if run else None,
+        )
+        trials.append(trial)
+        echo(f"  tried {candidate.label}: {_shown(fix, trial)}")
+    return trials
+
+
+def _shown(fix: fixes.Fix, trial: Trial) -> str:
+    value = fixes.trial_value(trial, fix.metric)
+    shown: str
+    if trial.status != "measured" or not value:
+        shown = trial.status
+    elif fix.metric == "peak_reserved_bytes":
+        shown = f"peak reserved {value / 1e9:.2f} GB"
+    else:
+        shown = f"{value:.1f} {fix.metric.removesuffix('_per_s')}/s"
+    return shown + (f" ({trial.reason})" if trial.reason else "")
+
+
+def decide(
+    planned: PlannedFix, trials: list[Trial], values: dict[str, Any], references: list[Run]
+) -> FixOutcome:
+    """What a fix's trials decide against the baseline: its measurements in `values` (what
+    `choose` reads) and its runs in `references` (the baseline's window, and in trial windows
+    the baseline's setting measured again after them; the faster is what a trial must beat).
+    A chosen trial also carries its own gain over that reference, and is not chosen where its
+    slow windows do not beat the reference's fast ones (a gain within the noise)."""
+    fix = fixes.REGISTRY[planned.fix]
+    note = fix.search_note(trials, values)
+    chosen = fix.choose(trials, values)
+    gain = own_gain(fix, chosen, references) if chosen is not None else None
+    if chosen is not None and gain is not None and fix.goal != "memory" and (gain.low or 0.0) <= 1.0:
+        outcome = FixOutcome(
+            planned.fix, planned.rule, "no_gain",
+            f"{chosen.label} measured {_figure(gain)}: within the spread of the windows, not a reliable gain",
+            Overrides(), trials,
+        )  # fmt: skip
+    elif chosen is not None:
+        outcome = _chosen(planned, fix, chosen, trials, values, gain)
+    elif (blocked := next((t for t in trials if t.status != "measured"), None)) is not None and not any(
+        t.status == "measured" for t in trials
+    ):  # refused | failed | changed_training
+        outcome = FixOutcome(
+            planned.fix,
+            planned.rule,
+            cast(FixStatus, blocked.status),  # a trial's refused | failed | changed_training
+            f"{blocked.label}: {blocked.reason}",
+            Overrides(),
+            trials,
+        )
+    else:
+        outcome = FixOutcome(planned.fix, planned.rule, "no_gain", fix.no_gain, Overrides(), trials)
+    outcome.search = note or ""
+    return outcome
+
+
+def _chosen(
+    planned: PlannedFix,
+    fix: fixes.Fix,
+    chosen: Trial,
+    trials: list[Trial],
+    values: dict[str, Any],
+    gain: Ratio | None,
+) -> FixOutcome:
+    described = fix.describe(chosen, values)
+    status: FixStatus
+    if fix.goal == "memory":
+        status, reason = "recommended", "measured in its own run; " + described
+    elif fix.goal == "opportunity":
+        status = "opportunity"
+        reason = f"measured {_figure(gain)} in its own run; not applied: it changes what is learned"
+    else:
+        status, reason = (
+            "unconfirmed",
+            f"measured {_figure(gain)} in its trial; no confirmation run measured it",
+        )
+    outcome = FixOutcome(planned.fix, planned.rule, status, reason, chosen.overrides, trials, described)
+    if gain is not None:
+        outcome.gain, outcome.gain_low, outcome.unit = gain.speedup, gain.low, gain.unit
+    return outcome
+
+
+def own_gain(fix: fixes.Fix, trial: Trial, references: list[Run]) -> Ratio | None:
+    """The trial's throughput over the fastest reference run's, in the fix's unit."""
+    if trial.raw is None or not references:
+        return None
+    run = summarize(trial.raw)
+    per_sample = fix.metric == "samples_per_s"
+    ratios = [ratio(reference, run, per_sample) for reference in references]
+    found = [r for r in ratios if r.speedup is not None]
+    return min(found, key=lambda r: r.speedup or 0.0) if found else None
+
+
+def _figure(gain: Ratio | None) -> str:
+    if gain is None or gain.speedup is None:
+        return "a gain"
+    if gain.low is None or gain.high is None:
+        return f"{gain.speedup:.2f}x {gain.unit}"
+    return f"{gain.speedup:.2f}x {gain.unit} (range {gain.low:.2f}-{gain.high:.2f}x)"

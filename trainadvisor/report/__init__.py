@@ -1,0 +1,7 @@
+"""Reports, from saved records only: report.json, report.md and report.html and the terminal
+summary of a run (`render`), the report folder's checks and lock (`folder`), `analyze`'s summary
+(`analyze`), `compare` and its CI gate (`compare`), the merge of several nodes' reports
+(`merge`) and Markdown that shows user text as text (`mdtext`).
+
+May import: analyze/ (summaries of runs), engine, records and the top-level helpers; never
+profile/, advising/ or measure/ (a report is re-rendered without running anything)."""

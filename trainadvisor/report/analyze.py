@@ -1,0 +1,84 @@
+"""What `analyze` prints: a block per trace (a few traces), or the rank table (many ranks),
+then one line per finding and the notes, wrapped to a terminal's width."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainadvisor.analyze.facts import HOST_ITEM
+from trainadvisor.analyze.rank_table import RankRow, RankTable, table_lines
+from trainadvisor.records import Report
+from trainadvisor.report.render import LABELS, _wrap
+
+BLOCKS_UP_TO = 3  # traces shown one block each; more are shown a line each
+LINES_UP_TO = 12
+_SYNC_NAMES = {"stream_sync": "stream", "device_sync": "device", "item": ".item()", "copy_sync": "in copies"}
+
+
+def _header(a: Any) -> str:
+    rank = f" (rank {a.rank} of {a.world_size})" if a.rank is not None else ""
+    how = "" if a.steps_marked else " (found without markers)" if a.steps_found else " (one window)"
+    return f"{Path(a.path).name}{rank}: {len(a.steps)} steps, {a.step_time_ms_mean or 0:.1f} ms/step{how}"
+
+
+def _facts(a: Any) -> list[str]:
+    facts = []
+    if a.gpu_busy_pct is not None:
+        facts.append(f"GPU busy {a.gpu_busy_pct:.1f}%")
+    if a.tensor_core_pct is not None:
+        unknown = a.tensor_core_unknown_pct
+        extra = f" ({unknown:.0f}% of matrix time of unknown precision)" if unknown else ""
+        facts.append(f"Tensor Core kernel time {a.tensor_core_pct:.1f}%{extra}")
+    if a.h2d_pageable or a.h2d_pinned or a.h2d_unknown:
+        unknown_copies = f" / {a.h2d_unknown} of unknown kind" if a.h2d_unknown else ""
+        facts.append(f"H2D copies {a.h2d_pageable} pageable / {a.h2d_pinned} pinned{unknown_copies}")
+    syncs = {kind: count for kind, count in a.syncs.items() if kind != HOST_ITEM}
+    if syncs:
+        facts.append("syncs " + ", ".join(f"{v} {_SYNC_NAMES.get(k, k)}" for k, v in sorted(syncs.items())))
+    if a.syncs.get(HOST_ITEM):
+        facts.append(f"{a.syncs[HOST_ITEM]} .item() that waited for no device")
+    if a.allocator_calls:
+        facts.append(f"{a.allocator_calls} device malloc/free calls in the steps")
+    if a.graph_launches:
+        facts.append(f"{a.graph_launches} graph launches ({a.graph_kernels} kernels)")
+    if a.peak_reserved_bytes:
+        facts.append(f"peak reserved {a.peak_reserved_bytes / 2**30:.2f} GiB")
+    return facts
+
+
+def _block(a: Any) -> list[str]:
+    lines = [_header(a)]
+    parts = ", ".join(f"{LABELS[k]} {v:.1f}%" for k, v in a.breakdown_pct.items() if v >= 0.05)
+    lines += _wrap(f"  {parts}")
+    facts = _facts(a)
+    if facts:
+        lines += _wrap("  " + "; ".join(facts))
+    return lines
+
+
+def _ranks(plain: dict[str, Any]) -> list[str]:
+    table = RankTable(**{**plain, "rows": [RankRow(**row) for row in plain["rows"]]})
+    return [f"{len(table.rows)} ranks, per step in ms:", *table_lines(table)]
+
+
+def analysis_summary(report: Report, analyses: list[Any], out_dir: Path) -> str:
+    """The diagnosis `analyze` prints."""
+    lines: list[str] = []
+    if len(analyses) <= BLOCKS_UP_TO:
+        for a in analyses:
+            lines += _block(a)
+    elif report.ranks:
+        lines += _ranks(report.ranks)
+    else:
+        lines += [_header(a) for a in analyses[:LINES_UP_TO]]
+        if len(analyses) > LINES_UP_TO:
+            lines.append(f"... and {len(analyses) - LINES_UP_TO} more traces (report.md lists them all)")
+    if report.ranks and len(analyses) <= BLOCKS_UP_TO:
+        lines += _ranks(report.ranks)
+    for finding in report.findings:
+        lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
+    for note in report.notes:
+        lines += _wrap(f"  note: {note}")
+    lines.append(f"  report: {out_dir / 'report.html'}")
+    return "\n".join(lines)

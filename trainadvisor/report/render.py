@@ -1,0 +1,402 @@
+"""Rendering: report.json (the whole saved pipeline state, re-renderable), report.md (a
+pull-request-sized summary), report.html (one self-contained file, pictures as inline SVG), and
+the short terminal diagnosis. Pure: a Report in, text out."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+
+from trainadvisor import _serial
+from trainadvisor.analyze.summary import BREAKDOWN_KEYS, window_samples
+from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
+from trainadvisor.report import mdtext
+
+COLORS = {
+    "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",
+    "kernel": "#5b9bd5", "memcpy": "#f0ad4e", "memset": "#e8c36a", "communication": "#8e6bbf",
+    "runtime": "#7fb77e", "other_host": "#9aa5b1", "idle": "#dddddd",
+}  # fmt: skip
+LABELS = {
+    "data_wait": "data wait", "h2d_copy": "host-to-device copy", "compute": "compute & other",
+    "kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset", "communication": "communication",
+    "runtime": "CUDA runtime", "other_host": "other host work", "idle": "idle",
+}  # fmt: skip
+
+
+def headline(report: Report) -> str:
+    """One sentence: what the fixes measured, and what held the loop back."""
+    text = _gain_sentence(report)
+    top = report.findings[0] if report.findings else None
+    if text and top is not None:  # the main bottleneck: the most severe finding
+        text += f"; the bottleneck: {top.title[0].lower()}{top.title[1:]}"
+    elif top is not None:
+        text = f"{top.title} ({top.severity})"
+        if report.fix_outcomes:  # fixes were measured (not: --no-fix, a failed script, analyze)
+            text += "; no fix was kept"
+    elif not text:
+        if report.baseline is None or not report.baseline.steps:
+            return "Nothing was measured"
+        text = "No bottleneck found by the rules in the profiled window"
+    for outcome in report.fix_outcomes:
+        if outcome.status == "opportunity" and outcome.gain:
+            text += (
+                f"; opportunity: {outcome.gain:.2f}x {outcome.unit} with {_short(outcome.chosen)}, "
+                f"which changes training ({outcome.fix})"
+            )
+    return text
+
+
+def _gain_sentence(report: Report) -> str:
+    """The confirmed gain of the kept fixes, or else the largest gain a trial measured that no
+    confirmation run could check ("" when there is neither)."""
+    kept = [o for o in report.fix_outcomes if o.status == "kept"]
+    comparison = report.comparison
+    if kept and comparison and comparison.speedup:
+        text = (
+            f"{comparison.speedup:.2f}x faster in {comparison.unit} (range {comparison.speedup_low:.2f}-"
+            f"{comparison.speedup_high:.2f}x across windows) after " + ", ".join(o.fix for o in kept)
+        )
+        if comparison.unit == "samples/s" and report.baseline and report.after:
+            text += (
+                f" (in samples/s: the batch size changed; steps/s went from "
+                f"{report.baseline.steps_per_s or 0:.1f} to {report.after.steps_per_s or 0:.1f})"
+            )
+        if comparison.cut:
+            text += f", confirmed on what the script's length allowed ({comparison.timed_steps} timed steps)"
+        return text
+    unconfirmed = [o for o in report.fix_outcomes if o.status == "unconfirmed" and o.gain]
+    if unconfirmed:
+        best = max(unconfirmed, key=lambda o: o.gain or 0.0)
+        return (
+            f"{best.gain:.2f}x faster in {best.unit} in trial windows with {best.fix} "
+            f"({_short(best.chosen)}), not confirmed in a fresh run"
+        )
+    return ""
+
+
+def _short(chosen: str) -> str:
+    """A setting in words without what follows its colon (the learning-rate rule of a batch size)."""
+    return chosen.split(":", 1)[0]
+
+
+def fix_line(outcome: FixOutcome) -> str:
+    """A fix's outcome in one line, the same in the terminal, report.md and report.html: its
+    status, the setting, why, and its own measured gain beside the combination's."""
+    chosen = f" ({outcome.chosen})" if outcome.chosen else ""
+    text = f"{outcome.status.replace('_', ' ')}{chosen}: {outcome.reason}"
+    if outcome.status == "kept" and outcome.gain:
+        low = f", range from {outcome.gain_low:.2f}x" if outcome.gain_low is not None else ""
+        text += f"; its own trial: {outcome.gain:.2f}x {outcome.unit}{low}"
+        if outcome.added_gain:
+            text += f"; on top of the other kept fixes: {outcome.added_gain:.2f}x"
+    return text
+
+
+def after_line(report: Report, settings: bool = True) -> str | None:
+    """What the after run contained, in words, with each fix's settings unless `settings` is
+    False (the terminal, whose fix lines give them); None without an after run."""
+    if report.after is None:
+        return None
+    contains = report.comparison.contains if report.comparison else []
+    if not contains or not settings:
+        contains = [c.split(":", 1)[0] for c in contains] or [
+            o.fix for o in report.fix_outcomes if o.status in ("kept", "unconfirmed")
+        ]
+    changed = "; ".join(contains) or "nothing"
+    if not report.after.steps:
+        return f"the after run ({changed}) timed no step"
+    kept = any(o.status == "kept" for o in report.fix_outcomes)
+    return f"the after run changed {changed} ({'kept' if kept else 'not kept'})"
+
+
+# ---- pictures (geometry computed here, drawn by the template) ----
+
+
+@dataclass
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    title: str
+
+
+def breakdown_keys(runs: list[Run]) -> list[str]:
+    """The breakdown's parts, in order: profile's (data wait, copy, compute) or a trace's."""
+    keys: list[str] = []
+    for run in runs:
+        keys += [key for key in run.breakdown_pct if key not in keys]
+    return keys or list(BREAKDOWN_KEYS)
+
+
+def breakdown_bars(runs: list[Run], width: float = 560.0) -> list[dict[str, Any]]:
+    """One horizontal stacked bar per run, scaled to the slowest run's mean step time."""
+    longest = max((sum(r.breakdown_ms_per_step.values()) for r in runs), default=0.0) or 1.0
+    rows = []
+    for row, run in enumerate(runs):
+        x, bars = 0.0, []
+        for key in breakdown_keys(runs):
+            ms = run.breakdown_ms_per_step.get(key, 0.0)
+            w = width * ms / longest
+            pct = run.breakdown_pct.get(key, 0.0)
+            bars.append(Bar(x, row * 34.0, w, 24.0, COLORS[key], f"{LABELS[key]}: {ms:.1f} ms ({pct:.0f}%)"))
+            x += w
+        rows.append({"label": run.label, "bars": bars, "total_ms": sum(run.breakdown_ms_per_step.values())})
+    return rows
+
+
+def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_ms: float = 0.0) -> list[Bar]:
+    """One stacked column per timed step: data wait at the bottom, the rest of the step above.
+    (Copy time is known only for the traced steps, so it is not split out here.)"""
+    steps = timed_steps(run.raw)
+    if not steps:
+        return []
+    top = scale_ms or max(s.step_ms for s in steps)
+    column = width / len(steps)
+    bars = []
+    for i, s in enumerate(steps):
+        y = height
+        parts = {
+            "data_wait": s.data_wait_ms,
+            "h2d_copy": s.h2d_copy_ms,
+            "compute": max(s.step_ms - s.data_wait_ms - s.h2d_copy_ms, 0.0),
+        }
+        for key, ms in parts.items():
+            h = height * ms / top
+            y -= h
+            bars.append(
+                Bar(
+                    i * column + 1,
+                    y,
+                    max(column - 2, 1.0),
+                    h,
+                    COLORS[key],
+                    f"step {s.index}: {LABELS[key]} {ms:.1f} ms of {s.step_ms:.1f} ms",
+                )
+            )
+    return bars
+
+
+def _window_lines(
+    run: Run,
+    main: Callable[[HostSample], float],
+    workers: Callable[[HostSample], float],
+    gpu: Callable[[GpuSample], float | None],
+    floor: float,
+    width: float,
+    height: float,
+) -> tuple[dict[str, str], float]:
+    """SVG polyline points of the main process, its workers and the GPU over the timed
+    window, on one scale from 0 to the largest value (at least `floor`); with that top."""
+    window_ms = sum(s.step_ms for s in timed_steps(run.raw)) or 1.0
+    host = window_samples(run.raw, run.raw.host_samples)
+    sampled = window_samples(run.raw, run.raw.gpu_samples)
+    # One line: the first GPU sampled (under torchrun each rank's GPU is sampled), and only
+    # the samples that hold the value (a MIG instance reports no utilisation).
+    first = sampled[0].device if sampled else None
+    device = [(g.t_ms, value) for g in sampled if g.device == first and (value := gpu(g)) is not None]
+    if len(host) < 2:
+        return {}, 0.0
+    top = max(floor, *(max(main(h), workers(h)) for h in host), *(v for _, v in device))
+
+    def points(series: list[tuple[float, float]]) -> str:
+        return " ".join(f"{width * t / window_ms:.1f},{height - height * v / top:.1f}" for t, v in series)
+
+    lines = {
+        "main": points([(h.t_ms, main(h)) for h in host]),
+        "workers": points([(h.t_ms, workers(h)) for h in host]),
+    }
+    if len(device) >= 2:
+        lines["gpu"] = points(device)
+    return lines, top
+
+
+def usage_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
+    """CPU use of the main process and of the DataLoader workers, and GPU utilisation when
+    NVML sampled it, in percent."""
+    lines, top = _window_lines(
+        run, lambda h: h.main_cpu_pct, lambda h: h.workers_cpu_pct, lambda g: g.util_pct, 100.0, width, height
+    )
+    return {**lines, "top": f"{top:.0f}"} if lines else {}
+
+
+def memory_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[str, str]:
+    """Resident memory of the main process and of the workers, and GPU memory in use when
+    NVML sampled it, on one scale."""
+    lines, top = _window_lines(
+        run,
+        lambda h: float(h.main_rss_bytes),
+        lambda h: float(h.workers_rss_bytes),
+        lambda g: float(g.memory_used_bytes) if g.memory_used_bytes is not None else None,
+        1.0,
+        width,
+        height,
+    )
+    return {**lines, "top": f"{top / 1e9:.2f} GB"} if lines else {}
+
+
+# ---- rendering ----
+
+
+def _environment(templates: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates)),
+        autoescape=jinja2.select_autoescape(["html", "html.j2"], default_for_string=False),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = _number
+    env.filters["diff_lines"] = _diff_lines
+    env.filters["code_spans"] = _code_spans
+    env.filters["md"], env.filters["md_cell"] = mdtext.inline, mdtext.cell
+    env.filters["md_code"], env.filters["fence"] = mdtext.code, mdtext.fence
+    return env
+
+
+def _code_spans(text: str) -> markupsafe.Markup:
+    """Text escaped for HTML, with its `backtick` spans as <code>."""
+    parts = mdtext.spans(str(markupsafe.escape(text)))
+    return markupsafe.Markup("".join(f"<code>{p}</code>" if is_code else p for p, is_code in parts))
+
+
+def _diff_lines(diff: str) -> list[tuple[str, str]]:
+    """(css class, text) of each line of a unified diff."""
+    lines = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        else:
+            kind = {"+": "add", "-": "del"}.get(line[:1], "ctx")
+        lines.append((kind, line))
+    return lines
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _context(report: Report) -> dict[str, Any]:
+    runs = [r for r in (report.baseline, report.after) if r is not None]
+    scale = max((s.step_ms for r in runs for s in timed_steps(r.raw)), default=0.0)
+    return {
+        "r": report,
+        "headline": headline(report),
+        "runs": runs,
+        "breakdown": breakdown_bars(runs),
+        "timelines": [(run, timeline_bars(run, scale_ms=scale)) for run in runs],
+        "cpu": [(run, usage_lines(run)) for run in runs],
+        "memory": [(run, memory_lines(run)) for run in runs],
+        "colors": COLORS,
+        "labels": LABELS,
+        "keys": breakdown_keys(runs),
+        "loss_sentence": loss_sentence,
+        "fix_line": fix_line,
+        "after_line": after_line(report),
+    }
+
+
+def render_html(report: Report, templates: Path) -> str:
+    return _environment(templates).get_template("report.html.j2").render(**_context(report))
+
+
+def render_markdown(report: Report, templates: Path) -> str:
+    return _environment(templates).get_template("report.md.j2").render(**_context(report))
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(_serial.to_plain(report), indent=1, allow_nan=False) + "\n"
+
+
+def write_report(report: Report, out_dir: Path, templates: Path) -> None:
+    """report.json, report.md and report.html, each written atomically (JSON first: the other
+    two are renderings of it)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _serial.write_atomically(out_dir / "report.json", report_json(report))
+    _serial.write_atomically(out_dir / "report.md", render_markdown(report, templates))
+    _serial.write_atomically(out_dir / "report.html", render_html(report, templates))
+
+
+def load_report(out_dir: Path) -> Report:
+    return _serial.load_json(Report, out_dir / "report.json")
+
+
+def terminal_summary(report: Report, out_dir: Path) -> str:
+    """The diagnosis printed at the end of a run: fits in 80 columns, a dozen lines."""
+    lines = _wrap(f"trainadvisor: {headline(report)}")
+    base = report.baseline
+    samples = report.comparison is not None and report.comparison.unit == "samples/s"
+    if base is not None and base.steps:
+        lines.append(_run_line("before", base, samples))
+    if report.after is not None:
+        if report.after.steps:
+            lines.append(_run_line("after", report.after, samples))
+        lines += _wrap(f"         {after_line(report, settings=False)}")
+    if base is not None and base.ranks:
+        times = [r.step_time_ms_mean for r in base.ranks if r.step_time_ms_mean is not None]
+        spread = f", step time {min(times):.1f}-{max(times):.1f} ms" if times else ""
+        failed = [
+            f"rank {r.rank} {r.status.replace('_', ' ')}" for r in base.ranks if r.status != "window_complete"
+        ]
+        lines += _wrap(f"  ranks: {len(base.ranks)}{spread}" + (f"; {', '.join(failed)}" if failed else ""))
+    for finding in report.findings:
+        lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
+    for outcome in report.fix_outcomes:
+        lines += _wrap(f"  fix {outcome.fix}: {fix_line(outcome)}")
+        if outcome.setting_change:
+            lines += _wrap(f"      where to set it: {outcome.setting_change}")
+    if report.comparison:
+        lines += _wrap(f"  {loss_sentence(report.comparison.loss_check)}")
+    for note in report.notes:
+        lines += _wrap(f"  note: {note}")
+    lines.append(f"  report: {out_dir / 'report.html'}")
+    return "\n".join(lines)
+
+
+def loss_sentence(check: LossCheck) -> str:
+    if check.equivalent is None:
+        return "training not compared: no scalar loss was seen in the steps"
+    if check.max_abs_diff == 0:
+        return f"training unchanged: the loss of {check.steps_compared} seeded steps is identical"
+    verdict = "unchanged" if check.equivalent else "CHANGED"
+    tolerance = f"tolerance {100 * check.tolerance_rel:.2g}%"
+    if check.same_batches is False and check.mean_rel_diff is not None:
+        return (
+            f"training {verdict}: the mean loss of {check.steps_compared} seeded steps differs by "
+            f"{100 * check.mean_rel_diff:.2g}% ({tolerance}; the batches differ between runs)"
+        )
+    return (
+        f"training {verdict}: the loss of {check.steps_compared} seeded steps differs by at most "
+        f"{check.max_abs_diff:.3g} ({100 * (check.max_rel_diff or 0):.2g}%, {tolerance})"
+    )
+
+
+def _wrap(text: str, width: int = 80) -> list[str]:
+    indent = " " * (len(text) - len(text.lstrip()) + 4)
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [text]
+
+
+def _run_line(name: str, run: Run, samples: bool = False) -> str:
+    pct = run.breakdown_pct
+    rate = f"{run.samples_per_s or 0:9.1f} samples/s" if samples else f"{run.steps_per_s or 0:7.1f} steps/s"
+    return (
+        f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, "
+        f"{rate}, data wait {pct.get('data_wait', 0):.0f}%"
+    )
