@@ -332,7 +332,10 @@ def test_a_hung_rank_is_found_by_the_watchdog_and_every_rank_is_stopped(tmp_path
     assert code == 3
     line = err.splitlines()[-1]
     assert "no training step or batch for 5 s" in line and "the script looks stuck and was stopped" in line
-    assert "rank 1 at ddp_train.py:79 in main" in line and "rank 0 at ddp_train.py:" in line
+    asleep = next(
+        i for i, text in enumerate(script.read_text().splitlines(), 1) if "time.sleep(3600)" in text
+    )
+    assert f"rank 1 at ddp_train.py:{asleep} in main" in line and "rank 0 at ddp_train.py:" in line
     assert sorted(p.name for p in (out / "logs").glob("*.stacks.txt")) == [
         "baseline.rank0.stacks.txt", "baseline.rank1.stacks.txt",
     ]  # fmt: skip

@@ -8,6 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import EXAMPLES, SCRIPTS, SHORT, load_report, processes_running, run_cli
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
@@ -18,6 +19,7 @@ RUN_KEYS = {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_
 EXACT = ("--max-warmup", "0", "--min-time", "0")
 
 
+@pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
 def test_slow_input_is_diagnosed_fixed_and_reported(
     slow_input_report: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
@@ -72,6 +74,7 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     assert str(out / "report.html") in result.stdout
 
 
+@pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
 def test_report_files_are_written(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     _, out = slow_input_report
     html = (out / "report.html").read_text()
@@ -104,6 +107,7 @@ def test_report_files_are_written(slow_input_report: tuple[subprocess.CompletedP
         assert traced == [None, *range(1, 11)]
 
 
+@pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
 def test_no_process_is_left_behind(slow_input_report: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     assert processes_running("slow_input_mnist.py", slow_input_report[1]) == []
 

@@ -40,6 +40,7 @@ def test_which_fixes_switch_while_the_loop_runs() -> None:
     )
 
 
+@pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
 def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
     slow_input_report: tuple[Any, Path],
 ) -> None:
@@ -68,7 +69,8 @@ def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
 def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Path) -> None:
     """Reads serialised by one lock: workers cannot help, but every later window is faster.
     Judged against the first baseline window alone, the first trial would have passed."""
-    report = _profile(tmp_path, SCRIPTS / "warming_cache.py")
+    # a warm-up capped at 2 s: waiting for the loop to settle would wait out the warming itself
+    report = _profile(tmp_path, "--max-warmup", "2s", SCRIPTS / "warming_cache.py")
     outcome = _outcome(report, "dataloader-workers")
     windows = report["trial_windows"]
     first, again = windows[0]["steps_per_s"], windows[-1]["steps_per_s"]

@@ -305,3 +305,17 @@ def test_a_plateau_the_warmup_settled_on_is_left_out_when_the_loop_speeds_up_whi
     assert (window.shape.slid_steps, window.shape.warmup_steps) == (11, 27)
     assert len(window.records) == 30 and {round(r.step_ms, 6) for r in window.records} == {1.0}
     assert round(window.records[0].start_ms, 6) == 0.0 and round(window.shape.timed_s, 6) == 0.030
+
+
+def test_a_loop_with_a_period_longer_than_a_block_settles_on_longer_blocks() -> None:
+    """Every 12th step takes 30 ms (a DataLoader rebuilt every short epoch forks its workers
+    anew): blocks of the first size never agree, so after six of them the blocks double, and
+    blocks spanning the period agree."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=2, settle=SETTLE), clock.clock())
+    steps = 0
+    while window.phase == "warmup" and steps < 1000:
+        _steps(window, clock, [30.0 if steps % 12 == 11 else 1.0])
+        steps += 1
+    assert (steps, window.shape.warmup_end, window.blocks and window.blocks.scale) == (84, "settled", 2)
+    assert [round(ms, 3) for ms in window.shape.block_ms[-3:]] == [3.417, 3.417, 3.417]

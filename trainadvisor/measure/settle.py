@@ -49,23 +49,34 @@ class Settling:
 
 @dataclass
 class Blocks:
-    """The warm-up's steps, cut into blocks as they come."""
+    """The warm-up's steps, cut into blocks as they come. A loop with a period longer than a block
+    (a DataLoader rebuilt every short epoch, its workers forked anew; a validation every few
+    dozen steps) never gives three alike blocks: after twice `blocks` blocks of one size that did
+    not settle, the blocks double in length and steps (as timeit's autorange grows its loops),
+    and only blocks of the new size are compared."""
 
     settling: Settling
     block_ms: list[float] = field(default_factory=list)  # time per step of each finished block
+    scale: int = 1  # the blocks' length, in multiples of the settling's
+    _sized: int = 0  # finished blocks of the current size
     _steps: int = 0
     _s: float = 0.0
 
     def add(self, step_s: float) -> None:
         self._steps += 1
         self._s += step_s
-        if self._steps >= self.settling.block_steps and self._s >= self.settling.block_s - 1e-9:
-            self.block_ms.append(1e3 * self._s / self._steps)
-            self._steps, self._s = 0, 0.0
+        enough_s = self.scale * self.settling.block_s - 1e-9
+        if self._steps < self.scale * self.settling.block_steps or self._s < enough_s:
+            return
+        self.block_ms.append(1e3 * self._s / self._steps)
+        self._steps, self._s = 0, 0.0
+        self._sized += 1
+        if not self.settled and self._sized >= 2 * self.settling.blocks:
+            self.scale, self._sized = 2 * self.scale, 0
 
     @property
     def settled(self) -> bool:
-        last = self.block_ms[-self.settling.blocks :]
-        if len(last) < self.settling.blocks:
+        if self._sized < self.settling.blocks:
             return False
+        last = self.block_ms[-self.settling.blocks :]
         return max(last) <= (1.0 + self.settling.tolerance) * min(last)
