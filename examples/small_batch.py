@@ -6,7 +6,9 @@ all of its memory stays free. `--detect-anomaly` leaves autograd's anomaly detec
 debugging aid that slows every step.
 
 What trainadvisor should find on a GPU: `gpu-underutilized` (fix `batch-size`, which searches
-the batch size with the most samples per second) and `launch-bound` (fix `fused-optimizer`).
+the batch size with the most samples per second) and `host-bound` (on the H100: 95 kernels a
+step of about 3 us each, the GPU busy 4% of the step, the host 74% in its own work; fixes
+`fused-optimizer`, `compile`, `batch-size`).
 With `--detect-anomaly`, on any device: `anomaly-detection-on`.
 
     trainadvisor profile examples/small_batch.py

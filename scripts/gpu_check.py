@@ -102,7 +102,7 @@ CHECKS = [
           [kept("dataloader-workers", 3.0)]),
     Check("fp32-matmul", "fp32_matmul.py", ["--epochs", "40", *GPU], ["no-mixed-precision"],
           [kept("amp", 1.3)]),
-    Check("small-batch", "small_batch.py", ["--epochs", "4", *GPU], ["gpu-underutilized"],
+    Check("small-batch", "small_batch.py", ["--epochs", "4", *GPU], ["gpu-underutilized", "host-bound"],
           [opportunity("batch-size")]),
     Check("host-tensors", "host_tensors.py", ["--epochs", "4", *GPU], ["cpu-tensor-creation", "host-sync"]),
     Check("anomaly", "small_batch.py", ["--epochs", "2", "--detect-anomaly", *GPU], ["anomaly-detection-on"]),

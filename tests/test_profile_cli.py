@@ -321,6 +321,8 @@ def test_loader_variants_get_the_fix_at_their_call_site(tmp_path: Path) -> None:
         "--steps",
         "10",
         *SHORT,
+        "--max-warmup",  # a loader rebuilt every 12 steps with 8 workers settles slowly: what
+        "3s",  # is tested is where the fix goes, not how long a trial waits to settle
         "--out",
         out,
         SCRIPTS / "loader_variants.py",

@@ -33,9 +33,10 @@ def write_rule(folder: Path, rule_id: str = "x", condition: str = "a > 1", messa
 
 
 SHIPPED = [
-    "allocator-churn", "anomaly-detection-on", "comm-bound", "cpu-tensor-creation", "cudnn-benchmark",
-    "data-parallel", "data-stall", "gpu-underutilized", "host-sync", "launch-bound", "memory-pressure",
-    "no-mixed-precision", "pageable-h2d-copy", "straggler",
+    "allocator-churn", "anomaly-detection-on", "comm-bound", "compute-bound", "cpu-tensor-creation",
+    "cudnn-benchmark", "data-parallel", "data-stall", "gpu-underutilized", "graph-breaks", "host-bound",
+    "host-sync", "launch-bound", "memory-pressure", "no-mixed-precision", "pageable-h2d-copy",
+    "recompilation", "straggler",
 ]  # fmt: skip
 
 

@@ -319,3 +319,17 @@ def test_a_loop_with_a_period_longer_than_a_block_settles_on_longer_blocks() -> 
         steps += 1
     assert (steps, window.shape.warmup_end, window.blocks and window.blocks.scale) == (84, "settled", 2)
     assert [round(ms, 3) for ms in window.shape.block_ms[-3:]] == [3.417, 3.417, 3.417]
+
+
+def test_the_timed_steps_start_over_at_most_twice() -> None:
+    """A loop that keeps slowing down (each step 2% slower than the last) never has timed halves
+    that agree: the timed steps start over twice, then are timed as they are."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=10, settle=SETTLE), clock.clock())
+    _steps(window, clock, [5.0] * 16)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    step_ms = 5.0
+    while window.phase != "done":
+        step_ms *= 1.02
+        _steps(window, clock, [step_ms])
+    assert (window.slides, window.shape.slid_steps, len(window.records)) == (2, 10, 10)

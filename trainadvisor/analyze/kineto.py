@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trainadvisor.analyze import callsites, copies, device
+from trainadvisor.analyze import callsites, copies, device, host
 from trainadvisor.analyze import intervals as iv
 from trainadvisor.analyze.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
 from trainadvisor.analyze.facts import HOST_ITEM, gather
@@ -66,6 +66,7 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...], workers: int | None) -> 
     _per_step_counts(step_list, host_spans, facts, creations, device.allocator_calls(t))
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
+    analysis.host_busy_pct = host.host_busy_pct(t, step_list)
     return analysis
 
 

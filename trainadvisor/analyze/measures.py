@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from trainadvisor.analyze.kineto import TraceAnalysis
+from trainadvisor.compute.dynamo import compile_measurements
 
 # GPUs whose name says AMD: ROCm reports a GCN/CDNA generation in computeMajor, not a CUDA
 # compute capability, so the NVIDIA capability thresholds do not apply to them.
@@ -21,6 +22,7 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
     step_ms = statistics.fmean(s.dur_us / 1e3 for s in steps) if steps else None
     table: dict[str, Any] = {
         "gpu_busy_pct": a.gpu_busy_pct,
+        "host_busy_pct": a.host_busy_pct,
         "tensor_core_pct": a.tensor_core_pct,
         "matmul_pct": a.matmul_pct,
         "fp32_matmul_pct": a.fp32_matmul_pct,
@@ -114,6 +116,8 @@ def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
         table.update(memory_measurements(*peaks, memory.get("total_bytes"), *limit))
         table["alloc_retries"] = memory.get("alloc_retries", 0)
         table["ooms"] = memory.get("ooms", 0)
+    # torch.compile's graph breaks, recompilations and compile time (`compute.dynamo`)
+    table.update(compile_measurements(runtime.get("compile") or {}))
     return table
 
 

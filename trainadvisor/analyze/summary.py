@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainadvisor.analyze.energy import run_energy
 from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
 from trainadvisor.analyze.ranks import rank_measurements
+from trainadvisor.compute.mfu import utilization
 from trainadvisor.frameworks.vocab import loop_call
 from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, timed_steps
 
@@ -126,11 +128,13 @@ def summarize(raw: RawRun) -> Run:
     mean_ms = total_ms / len(steps) if steps else 0.0
     samples = [s.samples for s in steps]
     gpu_ms = [s.gpu_ms for s in steps if s.gpu_ms is not None]  # CUDA events, on a GPU
+    steps_per_s = len(steps) / (total_ms / 1e3) if total_ms > 0 else None
+    gpu_name = raw.device.gpu_name if raw.device is not None else None
     return Run(
         label=raw.label,
         steps=len(steps),
         step_time_ms=stats([s.step_ms for s in steps]),
-        steps_per_s=len(steps) / (total_ms / 1e3) if total_ms > 0 else None,
+        steps_per_s=steps_per_s,
         samples_per_s=(
             sum(n for n in samples if n is not None) / (total_ms / 1e3)
             if steps and total_ms > 0 and all(n is not None for n in samples)
@@ -141,6 +145,8 @@ def summarize(raw: RawRun) -> Run:
         window_steps_per_s=window_throughputs(raw),
         raw=raw,
         gpu_step_time_ms=stats(gpu_ms) if gpu_ms else None,
+        utilization=utilization(raw.runtime, gpu_name, steps_per_s),
+        energy=run_energy(raw),
     )
 
 
@@ -187,6 +193,9 @@ def named_measurements(run: Run) -> dict[str, Any]:
     table["dataloaders"] = len(raw.loaders)
     if loader is not None:
         table.update({name: getattr(loader, field) for name, field in LOADER_MEASUREMENTS.items()})
+    use = run.utilization
+    if use is not None:  # FLOPs of the step against the hardware's peak (compute.mfu)
+        table.update(mfu_pct=use.mfu_pct, achieved_tflops=use.achieved_tflops, peak_tflops=use.peak_tflops)
     inside = window_samples(raw, raw.host_samples)
     workers = [h.workers_cpu_pct for h in inside]
     main = [h.main_cpu_pct for h in inside]

@@ -93,4 +93,5 @@ class TraceAnalysis:
     graph_launches: int = 0  # CUDA/HIP graph launches
     graph_kernels: int = 0  # kernels those launches ran
     allocator_calls: int = 0  # device malloc/free calls inside the steps
+    host_busy_pct: float | None = None  # of step time, the loop's threads in their own work (`host`)
     time_unit_note: str = ""

@@ -11,6 +11,7 @@ from typing import Any
 from trainadvisor.fixes.amp import Amp
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.fixes.common import NO_GAIN, Fix, Setting
+from trainadvisor.fixes.compile import Compile
 from trainadvisor.fixes.cudnn_benchmark import CudnnBenchmark
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.fixes.fused_optimizer import FusedOptimizer
@@ -23,7 +24,7 @@ REGISTRY: dict[str, Fix] = {
     fix.id: fix
     for fix in (
         DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
-        GradAccumulation(),
+        GradAccumulation(), Compile(),
     )
 }  # fmt: skip
 

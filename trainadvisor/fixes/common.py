@@ -92,6 +92,12 @@ class Fix:
         """The trial worth keeping (`values`: the baseline's measurements), or None."""
         raise NotImplementedError
 
+    def verdict(self, trial: Trial, values: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+        """Where the chosen trial's gain alone does not decide: (a status in place of the
+        usual one, "" to keep it; the reason in words; figures for the outcome's fields), else
+        None. (`compile`: whether the run is long enough to pay for compiling.)"""
+        return None
+
     def describe(self, trial: Trial, values: dict[str, Any]) -> str:
         """The chosen settings in words, e.g. 'num_workers=8, persistent_workers=True'."""
         return trial.label

@@ -120,6 +120,11 @@ def _transformers(t: Translation, runtime: dict[str, Any], current: dict[str, An
         t.settings["tf32"] = True
     if runtime.pop("fused_optimizer", None):
         t.settings["optim"] = "adamw_torch_fused"
+    mode = runtime.pop("compile", None)
+    if mode:
+        t.settings["torch_compile"] = True
+        if mode != "default":
+            t.settings["torch_compile_mode"] = mode
     k = runtime.pop("grad_accumulation", None)
     if k:
         t.settings["gradient_accumulation_steps"] = _accumulated(
@@ -185,6 +190,7 @@ WHERE = {
         "amp": "`bf16=True` (or `fp16=True`) in TrainingArguments",
         "tf32": "`tf32=True` in TrainingArguments",
         "fused-optimizer": '`optim="adamw_torch_fused"` in TrainingArguments',
+        "compile": "`torch_compile=True` in TrainingArguments",
     },
     "lightning": {
         "dataloader-workers": (
@@ -199,6 +205,7 @@ WHERE = {
         "tf32": '`torch.set_float32_matmul_precision("high")`',
         "cudnn-benchmark": "`Trainer(benchmark=True)`",
         "fused-optimizer": "`fused=True` on the optimizer configure_optimizers returns",
+        "compile": "`model = torch.compile(model)` before `trainer.fit(model)`",
     },
     "accelerate": {
         "dataloader-workers": (

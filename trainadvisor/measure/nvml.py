@@ -3,8 +3,8 @@
 The GPUs sampled are the ones the training processes say they train on, found by UUID: CUDA's
 device order is not NVML's (CUDA puts the fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID),
 and CUDA_VISIBLE_DEVICES may hold UUIDs or MIG instances. Each field is read on its own: a MIG
-instance reports memory but no utilisation, some boards no power or clocks. `status` says in
-words what was sampled and what was not, and why."""
+instance reports memory but no utilisation, some boards no power or clocks, GPUs before Volta
+no energy counter. `status` says in words what was sampled and what was not, and why."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ _INIT_ERRORS = {
         "the NVIDIA driver and its library differ in version (reboot after a driver update)"
     ),
 }
+# The fields `status` names when missing; not the energy counter: a run's `Energy` says how its
+# energy was measured instead.
 _FIELDS = ("utilisation", "memory", "power", "SM clock", "processes")
 
 
@@ -111,6 +113,8 @@ class NvmlSampler:
 
     def _read(self, device: _Device, now: float, ours: Collection[int] = ()) -> Stamped[GpuSample]:
         nv, handle = self.nvml, device.handle
+        # first, nearest the tick's time: the counter's differences between ticks are the energy
+        energy = self._field(device, "energy", lambda: int(nv.nvmlDeviceGetTotalEnergyConsumption(handle)))
         util = self._field(device, "utilisation", lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu))
         memory = self._field(device, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(handle))
         return now, GpuSample(
@@ -124,6 +128,7 @@ class NvmlSampler:
                 device, "SM clock", lambda: int(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
             ),
             other_pids=self._others(device, ours),
+            energy_mj=energy,
         )
 
     def _field(self, device: _Device, name: str, read: Any) -> Any:

@@ -19,12 +19,16 @@ from typing import Any, Literal
 
 import torch
 
+from trainadvisor.compute.dynamo import compile_facts
+from trainadvisor.compute.flops import StepFlops, measure_cpu_peak_facts
 from trainadvisor.measure import gpu, switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.settle import Blocks, Settling
 from trainadvisor.records import StepRecord, WindowShape
 
 Phase = Literal["warmup", "timed", "traced", "done"]
+
+MAX_SLIDES = 2  # times the timed steps may start over when their halves differ
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class Window:
         self.blocks = Blocks(plan.settle) if plan.settle is not None else None
         self.shape = WindowShape(0, 0.0, "count", min_time_s=plan.min_time_s)
         self.shape_timed_steps = 0
+        self.slides = 0
+        self.flops: StepFlops | None = None  # the FLOPs of one traced step
         self.switched_at_open: dict[str, int] | None = None  # the switches' counts when timing began
         self._reset_step()
         if plan.warmup == 0 and plan.settle is None:
@@ -240,21 +246,31 @@ class Window:
                 self._slide()
             else:
                 self._end_timed(now)
-        elif len(self.records) == self.shape_timed_steps + self.plan.traced_steps:
-            self._close()
-        elif self.profiler is not None:
-            self.profiler.step()
+        else:
+            if self.flops is not None and len(self.records) == self.shape_timed_steps + 1:
+                self.flops.stop()
+                self.facts.runtime.update(self.flops.facts())
+            if len(self.records) == self.shape_timed_steps + self.plan.traced_steps:
+                self._close()
+            elif self.profiler is not None:
+                self.profiler.step()
 
     def _changing(self, now: float) -> bool:
         """Whether the timed steps' first half and second half differ in time per step beyond
         the settling tolerance: the warm-up settled on a plateau the loop has since left (a
         slow phase that lasted three blocks). Not tested where the warm-up was a count, where
-        the script has no steps to spare, or past the warm-up's time cap."""
+        the script has no steps to spare, past the warm-up's time cap, after MAX_SLIDES slides
+        (a loop whose halves never agree is timed as it is), or where a half is shorter than a
+        warm-up block of the size the warm-up settled on (a period longer than the half, such
+        as a DataLoader rebuilt every short epoch, would make its halves differ by chance)."""
         settle = self.plan.settle
         if settle is None or self.plan.max_steps is not None or now - self.opened_at >= settle.max_s:
             return False
+        if self.slides >= MAX_SLIDES:
+            return False
         half = len(self.records) // 2
-        if half < settle.block_steps:
+        scale = self.blocks.scale if self.blocks is not None else 1
+        if half < scale * settle.block_steps:
             return False
         first = sum(r.step_ms for r in self.records[:half]) / half
         second = sum(r.step_ms for r in self.records[half:]) / (len(self.records) - half)
@@ -274,6 +290,7 @@ class Window:
         self.shape.warmup_steps += half
         self.shape.warmup_s += shift_ms / 1e3
         self.shape.slid_steps += half
+        self.slides += 1
 
     def _end_timed(self, now: float) -> None:
         self.shape.timed_s = now - self.t0
@@ -286,6 +303,8 @@ class Window:
             return
         self.phase = "traced"
         self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
+        self.flops = StepFlops()  # the profiler's warm-up step, untimed, is counted
+        self.flops.start()
 
     def _open(self, now: float, end: str) -> None:
         block_ms = list(self.blocks.block_ms) if self.blocks is not None else []
@@ -320,6 +339,8 @@ class Window:
     def stop_profiler(self) -> Any:
         """The profiler, stopped (None when the window traced nothing); the caller exports it."""
         profiler, self.profiler = self.profiler, None
+        if self.flops is not None:  # the script ended inside the counted step: leave its mode
+            self.flops.stop()
         if profiler is not None:
             profiler.stop()
         return profiler
@@ -344,6 +365,11 @@ class Window:
             }
         if runtime.get("cuda_used"):
             runtime["cuda_memory"] = self.gpu.memory()
+        elif runtime.get("flops_per_step"):  # a CPU has no datasheet peak: measure this one's
+            runtime["cpu_peak"] = measure_cpu_peak_facts(runtime.get("flops_by_dtype", {}))
+        compiled = compile_facts()  # torch.compile's own records ({} where it never ran)
+        if compiled:
+            runtime["compile"] = compiled
         return [*([None] * self.first_index), *values]
 
 

@@ -280,7 +280,7 @@ def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started:
     values = {**diagnosed.diagnosis.values, "memory_available_bytes": psutil.virtual_memory().available}
     plan = diagnosed.plan
     tuning = Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
-    tuning.length = run_length(diagnosed.baseline.raw)
+    tuning.learn(diagnosed.baseline.raw)
     return tuning
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from trainadvisor import fixes
+from trainadvisor.compute.mfu import with_baseline_flops
 from trainadvisor.frameworks.change import fix_change
 from trainadvisor.measure.live import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS
@@ -52,7 +53,9 @@ def confirm(
             waiting = prestarted
             first = lambda spec: run_of(waiting.run(spec, PROFILE_STEPS), spec)  # noqa: E731
         spec_of = lambda known: confirmation_spec(options, merged, known)  # noqa: E731
-        after = measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first)
+        after = with_baseline_flops(
+            measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first), baseline
+        )
         if usable(after.raw):
             comparison = _comparison(baseline, after, tuning, chosen, noise_rel)
             status, reason = verdict(comparison)

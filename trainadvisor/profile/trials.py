@@ -249,7 +249,15 @@ def _chosen(
             "unconfirmed",
             f"measured {_figure(gain)} in its trial; no confirmation run measured it",
         )
-    outcome = FixOutcome(planned.fix, planned.rule, status, reason, chosen.overrides, trials, described)
+    verdict = fix.verdict(chosen, values)
+    figures: dict[str, Any] = {}
+    if verdict is not None:
+        instead, said, figures = verdict
+        if instead:  # not confirmed: the verdict replaces "no confirmation run measured it"
+            reason = f"measured {_figure(gain)} in its trial"
+        status, reason = cast(FixStatus, instead or status), f"{reason}; {said}"
+    settings = chosen.overrides if status != "no_gain" else Overrides()
+    outcome = FixOutcome(planned.fix, planned.rule, status, reason, settings, trials, described, **figures)
     if gain is not None:
         outcome.gain, outcome.gain_low, outcome.unit = gain.speedup, gain.low, gain.unit
     return outcome

@@ -120,6 +120,10 @@ class Tuning:
     def learn(self, raw: Any) -> None:
         """What a window or a run tells of the script's length (a run that ended by itself)."""
         self.length = run_length(raw, self.length)
+        # what a fix that costs time once (compile) weighs it against
+        if self.length.total_steps is not None:
+            self.values["run_total_steps"] = self.length.total_steps
+        self.values["run_seen_steps"] = self.length.seen_steps
 
     def window_budget(self, eligible: list[PlannedFix]) -> int | None:
         """The steps the next trial window may use: where the script's length is known, what it

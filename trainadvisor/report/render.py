@@ -5,6 +5,7 @@ the short terminal diagnosis. Pure: a Report in, text out."""
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ import markupsafe
 from trainadvisor import _serial
 from trainadvisor.analyze.summary import BREAKDOWN_KEYS, window_samples
 from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
+from trainadvisor.records.energy import Energy
 from trainadvisor.report import mdtext
+from trainadvisor.report.utilization import flops_cell, mfu_cell, mfu_title, mfu_words
 
 COLORS = {
     "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",
@@ -98,6 +101,33 @@ def fix_line(outcome: FixOutcome) -> str:
         if outcome.added_gain:
             text += f"; on top of the other kept fixes: {outcome.added_gain:.2f}x"
     return text
+
+
+def energy_cell(energy: Energy | None) -> str:
+    """A run's energy in a report's table: per sample and per step, and how it was measured
+    ("2.91 J/sample, 186 J/step (energy counter)"), or "not measured: why"."""
+    if energy is None:
+        return "n/a"
+    if energy.energy_j is None or energy.j_per_step is None:
+        return f"not measured: {energy.reason}"
+    per_sample = f"{_joules(energy.j_per_sample)} J/sample, " if energy.j_per_sample is not None else ""
+    gpus = f", {len(energy.devices)} GPUs" if len(energy.devices) > 1 else ""
+    return f"{per_sample}{_joules(energy.j_per_step)} J/step ({energy.method}{gpus})"
+
+
+def energy_title(energy: Energy | None) -> str:
+    """The total behind a run's energy cell: "1,863 J over 3.01 s of timed steps (GPU 0)"."""
+    if energy is None or energy.energy_j is None:
+        return ""
+    gpus = ", ".join(energy.devices)
+    return f"{_joules(energy.energy_j)} J over {energy.timed_s:.3g} s of timed steps ({gpus})"
+
+
+def _joules(value: float) -> str:
+    """Three significant figures, without an exponent: 1,863 / 12.4 / 2.91 / 0.0123."""
+    if value <= 0:
+        return "0"
+    return f"{value:,.{max(0, 2 - math.floor(math.log10(value)))}f}"
 
 
 def after_line(report: Report, settings: bool = True) -> str | None:
@@ -309,6 +339,11 @@ def _context(report: Report) -> dict[str, Any]:
         "keys": breakdown_keys(runs),
         "loss_sentence": loss_sentence,
         "fix_line": fix_line,
+        "energy_cell": energy_cell,
+        "energy_title": energy_title,
+        "mfu_cell": mfu_cell,
+        "mfu_title": mfu_title,
+        "flops_cell": flops_cell,
         "after_line": after_line(report),
     }
 
@@ -398,5 +433,5 @@ def _run_line(name: str, run: Run, samples: bool = False) -> str:
     rate = f"{run.samples_per_s or 0:9.1f} samples/s" if samples else f"{run.steps_per_s or 0:7.1f} steps/s"
     return (
         f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, "
-        f"{rate}, data wait {pct.get('data_wait', 0):.0f}%"
+        f"{rate}, data wait {pct.get('data_wait', 0):.0f}%{mfu_words(run)}"
     )

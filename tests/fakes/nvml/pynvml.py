@@ -3,14 +3,21 @@ classes, for tests on machines without a GPU. Driven by FAKE_NVML (JSON):
 
     {"init_error": "NVMLError_LibraryNotFound" | null,
      "devices": [{"uuid": "GPU-...", "util": 70, "used": 1e9, "total": 8e10, "power_mw": 250000,
-                  "sm_clock": 1410, "unsupported": ["utilisation", "power"]}]}
+                  "sm_clock": 1410, "energy_mj": [5000000, 5061900],
+                  "unsupported": ["utilisation", "power", "energy"]}]}
 
-A MIG instance's UUID starts with "MIG-"; as on real MIG, utilisation raises NotSupported there."""
+A MIG instance's UUID starts with "MIG-"; as on real MIG, utilisation raises NotSupported there.
+The energy counter (millijoules since the driver loaded) reads `energy_mj`; "power" makes it a
+counter that grows at the device's power_mw with the wall clock. A device without `energy_mj`
+has no counter (NotSupported, as on a GPU older than Volta). Where `power_mw` or `energy_mj` is
+a list, the device's handle reads its values in turn, one a call, the last one again once they
+run out."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from types import SimpleNamespace
 
 NVML_CLOCK_SM = 1
@@ -137,9 +144,29 @@ def nvmlDeviceGetMemoryInfo(handle: SimpleNamespace) -> SimpleNamespace:
     )
 
 
+def _scripted(handle: SimpleNamespace, name: str) -> float:
+    """A device's value, or where the config gives a list, its readings in turn (the last one
+    again once they run out), counted on the handle."""
+    value = getattr(handle, name)
+    if not isinstance(value, list):
+        return value
+    read = getattr(handle, f"{name}_reads", 0)
+    setattr(handle, f"{name}_reads", read + 1)
+    return value[min(read, len(value) - 1)]
+
+
 def nvmlDeviceGetPowerUsage(handle: SimpleNamespace) -> int:
     _field(handle, "power")
-    return int(handle.power_mw)
+    return int(_scripted(handle, "power_mw"))
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle: SimpleNamespace) -> int:
+    _field(handle, "energy")
+    if getattr(handle, "energy_mj", None) is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if handle.energy_mj == "power":
+        return int(handle.power_mw * time.time())  # mW x s = mJ
+    return int(_scripted(handle, "energy_mj"))
 
 
 def nvmlDeviceGetClockInfo(handle: SimpleNamespace, clock: int) -> int:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trainadvisor.records.compute import Utilization
+from trainadvisor.records.energy import Energy
+
 SCHEMA_VERSION = 1
 
 # The words a report uses, in one place.
@@ -202,6 +205,7 @@ class GpuSample:
     device: str | None = None  # which GPU: "GPU 0", or the rank's under torchrun
     # processes on this GPU that are not the run's (pids of this machine's namespace; None: unknown)
     other_pids: list[int] | None = None
+    energy_mj: int | None = None  # NVML's energy counter, since the driver loaded (None: no counter)
 
 
 @dataclass
@@ -300,6 +304,8 @@ class Run:
     ranks: list[RankStats] = field(default_factory=list)  # under torchrun: every rank
     # on a GPU: the timed steps by CUDA events (the GPU's clock), beside the host's step_time_ms
     gpu_step_time_ms: Stats | None = None
+    utilization: Utilization | None = None  # FLOPs per step, achieved FLOP/s, MFU
+    energy: Energy | None = None  # the GPUs' energy over the timed steps (None: saved before it was)
 
 
 # ---- diagnosis ----
@@ -410,6 +416,8 @@ class FixOutcome:
     unit: str = "steps/s"
     # in trial windows, on top of the other chosen fixes: all of them with it / without it
     added_gain: float | None = None
+    compile_s: float | None = None  # fix `compile`: the time compiling took, once per run
+    break_even_steps: int | None = None  # fix `compile`: steps after which compiling has paid
 
 
 @dataclass

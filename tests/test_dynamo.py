@@ -1,0 +1,256 @@
+"""torch.compile's own records read back (`compute.dynamo`): real scripts compiled in fresh
+processes (dynamo's state is per process) with the eager backend (graph breaks and guards are
+dynamo's, whatever the backend), then the graph-breaks and recompilation rules on what they
+recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, SCRIPTS
+
+from trainadvisor import engine
+from trainadvisor.analyze.measures import runtime_measurements
+from trainadvisor.compute import dynamo
+from trainadvisor.resources import rules_dir
+
+# What the profile child does around the user's script: run it, then read the records back.
+RUNNER = """
+import json, runpy, sys
+from trainadvisor.compute.dynamo import compile_facts
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print(json.dumps({"facts": compile_facts(), "dynamo_imported": "torch._dynamo" in sys.modules}))
+"""
+RUNS = {
+    "break": ["compiled_graph_break.py", "--steps", "4"],
+    "lengths": ["compiled_lengths.py", "--steps", "4"],  # lengths 8, 9, 10, 11
+    "limit": ["compiled_lengths.py", "--steps", "12"],  # lengths 8 to 19: past the limit of 8
+    "clean": ["compiled_lengths.py", "--steps", "4", "--grow", "0"],
+    "plain": ["hand_sgd.py"],  # never compiles
+}
+RULES = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
+
+
+def _line(script: str, text: str) -> int:
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every script at once, each in its own process, run from the scripts' folder (sites are
+    named relative to the working directory, as a user would name them)."""
+    cache = tmp_path_factory.mktemp("inductor")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    started = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", RUNNER, *argv],
+            cwd=SCRIPTS,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for name, argv in RUNS.items()
+    }
+    results = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    return results
+
+
+# ---- the records, from real compiled scripts ----
+
+
+def test_a_graph_break_is_placed_on_the_users_line(runs: dict[str, dict[str, Any]]) -> None:
+    facts = runs["break"]["facts"]
+    line = _line("compiled_graph_break.py", "# BREAK")
+    assert facts["graph_break_sites"] == [
+        {
+            "reason": "a Python branch (if/while) on a tensor's value",
+            "site": f"compiled_graph_break.py:{line}",
+            "function": "forward",
+            "count": 1,
+        }
+    ]
+    assert facts["graph_breaks"] == 1
+    assert facts["compiled_graphs"] == 2  # forward before the branch, and after it
+    assert facts["recompilations"] == 0 and facts["recompile_reasons"] == []
+    assert 0 < facts["compile_s"] < facts["run_s"]
+
+
+def test_a_changing_length_recompiles_on_its_size_guard(runs: dict[str, dict[str, Any]]) -> None:
+    facts = runs["lengths"]["facts"]
+    assert facts["recompilations"] == 3  # lengths 9, 10 and 11 each failed the size guard
+    assert facts["compiled_graphs"] == 4
+    [reason] = facts["recompile_reasons"]
+    assert reason == {
+        "reason": "tensor 'tokens' size mismatch at index 1. expected 10, actual 11",
+        "site": f"compiled_lengths.py:{_line('compiled_lengths.py', 'def forward')}",
+        "function": "forward",
+        "count": 3,
+    }
+    assert facts["graph_breaks"] == 0 and facts["recompile_limit_hits"] == 0
+
+
+def test_the_recompile_limit_reached_is_counted(runs: dict[str, dict[str, Any]]) -> None:
+    facts = runs["limit"]["facts"]
+    assert facts["recompile_limit"] == 8
+    assert facts["recompile_limit_hits"] == 1
+    # 7 recompilations compiled, and the attempt that found the limit (an id of its own since
+    # torch 2.5); lengths 17 to 19 then ran uncompiled, without a guard checked
+    assert facts["recompilations"] == 8
+    assert facts["compiled_graphs"] == 8
+    assert [r["count"] for r in facts["recompile_reasons"]] == [8]
+
+
+def test_a_script_that_compiles_once_records_no_break_nor_recompilation(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    facts = runs["clean"]["facts"]
+    assert facts["compiled_graphs"] == 1
+    assert facts["graph_breaks"] == 0 and facts["graph_break_sites"] == []
+    assert facts["recompilations"] == 0 and facts["recompile_reasons"] == []
+
+
+def test_a_script_that_never_compiles_has_no_facts_and_no_dynamo(runs: dict[str, dict[str, Any]]) -> None:
+    assert runs["plain"] == {"facts": {}, "dynamo_imported": False}
+
+
+# ---- the rules on them ----
+
+
+def test_graph_breaks_rule_names_the_line(runs: dict[str, dict[str, Any]]) -> None:
+    values = dynamo.compile_measurements(runs["break"]["facts"])
+    finding = engine.evaluate_rule(RULES["graph-breaks"], values)
+    line = _line("compiled_graph_break.py", "# BREAK")
+    assert finding is not None and finding.severity == "medium"
+    assert finding.message == (
+        "torch.compile split your compiled code at graph breaks (1 in all); the most frequent at "
+        f"compiled_graph_break.py:{line} (in forward): a Python branch (if/while) on a tensor's value."
+    )
+    assert engine.evaluate_rule(RULES["recompilation"], values) is None
+
+
+def test_recompilation_rule_names_the_guard(runs: dict[str, dict[str, Any]]) -> None:
+    values = dynamo.compile_measurements(runs["lengths"]["facts"])
+    finding = engine.evaluate_rule(RULES["recompilation"], values)
+    line = _line("compiled_lengths.py", "def forward")
+    assert finding is not None and finding.severity == "medium"
+    assert finding.message == (
+        f"torch.compile recompiled 3 times, most often compiled_lengths.py:{line} (in forward) "
+        "because this guard failed: tensor 'tokens' size mismatch at index 1. expected 10, actual 11."
+    )
+    assert engine.evaluate_rule(RULES["graph-breaks"], values) is None
+    # four: half the default limit, a size still changing that will reach it
+    four = engine.evaluate_rule(RULES["recompilation"], {**values, "recompilations": 4})
+    assert four is not None and four.severity == "high"
+
+
+def test_the_recompile_limit_reached_is_high(runs: dict[str, dict[str, Any]]) -> None:
+    finding = engine.evaluate_rule(
+        RULES["recompilation"], dynamo.compile_measurements(runs["limit"]["facts"])
+    )
+    assert finding is not None and finding.severity == "high"
+
+
+@pytest.mark.parametrize("run", ["clean", "plain"])
+def test_rules_stay_quiet_on_clean_and_uncompiled_scripts(runs: dict[str, dict[str, Any]], run: str) -> None:
+    values = runtime_measurements({"compile": runs[run]["facts"], "cuda_used": False})
+    assert engine.evaluate_rule(RULES["graph-breaks"], values) is None
+    assert engine.evaluate_rule(RULES["recompilation"], values) is None
+
+
+def test_runtime_measurements_read_the_saved_compile_facts(runs: dict[str, dict[str, Any]]) -> None:
+    facts = {**runs["lengths"]["facts"], "run_s": 10.0, "compile_s": 0.5}
+    values = runtime_measurements({"compile": facts, "cuda_used": False})
+    assert values["recompilations"] == 3 and values["graph_breaks"] == 0
+    assert values["compile_pct"] == pytest.approx(5.0)
+    assert values["recompile_site"].startswith("compiled_lengths.py:")
+    assert "compile" not in values and "graph_break_site" not in values
+    assert runtime_measurements({"cuda_used": False}) == {"cuda_used": False}
+
+
+# ---- reading torch's records, version by version ----
+
+
+def test_one_guard_failure_per_recompilation() -> None:
+    # torch 2.5+: each recompilation checks every cache entry, newest first, ids falling
+    ids = ["3/0: a", "3/1: b", "3/0: c", "3/2: d", "3/1: e", "3/0: f"]
+    assert dynamo.one_per_recompile(ids) == ["3/0: a", "3/1: b", "3/2: d"]
+    # torch 2.1: one failure recorded per recompilation, without ids
+    assert dynamo.one_per_recompile(["x", "y"]) == ["x", "y"]
+
+
+def test_recompile_reasons_group_a_guard_whose_values_change() -> None:
+    def forward() -> None: ...
+
+    resumed = forward.__code__.replace(co_name="torch_dynamo_resume_in_forward_at_7")
+    failures = {
+        forward.__code__: ["0/0: L['n'] == 3", "0/1: L['n'] == 4", "0/0: L['n'] == 3"],
+        resumed: ["1/0: ___check_obj_id(L['self'].training, 140)  # if self.training:  # m.py:7 in f"],
+    }
+    reasons = dynamo.recompile_reasons(failures)
+    here = f"{dynamo._path(__file__)}:{forward.__code__.co_firstlineno}"
+    assert reasons == [
+        {"reason": "L['n'] == 4", "site": here, "function": "forward", "count": 2},
+        {
+            "reason": "___check_obj_id(L['self'].training, 140)",
+            "site": here,
+            "function": "forward",
+            "count": 1,
+        },
+    ]
+
+
+def test_a_break_inside_torch_is_placed_at_the_users_call() -> None:
+    torch_file = str(Path(dynamo.__file__).parents[1] / "compute" / "flops.py")  # a library frame
+    stack = traceback.StackSummary.from_list(
+        [("/nonexistent/train.py", 12, "forward", None), (torch_file, 40, "f", None)]
+    )
+    reasons = [
+        types.SimpleNamespace(
+            reason="Unsupported Tensor.item()\n  Explanation: no item.\n  Hint: h", user_stack=stack
+        ),
+        types.SimpleNamespace(reason="generic_jump TensorVariable()", user_stack=stack[:1]),
+        types.SimpleNamespace(reason="not a break", user_stack=stack, graph_break=False),
+    ]
+    assert dynamo.break_sites(reasons) == [
+        {"reason": "no item.", "site": "/nonexistent/train.py:12", "function": "forward", "count": 1},
+        {"reason": "a Python branch (if/while) on a tensor's value", "site": "/nonexistent/train.py:12",
+         "function": "forward", "count": 1},
+    ]  # fmt: skip
+
+
+def test_records_missing_or_reshaped_give_fewer_facts_never_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        def items(self) -> Any:
+            raise RuntimeError("changed in a later torch")
+
+    utils = types.ModuleType("torch._dynamo.utils")
+    utils.counters = {"frames": {"total": 2}, "graph_break": {"call_function print": 2}}  # type: ignore[attr-defined]
+    utils.guard_failures = Broken()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", utils)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.convert_frame", None)
+    monkeypatch.setitem(sys.modules, "torch._dynamo.config", None)
+    facts = dynamo.compile_facts()
+    assert facts["graph_breaks"] == 2
+    assert facts["graph_break_sites"] == [
+        {"reason": "call_function print", "site": None, "function": None, "count": 2}
+    ]
+    assert facts["recompilations"] == 0 and facts["recompile_reasons"] == []
+    assert "compile_s" not in facts and "recompile_limit" not in facts
+    assert dynamo.compile_measurements(facts)["graph_break_site"] == "an unrecorded line"
+    utils.counters = {}  # type: ignore[attr-defined]  # imported, never compiled
+    assert dynamo.compile_facts() == {}

@@ -1,0 +1,149 @@
+"""FLOPs of one training step, counted as it runs: torch's own FLOP formulas
+(`torch.utils.flop_counter`: matmuls, convolutions, attention, forward and backward) over
+every operator the step dispatches, and beside them the dtype each counted operator's inputs
+had (under autocast the matmuls see bf16 or fp16 tensors), so the peak the step is measured
+against is the one of the dtype its matmuls ran in.
+
+Counting runs the step's operators through a Python dispatch mode: that step is slow and is
+never a timed one (the window counts the profiler's warm-up step). Elementwise work and the
+optimizer's updates count nothing, as in every MFU convention; a step whose work runs in
+compiled code (torch.compile's kernels, CUDA graph replays) dispatches no operators to count,
+and is reported as not counted rather than as zero. Counting never breaks the step: a failure
+to enter or leave the mode is recorded as the reason nothing was counted."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:  # torch >= 2.1
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+except ImportError:  # pragma: no cover - older torch: nothing to count with
+    FlopCounterMode = None  # type: ignore[assignment,misc]
+    flop_registry = {}
+
+
+class _Dtypes(TorchDispatchMode):
+    """The FLOPs of each operator torch has a formula for, by the dtype of its first tensor
+    input. Entered inside FlopCounterMode, which counts the total (decompositions and
+    higher-order operators included); this one only splits it by dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: dict[str, float] = defaultdict(float)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+        if formula is not None:
+            dtype = next((str(a.dtype) for a in args if isinstance(a, torch.Tensor)), None)
+            if dtype is not None:
+                try:
+                    self.flops[dtype] += float(formula(*args, **kwargs, out_val=out))
+                except Exception:  # a formula that cannot read these arguments: no split
+                    pass
+        return out
+
+
+def compiled_frames() -> int:
+    """How many frames torch.compile has compiled in this process (0 where dynamo never ran)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    stats = getattr(utils, "counters", {}).get("stats", {})
+    return int(stats.get("unique_graphs", 0))
+
+
+class StepFlops:
+    """Counts one step: `start()` at the boundary before it, `stop()` at the boundary after.
+    `facts()` is what the run records: `flops_per_step` and `flops_by_dtype`, or `status`
+    saying why nothing was counted."""
+
+    def __init__(self) -> None:
+        self._counter: Any = None
+        self._dtypes: _Dtypes | None = None
+        self.status = "not counted"
+        self.flops_per_step: float | None = None
+        self.flops_by_dtype: dict[str, float] = {}
+
+    def start(self) -> None:
+        if FlopCounterMode is None:
+            self.status = "not counted: this torch has no torch.utils.flop_counter"
+            return
+        if compiled_frames():
+            self.status = "not counted: the step runs code torch.compile compiled"
+            return
+        try:
+            counter = FlopCounterMode(display=False)
+            counter.__enter__()
+            self._counter = counter
+            dtypes = _Dtypes()
+            dtypes.__enter__()
+            self._dtypes = dtypes
+        except Exception as exc:
+            self.status = f"not counted: {type(exc).__name__}: {exc}"
+            self._leave()
+
+    def stop(self) -> None:
+        if self._counter is None:
+            return
+        counter, dtypes = self._counter, self._dtypes
+        if not self._leave():
+            return
+        total = float(counter.get_total_flops())
+        if total <= 0:
+            self.status = "not counted: the step dispatched no matmul, convolution or attention"
+            return
+        self.flops_per_step = total
+        self.flops_by_dtype = dict(dtypes.flops) if dtypes is not None else {}
+        self.status = "counted"
+
+    def _leave(self) -> bool:
+        """Leave both modes (innermost first); False where leaving failed."""
+        ok = True
+        for mode in (self._dtypes, self._counter):
+            if mode is None:
+                continue
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as exc:
+                self.status, ok = f"not counted: {type(exc).__name__}: {exc}", False
+        self._dtypes = self._counter = None
+        return ok
+
+    def facts(self) -> dict[str, Any]:
+        if self.flops_per_step is None:
+            return {"flops_status": self.status}
+        return {
+            "flops_status": self.status,
+            "flops_per_step": self.flops_per_step,
+            "flops_by_dtype": self.flops_by_dtype,
+        }
+
+
+def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
+    """This CPU's matmul peak in the dtype the step's matmuls mostly ran in (a short benchmark:
+    a CPU has no datasheet figure this tool could trust), as the run records it."""
+    from trainadvisor.compute.peaks import measure_cpu_peak
+
+    name = max(flops_by_dtype, key=lambda k: flops_by_dtype[k]) if flops_by_dtype else "torch.float32"
+    dtype = getattr(torch, name.removeprefix("torch."), torch.float32)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        dtype = torch.float32
+    try:
+        peak = measure_cpu_peak(dtype)
+    except Exception as exc:  # a dtype this CPU cannot multiply: no peak, no MFU
+        return {"status": f"not measured: {type(exc).__name__}: {exc}"}
+    return {
+        "flops_per_s": peak.flops_per_s,
+        "dtype": peak.dtype,
+        "device": peak.device,
+        "source": peak.source,
+        "how": peak.how,
+    }

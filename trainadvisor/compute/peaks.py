@@ -1,0 +1,233 @@
+"""The peak FLOP/s that MFU is computed against: the dense datasheet peak of a known GPU in the
+dtype its matmuls ran in (`peaks.toml`, each figure with its source), or this CPU's own measured
+matmul rate. A device or dtype the table does not know has no peak: never a guess."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainadvisor.errors import TrainAdvisorError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+TABLE_PATH = Path(__file__).with_name("peaks.toml")
+# the dtypes a peak is quoted in; on a tie in matmul_dtype, the one listed first wins
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+_SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+class PeakTableError(TrainAdvisorError):
+    """peaks.toml is malformed or ambiguous; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A device's peak in one dtype, and where the figure comes from."""
+
+    flops_per_s: float
+    dtype: str  # fp32, tf32, bf16, fp16, fp8 (or fp64 for a measured CPU peak)
+    device: str  # the table's device name, or the CPU measured
+    source: str  # the datasheet's URL and table, or how the CPU was measured
+    how: str  # "datasheet" or "measured"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """One entry of peaks.toml."""
+
+    name: str
+    patterns: tuple[re.Pattern[str], ...]
+    source: str
+    verified: bool
+    checked: str
+    note: str
+    flops_per_s: Mapping[str, float]  # by dtype, dense
+
+    def matches(self, device_name: str) -> bool:
+        return any(p.fullmatch(device_name.strip()) for p in self.patterns)
+
+
+def peak_for(device_name: str, dtype: str) -> Peak | None:
+    """The table's dense peak for a device as torch/NVML name it, in one of `DTYPES`; None for a
+    device the table does not know, or a dtype the card lacks (FP8 on a V100)."""
+    matched = [entry for entry in devices() if entry.matches(device_name)]
+    if len(matched) > 1:
+        names = ", ".join(entry.name for entry in matched)
+        problem = f"'{device_name}' matches several entries ({names})"
+        raise PeakTableError(f"{TABLE_PATH}: {problem}: make their name patterns specific")
+    if not matched or dtype not in matched[0].flops_per_s:
+        return None
+    entry = matched[0]
+    return Peak(
+        flops_per_s=entry.flops_per_s[dtype],
+        dtype=dtype,
+        device=entry.name,
+        source=entry.source,
+        how="datasheet",
+        note=entry.note,
+    )
+
+
+def matmul_dtype(dtype_flops: dict[str, float], tf32_enabled: bool) -> str:
+    """The peak's dtype for a step whose matmul FLOPs were counted by input dtype
+    ("torch.bfloat16": n, ...): the dtype with most FLOPs, float32 being "tf32" when TF32 matmuls
+    were allowed (torch.backends.cuda.matmul.allow_tf32, or a float32 matmul precision other than
+    "highest"). A dtype no peak is quoted in comes back by its own name ("fp64", "int8"), which
+    `peak_for` knows no peak for. No FLOPs at all: float32's, torch's default dtype."""
+    by_peak_dtype: dict[str, float] = {}
+    for torch_name, flops in dtype_flops.items():
+        if flops > 0:
+            name = _peak_dtype(torch_name, tf32_enabled)
+            by_peak_dtype[name] = by_peak_dtype.get(name, 0.0) + flops
+    if not by_peak_dtype:
+        return _peak_dtype("torch.float32", tf32_enabled)
+    order = {name: i for i, name in enumerate(DTYPES)}
+    return max(by_peak_dtype, key=lambda name: (by_peak_dtype[name], -order.get(name, len(order))))
+
+
+def _peak_dtype(torch_name: str, tf32_enabled: bool) -> str:
+    name = torch_name.removeprefix("torch.")
+    if name == "float32" and tf32_enabled:
+        return "tf32"
+    if name.startswith("float8"):  # e4m3fn, e5m2, and the fnuz variants of AMD's MI300
+        return "fp8"
+    return _SHORT_NAMES.get(name, name)
+
+
+def measure_cpu_peak(
+    dtype: torch.dtype = torch.float32,
+    seconds: float = 0.5,
+    size: int = 1024,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Peak:
+    """This CPU's matmul peak: `size` x `size` torch.mm, warmed up once, then repeated until
+    `seconds` have passed; the best rate (2 * size^3 FLOPs per mm) wins, as a datasheet peak is a
+    best case too. Runs on torch's threads as they are set (torch.get_num_threads())."""
+    if seconds <= 0 or size <= 0:
+        raise ValueError(f"measure_cpu_peak needs seconds > 0 and size > 0, not {seconds} and {size}")
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
+    torch.mm(a, b, out=out)  # warm-up: the first call pays for allocation and kernel choice
+    best_s, count = float("inf"), 0
+    deadline = clock() + seconds
+    while True:
+        start = clock()
+        torch.mm(a, b, out=out)
+        end = clock()
+        count += 1
+        if end > start:  # a clock too coarse to see one mm tells nothing about it
+            best_s = min(best_s, end - start)
+        if end >= deadline:
+            break
+    if best_s == float("inf"):
+        raise ValueError(f"the clock did not advance over {count} matmuls: no rate to measure")
+    dtype_name = str(dtype).removeprefix("torch.")
+    return Peak(
+        flops_per_s=2 * size**3 / best_s,
+        dtype=_peak_dtype(str(dtype), tf32_enabled=False),
+        device=f"CPU ({platform.machine() or 'unknown architecture'})",
+        source=(
+            f"measured on this machine: best of {count} {size}x{size} {dtype_name} matmuls "
+            f"over {seconds} s, {torch.get_num_threads()} torch threads"
+        ),
+        how="measured",
+    )
+
+
+@functools.cache
+def devices() -> tuple[DevicePeaks, ...]:
+    """The entries of peaks.toml, read once."""
+    try:
+        text = TABLE_PATH.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PeakTableError(f"{TABLE_PATH}: cannot be read ({exc}): reinstall trainadvisor") from None
+    return parse_table(text, str(TABLE_PATH))
+
+
+def parse_table(text: str, where: str) -> tuple[DevicePeaks, ...]:
+    """Entries from the text of a peaks table; `where` names it in errors."""
+    try:
+        # Decimal keeps 989.4 TFLOPS exactly 989.4e12 FLOP/s, not 989.4 * 1e12's neighbour
+        data = tomllib.loads(text, parse_float=Decimal)
+    except tomllib.TOMLDecodeError as exc:
+        raise PeakTableError(f"{where}: not valid TOML ({exc})") from None
+    entries = tuple(
+        _entry(raw, f"{where} [[device]] #{i + 1}") for i, raw in enumerate(data.get("device", []))
+    )
+    if not entries:
+        raise PeakTableError(f"{where}: no [[device]] entries")
+    seen: dict[str, str] = {}
+    for entry in entries:
+        for pattern in entry.patterns:
+            key = pattern.pattern.lower()
+            if key in seen:
+                both = f"'{seen[key]}' and '{entry.name}'"
+                raise PeakTableError(f"{where}: name pattern '{pattern.pattern}' is in both {both}")
+            seen[key] = entry.name
+    return entries
+
+
+def _entry(raw: Any, where: str) -> DevicePeaks:
+    if not isinstance(raw, dict):
+        raise PeakTableError(f"{where}: must be a table")
+    name = _text(raw, "name", where)
+    where = f"{where} ({name})"
+    names = raw.get("names")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise PeakTableError(f"{where}: 'names' must be a non-empty list of name patterns")
+    try:
+        patterns = tuple(re.compile(n, re.IGNORECASE) for n in names)
+    except re.error as exc:
+        raise PeakTableError(f"{where}: a name pattern is not a regular expression ({exc})") from None
+    source = _text(raw, "source", where)
+    if "://" not in source:
+        raise PeakTableError(f"{where}: 'source' must give the document's URL, not only '{source}'")
+    if not isinstance(raw.get("verified"), bool):
+        raise PeakTableError(f"{where}: 'verified' must be true or false")
+    return DevicePeaks(
+        name=name,
+        patterns=patterns,
+        source=source,
+        verified=raw["verified"],
+        checked=_text(raw, "checked", where),
+        note=str(raw.get("note", "")),
+        flops_per_s=_flops(raw.get("tflops"), where),
+    )
+
+
+def _flops(tflops: Any, where: str) -> dict[str, float]:
+    if not isinstance(tflops, dict) or not tflops:
+        raise PeakTableError(f"{where}: needs a [device.tflops] table of figures")
+    unknown = sorted(set(tflops) - set(DTYPES))
+    if unknown:
+        raise PeakTableError(f"{where}: tflops {unknown} are not among {', '.join(DTYPES)}")
+    flops = {}
+    for dtype, value in tflops.items():
+        if isinstance(value, bool) or not isinstance(value, (int, Decimal)) or value <= 0:
+            raise PeakTableError(f"{where}: tflops.{dtype} must be a positive number, not {value!r}")
+        flops[dtype] = float(Decimal(value) * 10**12)
+    return flops
+
+
+def _text(raw: dict[str, Any], key: str, where: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise PeakTableError(f"{where}: '{key}' must be a non-empty string")
+    return value

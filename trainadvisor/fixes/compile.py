@@ -1,0 +1,279 @@
+"""Fix `compile`: torch.compile on the module the optimizer trains, applied when the script
+runs (no edit): the first module called whose parameters hold nine tenths or more of what the
+optimizers train (the model, or the wrapper around it) is compiled in place (its compiled
+forward called in place of the module's own call, as `module.compile()` does) before its next
+call. Its trials restart the script (the optimizer and the first calls must see the compiled
+module from the start); inductor's cache on disk carries compiled kernels from one trial to the
+next and to the confirmation run.
+
+Compiling costs time once: dynamo's own compile records give it (`compile_s`, see
+`compute.dynamo`; where they are missing, the trial's warm-up beyond its settled step time).
+The fix pays after `compile_s / (eager step - compiled step)` steps; it is kept only when the
+run has more steps than that, and recommended with the figures where the run's length is not
+known. Inductor fuses and reorders floating-point sums, so losses differ from eager in their
+last bits and the difference grows as training goes on: losses must agree within
+`loss_tolerance_rel` (1e-3 relative, far beyond reordering, far below what a changed update does)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from trainadvisor.fixes.common import Fix, Setting, overrides
+from trainadvisor.records import Overrides, Trial
+
+# The share of the optimizers' parameters (by count of elements) a module must hold to be the
+# one compiled: the model, not one of its layers.
+TRAINED_SHARE = 0.9
+_MODES_GPU = ("default", "reduce-overhead")  # reduce-overhead: CUDA graphs, for host-bound steps
+
+
+class Compile(Fix):
+    id = "compile"
+    loss_tolerance_rel = 1e-3
+    restarts_because = (
+        "the model is compiled when it is first called, and its compiled kernels replace the "
+        "eager ones for the rest of the run"
+    )
+
+    def not_applicable(self, values: dict[str, Any]) -> str | None:
+        if values.get("compiled_graphs"):
+            return "the script already compiles with torch.compile"
+        if "optimizer" not in values:
+            return "no torch.optim optimizer stepped in the window: no trained module to compile"
+        if (values.get("data_wait_pct") or 0.0) >= 20:
+            return "the loop waits on its input: compiling the model cannot shorten that wait"
+        return None
+
+    def expected_trials(self, values: dict[str, Any]) -> int:
+        return len(_MODES_GPU) if values.get("cuda_used") else 1
+
+    def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        modes = _MODES_GPU if values.get("cuda_used") else ("default",)
+        if len(trials) >= len(modes):
+            return None
+        if trials and not _faster(trials[0], values):
+            return None  # compiling did not help: CUDA graphs on top will not change that
+        mode = modes[len(trials)]
+        words = "torch.compile(model)" if mode == "default" else f'torch.compile(model, mode="{mode}")'
+        return Setting(words, overrides(compile=mode))
+
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+        best = max(measured, key=lambda t: t.steps_per_s or 0.0, default=None)
+        return best if best is not None and _faster(best, values) else None
+
+    def verdict(self, trial: Trial, values: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+        """Whether compiling pays over the run: (status, reason, figures) where it does not or
+        cannot be known, None where the run is long enough to keep it."""
+        compile_s = compile_seconds(trial)
+        base = float(values.get("steps_per_s") or 0.0)
+        if compile_s is None or not base or not trial.steps_per_s:
+            return None
+        saved_s = 1.0 / base - 1.0 / trial.steps_per_s
+        figures: dict[str, Any] = {"compile_s": compile_s}
+        if saved_s <= 0:
+            return None
+        break_even = math.ceil(compile_s / saved_s)
+        figures["break_even_steps"] = break_even
+        said = (
+            f"compiling took {compile_s:.1f} s and saves {1e3 * saved_s:.2f} ms a step: it pays "
+            f"after {break_even} steps"
+        )
+        total, seen = values.get("run_total_steps"), values.get("run_seen_steps") or 0
+        if total is None and seen > break_even:  # its length is not known, but it is this long
+            return "", f"{said}; a run of the script took {seen} steps and went on", figures
+        if total is None:
+            unknown = f"the run's length is not known (a run took at least {seen} steps)"
+            return "recommended", f"{said}; {unknown}, so it is not kept blind", figures
+        if total <= break_even:
+            return "no_gain", f"{said}, and the run has {total} steps", figures
+        return "", f"{said}; the run has {total} steps", figures
+
+    def describe(self, trial: Trial, values: dict[str, Any]) -> str:
+        return trial.label
+
+    def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
+        """What compiling cost in each trial, beside its speed (a trial that was no faster
+        says so with the numbers)."""
+        base = values.get("steps_per_s")
+        said = [
+            f"{t.label}: compiling took {s:.1f} s, then {t.steps_per_s:.1f} steps/s"
+            + (f" against {base:.1f} eager" if base else "")
+            for t in trials
+            if t.status == "measured" and t.steps_per_s and (s := compile_seconds(t)) is not None
+        ]
+        return "; ".join(said) or None
+
+    def install(self, recorder: Any, overrides: Overrides) -> None:
+        mode = overrides.runtime.get("compile")
+        if mode:
+            install_compile(recorder, str(mode))
+
+    def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        mode = overrides.runtime.get("compile")
+        return compile_change(source, str(mode)) if mode else None
+
+
+def _faster(trial: Trial, values: dict[str, Any]) -> bool:
+    from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP
+
+    base = float(values.get("steps_per_s") or 0.0)
+    return trial.status == "measured" and (trial.steps_per_s or 0.0) >= KEEP_MIN_SPEEDUP * base
+
+
+def compile_seconds(trial: Trial) -> float | None:
+    """The trial's compile time: dynamo's own record, else its warm-up beyond what its settled
+    steps would have taken (the first steps compile the forward and the backward)."""
+    raw = trial.raw
+    if raw is None:
+        return None
+    recorded = (raw.runtime.get("compile") or {}).get("compile_s")
+    if recorded:
+        return float(recorded)
+    shape = raw.shape
+    if shape is None or not trial.steps_per_s:
+        return None
+    return max(shape.warmup_s - shape.warmup_steps / trial.steps_per_s, 0.0)
+
+
+def install_compile(recorder: Any, mode: str, backend: str | None = None) -> None:
+    """Compile the first module called that holds TRAINED_SHARE of the optimizers' parameters,
+    once; the hooks that look for it are removed when it is found (compiled code never runs
+    them). `backend`: inductor unless named (tests name "eager": which module, not inductor)."""
+    import torch
+
+    trained: dict[int, int] = {}  # id of each parameter an optimizer trains -> its elements
+    original_init = torch.optim.Optimizer.__dict__["__init__"]
+
+    def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        for group in self.param_groups:
+            trained.update({id(p): p.numel() for p in group["params"]})
+
+    recorder.patch(torch.optim.Optimizer, "__init__", init)
+    looked_at: set[int] = set()
+    handles: list[Any] = []
+
+    def look(module: torch.nn.Module, _args: Any) -> None:
+        if not trained or id(module) in looked_at:
+            return
+        looked_at.add(id(module))
+        held = sum(trained.get(id(p), 0) for p in module.parameters())
+        if held < TRAINED_SHARE * sum(trained.values()):
+            return
+        for handle in handles:
+            handle.remove()
+        options: dict[str, Any] = {} if mode == "default" else {"mode": mode}
+        if backend is not None:
+            options["backend"] = backend
+        compiled = torch.compile(module.forward, **options)  # type: ignore[call-overload]
+        if hasattr(module, "_compiled_call_impl"):  # what `module.compile()` sets, torch >= 2.2
+            # (its own compile of `_call_impl` runs eagerly on torch 2.13: dynamo skips nn's
+            # frames; the forward compiles, and the module's own hooks are not run by it)
+            module._compiled_call_impl = compiled
+            recorder.on_uninstall(lambda: setattr(module, "_compiled_call_impl", None))
+        else:
+            module.forward = compiled
+        recorder.compiled_module = type(module).__name__
+
+    handles.append(torch.nn.modules.module.register_module_forward_pre_hook(look))
+    recorder.on_uninstall(lambda: [handle.remove() for handle in handles])
+
+
+def compile_change(source: str, mode: str) -> str | None:
+    """`model = torch.compile(model)` after the statement that builds the model: the name whose
+    `.parameters()` an optimizer is built from (the statement of the same block that last
+    assigns it before that), or, in a Lightning script, the module given to `trainer.fit`
+    (just before that call). None where neither is found."""
+    options = "" if mode == "default" else f', mode="{mode}"'
+    editor = _CompileEditor(options)
+    changed = cst.parse_module(source).visit(editor)
+    if not editor.done:
+        return None
+    code = changed.code
+    return code if "import torch\n" in code else "import torch\n" + code
+
+
+class _CompileEditor(cst.CSTTransformer):
+    def __init__(self, options: str) -> None:
+        super().__init__()
+        self.options, self.done = options, False
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        return updated.with_changes(body=self._edited(list(updated.body)))
+
+    def leave_IndentedBlock(
+        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        return updated.with_changes(body=self._edited(list(updated.body)))
+
+    def _edited(self, body: list[Any]) -> list[Any]:
+        if self.done:
+            return body
+        for at, statement in enumerate(body):
+            trained = _called_on(statement, "parameters", nested=True)
+            if trained is not None:
+                where = max((i for i in range(at) if trained in _assigned(body[i])), default=None)
+                if where is not None:
+                    return self._insert(body, where + 1, trained)
+            fitted = _called_on(statement, "fit", nested=False)
+            if fitted is not None and any(fitted in _assigned(s) for s in body[:at]):
+                return self._insert(body, at, fitted)
+        return body
+
+    def _insert(self, body: list[Any], at: int, name: str) -> list[Any]:
+        self.done = True
+        line = cst.parse_statement(f"{name} = torch.compile({name}{self.options})")
+        return [*body[:at], line, *body[at:]]
+
+
+def _called_on(statement: cst.CSTNode, method: str, nested: bool) -> str | None:
+    """The name `X` of the first `X.<method>(...)` call in `statement` (`nested`: only as an
+    argument of another call, as `AdamW(model.parameters())`); for `fit`, its first argument."""
+    for call in _calls(statement):
+        if not isinstance(call.func, cst.Attribute) or call.func.attr.value != method:
+            continue
+        if method == "fit":
+            first = call.args[0].value if call.args else None
+            return first.value if isinstance(first, cst.Name) else None
+        if isinstance(call.func.value, cst.Name) and (not nested or _inside_call(statement, call)):
+            return call.func.value.value
+    return None
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(Visitor())
+    return found
+
+
+def _inside_call(statement: cst.CSTNode, inner: cst.Call) -> bool:
+    return any(
+        inner is not outer and any(inner in _calls(arg) for arg in outer.args) for outer in _calls(statement)
+    )
+
+
+def _assigned(statement: cst.CSTNode) -> set[str]:
+    """The names a simple statement assigns (`model = ...`, `model: Net = ...`)."""
+    names: set[str] = set()
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return names
+    for small in statement.body:
+        targets = (
+            [t.target for t in small.targets]
+            if isinstance(small, cst.Assign)
+            else [small.target]
+            if isinstance(small, cst.AnnAssign)
+            else []
+        )
+        names.update(t.value for t in targets if isinstance(t, cst.Name))
+    return names

@@ -1,0 +1,47 @@
+"""How a run's FLOPs and MFU read in a report (`records.compute.Utilization`): a table cell,
+its tooltip (the peak's source), the headline's words. Pure."""
+
+from __future__ import annotations
+
+from trainadvisor.records import Run
+
+
+def _flops(value: float) -> str:
+    for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} FLOP"
+
+
+def mfu_cell(run: Run) -> str:
+    """'39.9% of 0.191 TFLOP/s (fp32, measured)', or why there is no MFU."""
+    use = run.utilization
+    if use is None:
+        return "not counted"
+    if use.mfu_pct is None or use.peak_tflops is None:
+        return use.status
+    return f"{use.mfu_pct:.1f}% of {use.peak_tflops:.3g} TFLOP/s ({use.peak_dtype}, {use.peak_how})"
+
+
+def mfu_title(run: Run) -> str:
+    """Where the peak comes from (the datasheet, or the CPU benchmark)."""
+    use = run.utilization
+    if use is None or not use.peak_source:
+        return ""
+    return f"{use.peak_device}: {use.peak_source}"
+
+
+def flops_cell(run: Run) -> str:
+    """FLOPs per step and what the step achieved: '679 MFLOP/step, 0.0762 TFLOP/s'."""
+    use = run.utilization
+    if use is None or use.flops_per_step is None:
+        return use.status if use is not None else "not counted"
+    achieved = f", {use.achieved_tflops:.3g} TFLOP/s" if use.achieved_tflops is not None else ""
+    borrowed = " (counted on the baseline)" if use.flops_from_baseline else ""
+    return f"{_flops(use.flops_per_step)}/step{achieved}{borrowed}"
+
+
+def mfu_words(run: Run) -> str:
+    """The headline's ', MFU 39.9%' ('' where there is none)."""
+    use = run.utilization
+    return f", MFU {use.mfu_pct:.1f}%" if use is not None and use.mfu_pct is not None else ""
