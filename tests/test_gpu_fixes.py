@@ -187,7 +187,9 @@ def test_profile_on_cpu_reports_anomaly_detection_and_no_gpu_findings(tmp_path: 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = load_report(out)
-    assert [f["rule"] for f in report["findings"]] == ["anomaly-detection-on"]
+    # no GPU finding; compute-bound (the CPU's own MFU) may or may not fire beside it
+    assert [f["rule"] for f in report["findings"]][0] == "anomaly-detection-on"
+    assert {f["rule"] for f in report["findings"]} <= {"anomaly-detection-on", "compute-bound"}
     assert report["baseline"]["raw"]["runtime"]["anomaly_detection"] is True
     assert report["baseline"]["raw"]["runtime"]["optimizer"] == "Adam"
     assert "[high] anomaly-detection-on" in result.stdout

@@ -136,7 +136,17 @@ def test_a_short_script_keeps_the_gain_its_trials_measured(tmp_path: Path) -> No
 
 
 def test_restart_mode_when_asked(tmp_path: Path) -> None:
-    report = _profile(tmp_path, "--trials", "restart", EXAMPLES / "slow_input_mnist.py", "--samples", "20000")
+    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode)
+    report = _profile(
+        tmp_path,
+        "--trials",
+        "restart",
+        "--max-warmup",
+        "1s",
+        EXAMPLES / "slow_input_mnist.py",
+        "--samples",
+        "20000",
+    )
     outcome = _outcome(report, "dataloader-workers")
     assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
     assert report["trial_windows"] == [] and outcome["status"] == "kept"
@@ -165,4 +175,6 @@ def test_budget_values_are_checked(tmp_path: Path, value: str, message: str) -> 
 def test_an_unknown_fix_is_refused_with_the_known_ones(tmp_path: Path) -> None:
     result = run_cli("profile", "--fix", "workers", EXAMPLES / "slow_input_mnist.py", cwd=tmp_path)
     assert result.returncode == 2
-    assert "--fix workers: no such fix; the fixes are amp, batch-size, cudnn-benchmark" in result.stderr
+    assert (
+        "--fix workers: no such fix; the fixes are amp, batch-size, compile, cudnn-benchmark" in result.stderr
+    )

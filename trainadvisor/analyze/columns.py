@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from trainadvisor.analyze.op_flops import FORMULAS, op_dtype, op_flops
 from trainadvisor.analyze.stream import Event
 
 # Row kinds. A category is read case-blind: 2021 traces write Operator/Runtime/Kernel/Memcpy.
@@ -72,6 +74,13 @@ class Table:
     # in order, and their ids.
     ext_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     ext_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # The host's matrix ops (MATRIX_OP_PREFIXES), sparse: rows in order, the FLOPs a tool wrote
+    # into the trace and those their recorded shapes give (`op_flops`; -1 where none), and the
+    # code of their operands' dtype (`op_flops.DTYPE_CODES`).
+    flop_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    flop_given: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+    flop_shapes: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+    flop_dtype: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
     # Times are microseconds since base_us (the trace's first timestamp, whole): absolute
     # timestamps (1.7e15 us since the epoch) leave float64 a quarter-microsecond of precision.
     base_us: float = 0.0
@@ -108,6 +117,7 @@ def positions(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np
 
 
 _COLUMNS = ("kind", "ts", "end", "name", "tid", "corr", "ext_rows", "ext_ids")
+_FLOP_COLUMNS = ("flop_rows", "flop_given", "flop_shapes", "flop_dtype")
 
 
 _CAT, _NAME, _TID = attrgetter("cat"), attrgetter("name"), attrgetter("tid")
@@ -128,7 +138,7 @@ class TableReader:
         self._categories: dict[str, int] = {}
         self._matrix_names: list[int] = []
         self._memory_name = -1
-        self._parts: dict[str, list[np.ndarray]] = {column: [] for column in _COLUMNS}
+        self._parts: dict[str, list[np.ndarray]] = {column: [] for column in (*_COLUMNS, *_FLOP_COLUMNS)}
         self.rows = 0
         self.copy_bytes: dict[int, int] = {}
         self.op_precision: dict[int, int] = {}
@@ -207,10 +217,36 @@ class TableReader:
                 self.device_events[index] = self.device_events.get(index, 0) + count
         if not self._matrix_names:
             return
-        for i in np.flatnonzero((kind == HOST) & (ext >= 0) & np.isin(name, self._matrix_names)).tolist():
+        matrix = (kind == HOST) & np.isin(name, self._matrix_names)
+        for i in np.flatnonzero(matrix & (ext >= 0)).tolist():
             precision = input_precision(events[i].args.input_type)
             if precision:
                 self.op_precision[int(ext[i])] = precision
+        self._flops(events, np.flatnonzero(matrix))
+
+    def _flops(self, events: list[Event], rows: np.ndarray) -> None:
+        """The FLOPs of the chunk's matrix ops, given or from their shapes (`op_flops`)."""
+        if not len(rows):
+            return
+        given, shaped, dtypes = [], [], []
+        for i in rows.tolist():
+            event = events[i]
+            args, flops = event.args, None
+            if event.name in FORMULAS and len(args.input_dims):
+                try:
+                    dims = msgspec.json.decode(args.input_dims)
+                    concrete = msgspec.json.decode(args.concrete_inputs) if len(args.concrete_inputs) else None
+                except msgspec.DecodeError:
+                    dims = concrete = None
+                flops = op_flops(event.name, dims, concrete)
+            given.append(args.flops)
+            shaped.append(-1.0 if flops is None else flops)
+            dtypes.append(op_dtype(event.name, args.input_type))
+        part = self._parts
+        part["flop_rows"].append(rows + self.rows)
+        part["flop_given"].append(np.array(given, np.float64))
+        part["flop_shapes"].append(np.array(shaped, np.float64))
+        part["flop_dtype"].append(np.array(dtypes, np.int8))
 
     def _memory(self, events: list[Event]) -> None:
         """Peaks of the device's allocated and reserved memory."""
@@ -253,7 +289,10 @@ class Pieces:
     device_events: dict[int, int] = field(default_factory=dict)
 
 
-_EMPTY = {"kind": np.int8, "ts": np.float64, "end": np.float64, "name": np.int32, "tid": np.int32}
+_EMPTY = {
+    "kind": np.int8, "ts": np.float64, "end": np.float64, "name": np.int32, "tid": np.int32,
+    "flop_given": np.float64, "flop_shapes": np.float64, "flop_dtype": np.int8,
+}  # fmt: skip
 
 
 def join(pieces: list[Pieces]) -> Table:
@@ -267,7 +306,7 @@ def join(pieces: list[Pieces]) -> Table:
     offsets = np.cumsum([0] + [p.rows for p in pieces]).tolist()
     base = next((p.base_us for p in pieces if p.base_us is not None), 0.0)
     columns: dict[str, np.ndarray] = {}
-    for column in _COLUMNS:
+    for column in (*_COLUMNS, *_FLOP_COLUMNS):
         chunks = []
         for i, p in enumerate(pieces):
             for chunk in p.parts.pop(column, []):
@@ -275,7 +314,7 @@ def join(pieces: list[Pieces]) -> Table:
                     chunk = name_maps[i][chunk]
                 elif column == "tid":
                     chunk = tid_maps[i][chunk]
-                elif column == "ext_rows":
+                elif column in ("ext_rows", "flop_rows"):
                     chunk = chunk + offsets[i]
                 elif column in ("ts", "end") and p.base_us is not None and p.base_us != base:
                     chunk = chunk + (p.base_us - base)
@@ -284,7 +323,8 @@ def join(pieces: list[Pieces]) -> Table:
         del chunks
     table = Table(
         columns["kind"], columns["ts"], columns["end"], columns["name"], columns["tid"], columns["corr"],
-        list(names), list(tids), columns["ext_rows"], columns["ext_ids"], base_us=base,
+        list(names), list(tids), columns["ext_rows"], columns["ext_ids"], *(columns[c] for c in _FLOP_COLUMNS),
+        base_us=base,
     )  # fmt: skip
     for p, offset in zip(pieces, offsets):
         table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})

@@ -25,6 +25,7 @@ from trainadvisor.analyze.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCP
 from trainadvisor.analyze.facts import HOST_ITEM, gather
 from trainadvisor.analyze.reading import read_table
 from trainadvisor.analyze.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
+from trainadvisor.analyze.trace_flops import trace_utilization
 from trainadvisor.analyze.trace_records import Facts, StepBreakdown, TraceAnalysis
 from trainadvisor.errors import UsageError
 
@@ -67,6 +68,7 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...], workers: int | None) -> 
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
     analysis.host_busy_pct = host.host_busy_pct(t, step_list)
+    analysis.utilization, analysis.flops_source = trace_utilization(t, host_spans, analysis)
     return analysis
 
 

@@ -45,6 +45,12 @@ class Args(msgspec.Struct, gc=False):
     external_id_2021: int = msgspec.field(name="external id", default=-1)
     input_type: Any = msgspec.field(name="Input type", default=None)  # with record_shapes
     device: int = -1  # the GPU a kernel, copy or memset ran on
+    # An op's shapes and scalar arguments (record_shapes), kept undecoded: only the few ops whose
+    # FLOPs they give are decoded (`trace_flops`). `flops`: an op's FLOPs where a tool wrote them
+    # (torch.profiler's with_flops counts them, but its Chrome trace export writes none).
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
+    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw())
+    flops: float = -1.0
 
 
 class Event(msgspec.Struct, gc=False):
@@ -79,7 +85,14 @@ def _loose_args(args: dict[str, Any]) -> Args:
         external_id_2021=_int(args.get("external id")),
         input_type=args.get("Input type"),
         device=_int(args.get("device")),
+        input_dims=_raw(args.get("Input Dims")),
+        concrete_inputs=_raw(args.get("Concrete Inputs")),
+        flops=_number(args.get("flops")),
     )
+
+
+def _raw(value: Any) -> msgspec.Raw:
+    return msgspec.Raw() if value is None else msgspec.Raw(msgspec.json.encode(value))
 
 
 def _loose(items: Any) -> list[Event]:

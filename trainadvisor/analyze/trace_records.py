@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from trainadvisor.analyze import intervals as iv
+from trainadvisor.records.compute import Utilization
 
 
 @dataclass
@@ -95,3 +96,7 @@ class TraceAnalysis:
     allocator_calls: int = 0  # device malloc/free calls inside the steps
     host_busy_pct: float | None = None  # of step time, the loop's threads in their own work (`host`)
     time_unit_note: str = ""
+    # FLOPs per step from the trace's ops and MFU against the GPU's peak (`trace_flops`): None
+    # where the trace carries neither FLOPs nor shapes; flops_source "trace flops"/"trace shapes"
+    utilization: Utilization | None = None
+    flops_source: str = ""
