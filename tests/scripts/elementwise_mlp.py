@@ -22,9 +22,10 @@ class Block(torch.nn.Module):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100000)
+    parser.add_argument("--blocks", type=int, default=6)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block(64) for _ in range(6)], torch.nn.Linear(64, 10))
+    model = torch.nn.Sequential(*[Block(64) for _ in range(args.blocks)], torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     inputs, targets = torch.randn(512, 64), torch.randint(0, 10, (512,))
     for _step in range(args.steps):

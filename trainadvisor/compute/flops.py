@@ -26,6 +26,19 @@ except ImportError:  # pragma: no cover - older torch: nothing to count with
     flop_registry = {}
 
 
+if FlopCounterMode is not None:
+
+    class _Counter(FlopCounterMode):  # type: ignore[misc,valid-type]
+        """torch's counter, whose formula errors (an operator with arguments its formula does
+        not expect) count nothing instead of raising inside the user's step."""
+
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            try:
+                return super()._count_flops(func_packet, out, args, kwargs)
+            except Exception:
+                return out
+
+
 class _Dtypes(TorchDispatchMode):
     """The FLOPs of each operator torch has a formula for, by the dtype of its first tensor
     input. Entered inside FlopCounterMode, which counts the total (decompositions and
@@ -80,7 +93,7 @@ class StepFlops:
             self.status = "not counted: the step runs code torch.compile compiled"
             return
         try:
-            counter = FlopCounterMode(display=False)
+            counter = _Counter(display=False)
             counter.__enter__()
             self._counter = counter
             dtypes = _Dtypes()
