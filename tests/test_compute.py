@@ -312,3 +312,16 @@ def test_a_formula_that_raises_never_breaks_the_step(monkeypatch: pytest.MonkeyP
     flops.stop()
     assert model.weight.grad is not None
     assert flops.facts()["flops_per_step"] == 1024.0  # the weight gradient's mm only
+
+
+def test_attention_on_a_cpu_is_counted_as_torch_counts_flash_attention() -> None:
+    """torch's registry has the GPU's fused attention, not the CPU's: counted with the same
+    formulas. b=2, h=4, s=16, d=8: forward two matmuls, 2*2*b*h*s*s*d = 65,536; backward
+    five (the scores recomputed), 163,840."""
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    flops = StepFlops()
+    flops.start()
+    torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+    flops.stop()
+    assert flops.facts()["flops_per_step"] == 65536.0 + 163840.0
+    assert flops.facts()["flops_by_dtype"] == {"torch.float32": 229376.0}

@@ -26,6 +26,30 @@ except ImportError:  # pragma: no cover - older torch: nothing to count with
     flop_registry = {}
 
 
+def _cpu_attention() -> dict[Any, Any]:
+    """Formulas torch's registry lacks: the CPU's flash attention, forward and backward (the
+    same counts as the GPU's flash attention; arguments in the same order). Shape formulas,
+    as FlopCounterMode's custom_mapping takes them."""
+    import torch.utils.flop_counter as counter
+
+    forward = getattr(counter, "sdpa_flop_count", None)
+    backward = getattr(counter, "sdpa_backward_flop_count", None)
+    ops = torch.ops.aten
+    if forward is None or backward is None or not hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu"):
+        return {}
+
+    def cpu_forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return int(forward(q, k, v))
+
+    def cpu_backward(g: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return int(backward(g, q, k, v))
+
+    mapping: dict[Any, Any] = {ops._scaled_dot_product_flash_attention_for_cpu: cpu_forward}
+    if hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        mapping[ops._scaled_dot_product_flash_attention_for_cpu_backward] = cpu_backward
+    return mapping
+
+
 if FlopCounterMode is not None:
 
     class _Counter(FlopCounterMode):  # type: ignore[misc,valid-type]
@@ -44,14 +68,16 @@ class _Dtypes(TorchDispatchMode):
     input. Entered inside FlopCounterMode, which counts the total (decompositions and
     higher-order operators included); this one only splits it by dtype."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: dict[Any, Any]) -> None:
         super().__init__()
         self.flops: dict[str, float] = defaultdict(float)
+        self.extra = {op: _on_shapes(formula) for op, formula in extra.items()}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+        packet = getattr(func, "_overloadpacket", None)
+        formula = flop_registry.get(packet) or self.extra.get(packet)
         if formula is not None:
             dtype = next((str(a.dtype) for a in args if isinstance(a, torch.Tensor)), None)
             if dtype is not None:
@@ -60,6 +86,16 @@ class _Dtypes(TorchDispatchMode):
                 except Exception:  # a formula that cannot read these arguments: no split
                     pass
         return out
+
+
+def _on_shapes(formula: Any) -> Any:
+    """A shape formula called as the registry's are: with tensors, and `out_val`."""
+
+    def on_tensors(*args: Any, out_val: Any = None, **kwargs: Any) -> Any:
+        shapes = [a.shape if isinstance(a, torch.Tensor) else a for a in args]
+        return formula(*shapes, **kwargs)
+
+    return on_tensors
 
 
 def compiled_frames() -> int:
@@ -93,10 +129,13 @@ class StepFlops:
             self.status = "not counted: the step runs code torch.compile compiled"
             return
         try:
-            counter = _Counter(display=False)
+            try:
+                counter = _Counter(display=False, custom_mapping=_cpu_attention())
+            except TypeError:  # a torch whose counter takes no custom formulas
+                counter = _Counter(display=False)
             counter.__enter__()
             self._counter = counter
-            dtypes = _Dtypes()
+            dtypes = _Dtypes(_cpu_attention())
             dtypes.__enter__()
             self._dtypes = dtypes
         except Exception as exc:
