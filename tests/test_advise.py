@@ -138,19 +138,23 @@ def test_bare_decorator_on_a_method(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert (tmp_path / "trainadvisor-report" / "report.json").is_file()
 
 
-def test_the_wait_between_calls_is_the_input_pipeline(tmp_path: Path) -> None:
-    """A loop that spends 20 ms fetching each batch and 1 ms in the step: data-stall, high."""
+def test_the_time_between_calls_is_outside_the_function_not_data_wait(tmp_path: Path) -> None:
+    """A loop without a DataLoader that spends 20 ms between calls and 1 ms in the step: no
+    data wait is inferred from the gap (it could be anything the loop does there); the gap is
+    its own part of the step, and the report says no DataLoader was seen."""
     step = advise(warmup=2, steps=10, out=tmp_path / "r", **EXACT)(_Trainer().step)
     for x, y in _batches(25):
-        time.sleep(0.02)  # the slow input pipeline
+        time.sleep(0.02)  # the loop's own input, or anything else between calls
         step(x, y)
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     timed = [s for s in report["baseline"]["raw"]["steps"] if not s["profiled"]]
-    assert len(timed) == 10 and min(s["data_wait_ms"] for s in timed) >= 20.0  # the sleep, between calls
-    [finding] = [f for f in report["findings"] if f["rule"] == "data-stall"]
-    assert {e["measurement"]: e["value"] for e in finding["evidence"]}["data_wait_ms_per_step"] >= 20.0
-    [outcome] = report["fix_outcomes"]
-    assert outcome["fix"] == "dataloader-workers" and outcome["status"] == "not_applicable"  # no DataLoader
+    assert len(timed) == 10 and max(s["data_wait_ms"] for s in timed) == 0.0
+    assert min(s["outside_call_ms"] for s in timed) >= 20.0  # the sleep, between calls
+    assert "data_wait" not in report["baseline"]["breakdown_pct"]
+    assert report["baseline"]["breakdown_pct"]["outside_call"] > 80
+    assert not [f for f in report["findings"] if f["rule"] == "data-stall"]
+    said = "No DataLoader was seen: input time is part of the step"
+    assert any(note.startswith(said) for note in report["notes"])
 
 
 class _Slow(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -21,7 +21,7 @@ def test_data_stall_fires_on_num_workers_0_and_not_on_its_fix(tmp_path: Path) ->
     stall = load_report(tmp_path / "resnet50_num_workers_0")["findings"][0]
     assert stall["message"] == (
         "On 2 of 2 traces; worst, worker0.1623143089861.pt.trace.json.gz: The loop waited for its "
-        "next batch for 33% of each step (59.3 ms of 177.6 ms on average)."
+        "next batch for 33% of each step (59.3 ms per step on average)."
     )
     assert {e["measurement"]: e["value"] for e in stall["evidence"]}[
         "num_workers"

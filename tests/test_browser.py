@@ -58,7 +58,7 @@ def test_the_report_loads_offline_without_errors(page_of_report) -> None:  # typ
 
 def test_the_key_parts_are_visible(page_of_report) -> None:  # type: ignore[no-untyped-def]
     page, _, _ = page_of_report
-    assert page.locator(".headline").inner_text().startswith("5.31x faster in steps/s")
+    assert page.locator(".headline").inner_text().startswith("6.70x faster in steps/s")
     for heading in ("Before and after", "Findings", "Fixes, measured", "Did training stay the same?"):
         assert page.get_by_role("heading", name=heading).is_visible(), heading
     assert page.locator("svg").count() >= 3 and page.locator("svg").first.is_visible()

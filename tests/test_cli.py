@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import shutil
+import typing
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from conftest import DATA, EXAMPLES, shared_trace
 
+from trainadvisor import _serial
 from trainadvisor.cli import main
 
 
@@ -47,15 +49,12 @@ def test_a_full_disk_is_one_line_and_leaves_the_report_as_it_was(
 ) -> None:
     shutil.copytree(DATA / "report", tmp_path / "r")
     before = (tmp_path / "r" / "report.json").read_text()
-    original = Path.write_text
 
-    def full(self: Path, text: str, *args: object, **kwargs: object) -> int:
-        if self.parent == tmp_path / "r":
-            original(self, text[: len(text) // 2])  # what the disk took before it filled
-            raise OSError(errno.ENOSPC, "No space left on device", str(self))
-        return original(self, text, *args, **kwargs)  # type: ignore[arg-type]
+    def full(handle: typing.TextIO, text: str) -> None:
+        handle.write(text[: len(text) // 2])  # what the disk took before it filled
+        raise OSError(errno.ENOSPC, "No space left on device", handle.name)
 
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(_serial, "_write", full)
     code, output = _run("report", tmp_path / "r")
     assert code == 2
     [line] = output.strip().splitlines()

@@ -28,10 +28,10 @@ def test_a_slower_head_fails_the_gate(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     first = result.stdout.splitlines()[0]
     assert first.startswith(
-        "### ❌ trainadvisor compare: regression: throughput -81.2% (more than the allowed -5%"
+        "### ❌ trainadvisor compare: regression: throughput -85.1% (more than the allowed -5%"
     )
-    assert "| Throughput steps/s | 114.1 | 21.5 | -81.2% |" in result.stdout
-    assert "| Data wait % of step | 28.7 | 88.4 | +208.5% |  | worse |" in result.stdout
+    assert "| Throughput steps/s | 139.3 | 20.8 | -85.1% |" in result.stdout
+    assert "| Data wait % of step | 29.6 | 86.6 | +192.5% |  | worse |" in result.stdout
 
 
 def test_a_faster_head_passes_and_json_says_why(tmp_path: Path) -> None:
@@ -40,8 +40,8 @@ def test_a_faster_head_passes_and_json_says_why(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     # the head is the saved report's confirmation run
-    assert (data["regressed"], round(data["throughput_change_pct"], 1)) == (False, 431.1)
-    assert data["verdict"] == "no regression: throughput +431.1% (better)"
+    assert (data["regressed"], round(data["throughput_change_pct"], 1)) == (False, 569.5)
+    assert data["verdict"] == "no regression: throughput +569.5% (better)"
     steps = next(m for m in data["metrics"] if m["name"] == "step_time_ms_median")
     assert steps["verdict"] == "better" and steps["better"] == "lower"
 
@@ -65,7 +65,7 @@ def test_report_re_renders_a_saved_run_without_rerunning(tmp_path: Path) -> None
     result = run_cli("report", folder, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (folder / "report.html").stat().st_size > 10_000 and (folder / "report.md").is_file()
-    assert "trainadvisor: 5.31x faster in steps/s" in result.stdout
+    assert "trainadvisor: 6.70x faster in steps/s" in result.stdout
     elsewhere = run_cli("report", "--out", tmp_path / "copy", folder, cwd=tmp_path)
     assert elsewhere.returncode == 0
     assert (tmp_path / "copy" / "report.html").read_text() == (folder / "report.html").read_text()

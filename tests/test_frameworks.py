@@ -77,7 +77,8 @@ def test_hugging_face_trainer_gets_its_training_arguments_changed(tmp_path: Path
     assert outcome["setting_change"] == f"`TrainingArguments({arguments})` at hf_trainer_slow_data.py:{line}"
     (stall,) = [f for f in report["findings"] if f["rule"] == "data-stall"]
     assert (
-        "dataloader_num_workers=8" in stall["best_practice"] and "DataLoader(" not in stall["best_practice"]
+        f"dataloader_num_workers={chosen['num_workers']}" in stall["best_practice"]
+        and "DataLoader(" not in stall["best_practice"]
     )
     loaders = report["baseline"]["raw"]["loaders"]
     assert [(lo["framework"], bool(lo["origin_site"])) for lo in loaders] == [

@@ -20,6 +20,7 @@ import torch
 from conftest import EXAMPLES, ROOT, SCRIPTS, SHORT, load_report, run_cli
 
 from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
+from trainadvisor.analyze.summary import summarize
 from trainadvisor.measure import gpu, hooks, loaders, switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, StepRecord
@@ -82,6 +83,13 @@ def test_a_gpu_run_measures_its_window_edges_memory_and_device(tmp_path: Path, f
     assert len([s for s in raw.steps if s.profiled]) == 1 + 8  # the profiler's warmup step + 8 traced
     assert raw.nvml_status == "sampled GPU 0" and raw.gpu_samples
     assert {s.device for s in raw.gpu_samples} == {"GPU 0"} and raw.gpu_samples[0].util_pct == 71.0
+    # MFU against the datasheet peak of the card by its CUDA name, in the dtype the matmuls ran
+    # in (fp32, TF32 as the script left it); the step's memory from the allocator's statistics
+    use = summarize(raw).utilization
+    tf32 = raw.runtime["tf32_enabled"]
+    assert use is not None and use.peak_how == "datasheet" and use.peak_dtype == ("tf32" if tf32 else "fp32")
+    assert use.peak_tflops == (156.0 if tf32 else 19.5) and use.mfu_pct is not None
+    assert raw.runtime["memory"]["peak_source"] == "the CUDA allocator's peak over the step"
 
 
 def test_nvml_finds_devices_by_uuid_and_says_what_it_could_not_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,6 +96,7 @@ def test_warmup_then_timed_then_traced_steps_with_exact_times() -> None:
         "switched": {"autocast_outputs": 0, "non_blocking_copies": 0},
         # the profiler's warm-up step was counted: these steps did no torch work
         "flops_status": "not counted: the step dispatched no matmul, convolution or attention",
+        "memory": {"status": "not measured: no optimizer stepped before the counted step"},
     }
 
 
@@ -169,7 +170,7 @@ def _quiet(_: str) -> None:
     pass
 
 
-def test_advise_times_the_gap_between_calls_as_data_wait(tmp_path: Path) -> None:
+def test_advise_times_the_gap_between_calls_outside_the_function_not_as_data_wait(tmp_path: Path) -> None:
     clock = FakeClock()
     advisor = Advisor(
         warmup=2, steps=3, out=tmp_path / "r", echo=_quiet, clock=clock.clock(), min_time=0.0, max_warmup=None
@@ -184,8 +185,11 @@ def test_advise_times_the_gap_between_calls_as_data_wait(tmp_path: Path) -> None
     for i in range(5):
         clock.advance(10.0 * (i + 1))  # the loop fetching the next batch
         advised(torch.zeros(16, 3))
-    rows = [(r.index, r.step_ms, r.data_wait_ms, r.samples) for r in advisor.window.records]
-    assert _rounded(rows) == ([(2, 34.0, 30.0, 16), (3, 44.0, 40.0, 16), (4, 54.0, 50.0, 16)])
+    advisor.outside_calls(advisor.window)
+    records = advisor.window.records
+    rows = [(r.index, r.step_ms, r.data_wait_ms, r.outside_call_ms, r.samples) for r in records]
+    # no DataLoader fetched anything: no data wait; the gap is the loop's, outside the function
+    assert _rounded(rows) == ([(2, 34.0, 0.0, 30.0, 16), (3, 44.0, 0.0, 40.0, 16), (4, 54.0, 0.0, 50.0, 16)])
     advisor.close()
 
 

@@ -8,6 +8,7 @@ import errno
 import json
 import math
 import os
+import secrets
 import types
 import typing
 from pathlib import Path
@@ -62,17 +63,29 @@ def from_plain(cls: Any, data: Any) -> Any:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write beside the file, then rename over it: a reader (or an interruption, or a full
-    disk) never sees a half-written file, and an earlier version stays whole. A failed write
-    is a UsageError naming the file."""
-    temporary = path.with_name(f".{path.name}.tmp")
+    disk) never sees a half-written file, and an earlier version stays whole. The temporary
+    file's name is this writer's own (its process and a random token) and it is created
+    exclusively, so writers side by side never share one and a link planted under its name is
+    never written through; the rename replaces a link at `path` itself, not what it points to.
+    A failed write is a UsageError naming the file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    handle = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(text)
+        handle = temporary.open("x")  # exclusive: refused where anything, a link too, is there
+        with handle:
+            _write(handle, text)
         os.replace(temporary, path)
+        handle = None
     except OSError as exc:
         raise write_failed(path, exc) from None
     finally:
-        temporary.unlink(missing_ok=True)
+        if handle is not None:  # made here, and not renamed into place
+            temporary.unlink(missing_ok=True)
+
+
+def _write(handle: typing.TextIO, text: str) -> None:
+    handle.write(text)  # its own function: tests fill the disk here
 
 
 def write_failed(path: Path, exc: OSError) -> UsageError:

@@ -6,9 +6,8 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import click
 
@@ -18,6 +17,7 @@ from trainadvisor.cli_options import (
     DURATION,
     DURATION_OR_ZERO,
     EXIT_CODES,
+    SIZE,
     option,
     out_option,
     rules_option,
@@ -80,6 +80,15 @@ def main() -> None:
     "The longest a warm-up may wait for step time to settle; a window measured unsettled is "
     "named in the report. 0: exactly --warmup steps, no steadiness test.",
     "max_warmup_s",
+)
+@option(
+    "--memory-budget",
+    None,
+    SIZE,
+    "The memory the run may use (24GB, 500MiB): a peak above it is diagnosed as not fitting, "
+    "though it did not crash (on a CPU: will it fit on that card?). On a GPU the default is what "
+    "the allocator may use.",
+    "memory_budget_bytes",
 )
 @out_option("Report folder: report.html, report.md, report.json and the raw traces.")
 @rules_option
@@ -155,6 +164,7 @@ def profile_command(
     steps: int,
     min_time_s: float,
     max_warmup_s: float,
+    memory_budget_bytes: int | None,
     out_dir: Path,
     rule_dirs: tuple[Path, ...],
     run_to_end: bool,
@@ -215,30 +225,27 @@ def profile_command(
         trials=trials,
         min_time_s=min_time_s,
         max_warmup_s=max_warmup_s,
+        memory_budget_bytes=memory_budget_bytes,
     )
     _run(lambda: _profile(options))
 
 
 def _profile(options: Any) -> int:
     """`profile` with each stage's report written as it finishes; interrupted, the last one is
-    kept and says so."""
+    kept and says so (`profile.command.profile`). A signal is noted where it arrives and acted
+    on where the run checks for it (`measure.interrupts`): a clean-up run from inside the code
+    it interrupted could wait forever for a lock held there."""
+    from trainadvisor.measure import interrupts
     from trainadvisor.profile.command import profile
 
-    out_dir, saved = options.out_dir, cast(list[Report], [])
+    out_dir = options.out_dir
 
-    def save(report: Report) -> None:
-        write_report(report, out_dir, templates_dir())
-        saved[:] = [report]
+    def save(report: Report, publish: Callable[[], None]) -> None:
+        write_report(report, out_dir, templates_dir(), publish)
 
-    try:
+    with interrupts.noted_only():
         report = profile(options, _echo, save)
-    except (KeyboardInterrupt, Terminated):
-        if saved:
-            note = (
-                "The run was interrupted: fixes marked not run or unconfirmed were not measured to the end."
-            )
-            write_report(replace(saved[0], notes=[*saved[0].notes, note]), out_dir, templates_dir())
-        raise
+        interrupts.check()  # one that came after the run's last check: the exit says so
     click.echo(terminal_summary(report, out_dir))
     raw = report.baseline.raw if report.baseline is not None else None
     if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
@@ -259,7 +266,7 @@ def _profile(options: Any) -> int:
 def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tuple[Path, ...]) -> None:
     """Analyse existing torch.profiler (Kineto) traces: PATHS are trace files (.json or
     .json.gz), folders of them (one file per rank, or tensorboard_trace_handler output) or
-    archives of them (.tar, .tar.gz, .tgz).
+    archives of them (.tar, .tar.gz, .tgz, .zip).
 
     Each trace gets a per-step breakdown of wall time (GPU kernels, memcpy, memset,
     communication, CUDA runtime, data wait, other host work, idle), GPU busy share, Tensor Core
@@ -279,15 +286,15 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
     """
     from trainadvisor.analyze.command import analyze as run_analysis
     from trainadvisor.report.analyze import analysis_summary
-    from trainadvisor.report.folder import check_out_dir
+    from trainadvisor.report.folder import hold_out_dir
     from trainadvisor.report.render import report_json
 
     def work() -> int:
-        check_out_dir(out_dir)
-        report, analyses = run_analysis(
-            list(paths), list(rule_dirs), ["trainadvisor", "analyze", *map(str, paths)]
-        )
-        write_report(report, out_dir, templates_dir())
+        with hold_out_dir(out_dir):  # from the start: a busy folder is refused before the reading
+            report, analyses = run_analysis(
+                list(paths), list(rule_dirs), ["trainadvisor", "analyze", *map(str, paths)]
+            )
+            write_report(report, out_dir, templates_dir())
         click.echo(
             report_json(report) if as_json else analysis_summary(report, analyses, out_dir), nl=not as_json
         )
@@ -385,7 +392,7 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
     """
 
     def work() -> int:
-        from trainadvisor.report.folder import check_out_dir
+        from trainadvisor.report.folder import hold_out_dir
         from trainadvisor.report.merge import merge_reports
 
         dirs = [f.parent if f.name == "report.json" else f for f in folders]
@@ -395,9 +402,8 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
             raise UsageError("a report folder was given twice")
         saved = _load(dirs[0]) if len(dirs) == 1 else merge_reports([_load(d) for d in dirs], list(rule_dirs))
         target = out_dir or dirs[0]
-        if out_dir is not None:
-            check_out_dir(out_dir)
-        write_report(saved, target, templates_dir())
+        with hold_out_dir(target, "--out" if out_dir is not None else ""):
+            write_report(saved, target, templates_dir())
         click.echo(terminal_summary(saved, target))
         return 0
 

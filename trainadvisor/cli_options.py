@@ -79,6 +79,34 @@ DURATION = Duration()
 DURATION_OR_ZERO = Duration(zero=True)
 
 
+class Size(click.ParamType):
+    """An amount of memory: bytes, or with a unit: 24GB, 500MiB, 1.5G (G and GB are 10^9, GiB
+    is 2^30, as the cards' datasheets and torch's allocator write them)."""
+
+    name = "size"
+    _UNITS = {
+        "": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+        "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    }  # fmt: skip
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().replace(" ", "")
+        number = text.rstrip("kmgtib")
+        unit = self._UNITS.get(text[len(number) :])
+        try:
+            size = float(number) * unit if unit is not None else None
+        except ValueError:
+            size = None
+        if size is None or size <= 0:
+            self.fail(f"{value!r} is not an amount of memory: write it as 24GB, 500MiB or 8e9", param, ctx)
+        return int(size)
+
+
+SIZE = Size()
+
+
 def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:
     """The torch.distributed.run options given, in its own spelling; none: no torchrun. A
     single node without rendezvous options gets --standalone (a free local port)."""

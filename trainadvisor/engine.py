@@ -65,6 +65,9 @@ class Rule:
     # the advice in a framework's terms, by framework: text, anti_pattern and best_practice
     # (each optional; the generic one stands in for a missing key)
     frameworks: dict[str, dict[str, str]] = field(default_factory=dict)
+    # rules whose finding this one's replaces: a narrower diagnosis of the same symptom (an
+    # oversubscribed machine is what makes its loop wait on data, not the input pipeline)
+    supersedes: tuple[str, ...] = ()
 
 
 # ---- conditions ----
@@ -201,7 +204,15 @@ def load_rule(path: Path) -> Rule:
         threshold_source=_text(data, "threshold_source", where),
         loops=loops,
         frameworks=_framework_advice(recommendation, where),
+        supersedes=tuple(_names_list(data, "supersedes", where)),
     )
+
+
+def _names_list(data: dict[str, Any], key: str, where: str) -> list[str]:
+    value = data.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise RuleError(f"{where}: '{key}' must be a list of rule ids")
+    return value
 
 
 def _framework_advice(recommendation: dict[str, Any], where: str) -> dict[str, dict[str, str]]:
@@ -278,8 +289,10 @@ def evaluate_rule(rule: Rule, values: dict[str, Any]) -> Finding | None:
 
 
 def evaluate(rules: list[Rule], values: dict[str, Any]) -> list[Finding]:
-    """Findings, most severe first."""
-    findings = [f for rule in rules if (f := evaluate_rule(rule, values)) is not None]
+    """Findings, most severe first; a finding another one supersedes is left out."""
+    fired = [(rule, f) for rule in rules if (f := evaluate_rule(rule, values)) is not None]
+    replaced = {rule_id for rule, _ in fired for rule_id in rule.supersedes}
+    findings = [f for _, f in fired if f.rule not in replaced]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 

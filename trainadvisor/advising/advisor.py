@@ -11,12 +11,15 @@
 
 The window is the one `profile` measures: `warmup` steps, then `steps` steps timed with clocks
 alone, then up to 10 traced with torch.profiler. A decorated function's step runs from the end
-of the previous call to the end of this one; the time between calls is the input pipeline's (the
-loop fetching the next batch), the call itself is compute, copies and syncs. In a `with` block a
-step runs from one `advisor.step()` to the next and the wait inside DataLoader `__next__` is
-timed. When the window ends the advisor writes the same report folder as `profile`, prints the
-diagnosis and removes everything it installed; training goes on untouched. Fixes are not applied
-in-process: each is listed with the `trainadvisor profile` command that measures it.
+of the previous call to the end of this one. Data wait is timed where data is fetched, inside
+DataLoader `__next__` (a framework's loop fetches through it too), never inferred from the time
+between two calls: that time holds whatever the loop does around the function (its input where
+it has no DataLoader; Lightning's backward and optimizer step around a decorated
+`training_step`), and is reported as its own part, outside the decorated function. In a `with`
+block a step runs from one `advisor.step()` to the next. When the window ends the advisor writes
+the same report folder as `profile`, prints the diagnosis and removes everything it installed;
+training goes on untouched. Fixes are not applied in-process: each is listed with the
+`trainadvisor profile` command that measures it.
 
 Nothing the advisor does may break training: any error inside it is reported once as a warning
 and the advisor switches itself off, leaving the step to run as if undecorated."""
@@ -47,7 +50,7 @@ from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
 from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
-from trainadvisor.report.folder import check_out_dir
+from trainadvisor.report.folder import check_out_dir, hold_out_dir
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -74,9 +77,12 @@ class Advisor:
         trials: bool = False,
         min_time: float = MIN_TIME_S,
         max_warmup: float | None = MAX_WARMUP_S,
+        name: str = "advise",  # what the script called: a framework's callback says its own name
     ) -> None:
         if warmup < 1 or steps < 1:
-            raise ValueError("advise: warmup and steps must be at least 1")
+            raise ValueError(f"{name}: warmup and steps must be at least 1")
+        self.name = name
+        self.out_option = OUT_OPTION if name == "advise" else f"{name}(out=...)"
         self.warmup, self.steps = warmup, steps
         self.min_time_s, self.max_warmup_s = min_time, max_warmup
         self.clock = clock or Clock()
@@ -98,6 +104,7 @@ class Advisor:
         self.loaders: list[LoaderInfo] = []
         self.frameworks: list[FrameworkCall] = []  # the framework's settings, told by its callback
         self._loader_wait_s = 0.0  # DataLoader waits timed since the last step ended
+        self._outside_s: dict[int, float] = {}  # step index -> time outside the decorated call
         self.trials_wanted = trials  # measure the in-process fixes in windows after this one
         self.trials: Any = None  # advise_trials.AdviseTrials, while they run
         self.values: dict[str, Any] = {}  # the window's measurements, as the rules saw them
@@ -111,7 +118,7 @@ class Advisor:
             self.active = False
             return
         try:
-            check_out_dir(self.out, OUT_OPTION)  # a folder that cannot be the report: say so now
+            check_out_dir(self.out, self.out_option)  # a folder that cannot be the report: say so now
         except UsageError as exc:
             self._fail(exc)
             return
@@ -119,8 +126,16 @@ class Advisor:
             _announced.add(self.out)
             self.echo(
                 f"trainadvisor: advising after {warmup} warmup steps; the report goes to "
-                f"{self.out.resolve()} (advise(out=...) to choose)"
+                f"{self.out.resolve()} ({self.out_option} to choose)"
             )
+
+    @property
+    def called(self) -> str:
+        """How the script asked for this advisor, as its messages and report name it:
+        `@advise`, `advise()` or a framework's callback (`LightningAdvisor`)."""
+        if self.name != "advise":
+            return self.name
+        return "@advise" if self.decorated else "advise()"
 
     @property
     def traced_steps(self) -> int:
@@ -141,10 +156,9 @@ class Advisor:
             window = self.window
             self.call_start = self.clock.perf_s()
             if window.measuring:
-                # between calls: the loop fetching the next batch (less what DataLoader
-                # `__next__` already counted: a framework's loop fetches between its callbacks)
-                gap = self.call_start - window.last_mark
-                window.add_data_wait(max(gap - self._loader_wait_s, 0.0))
+                if self.decorated:  # outside the function: the loop around it, not data wait
+                    gap = max(self.call_start - window.last_mark - self._loader_wait_s, 0.0)
+                    self._outside_s[window.first_index + window.steps_done] = gap
                 tensors = list(hooks.batch_tensors([args, kwargs or {}]))
                 if tensors and tensors[0].dim() > 0:
                     window.add_batch(int(tensors[0].shape[0]))
@@ -300,37 +314,48 @@ class Advisor:
         ):
             self._cleanup()
             return
-        check_out_dir(self.out, OUT_OPTION)
         trace_rel = "traces/advise/trainadvisor.pt.trace.json.gz"
-        profiler, sampler = window.stop_profiler(), self.sampler
-        if profiler is not None:
-            (self.out / trace_rel).parent.mkdir(parents=True, exist_ok=True)
-            hooks.export_trace(profiler, self.out / trace_rel)
-        trials = self.trials_wanted
-        if sampler is not None and not trials:
-            sampler.stop()
-            self.sampler = None
-        if not trials:
-            self._cleanup()
-        raw = hooks.window_run(
-            window,
-            label="advise",
-            status="window_complete",
-            exit_code=None,
-            error=None,
-            steps_seen=self.calls,
-            step_source="@advise" if self.decorated else "advisor.step()",
-            loaders=self.loaders,
-            frameworks=self.frameworks,
-            trace_file=trace_rel if profiler is not None else None,
-        )
-        if sampler is not None:
-            attach_samples(raw, sampler, until_unix_s=time.time())
-        self.report = self._report(raw)
-        write_report(self.report, self.out, templates_dir())
+        # One writer at a time; the trace is staged and published with the report that names
+        # it, so an earlier report stays whole until then (`report.folder`).
+        with hold_out_dir(self.out, self.out_option) as folder:
+            profiler, sampler = window.stop_profiler(), self.sampler
+            if profiler is not None:
+                (folder.stage / trace_rel).parent.mkdir(parents=True, exist_ok=True)
+                hooks.export_trace(profiler, folder.stage / trace_rel)
+            trials = self.trials_wanted
+            if sampler is not None and not trials:
+                sampler.stop()
+                self.sampler = None
+            if not trials:
+                self._cleanup()
+            self.outside_calls(window)
+            raw = hooks.window_run(
+                window,
+                label="advise",
+                status="window_complete",
+                exit_code=None,
+                error=None,
+                steps_seen=self.calls,
+                step_source=self.called if self.called != "advise()" else "advisor.step()",
+                loaders=self.loaders,
+                frameworks=self.frameworks,
+                trace_file=trace_rel if profiler is not None else None,
+            )
+            if sampler is not None:
+                attach_samples(raw, sampler, until_unix_s=time.time())
+            self.report = self._report(raw, folder.stage)
+            write_report(self.report, self.out, templates_dir(), folder.publish)
         self.echo(terminal_summary(self.report, self.out))
         if trials:
             self._start_trials(self.report)
+
+    def outside_calls(self, window: Window) -> None:
+        """The window's steps gain the time their loop spent outside the decorated function."""
+        for record in window.records:
+            record.outside_call_ms = (
+                self._outside_s[record.index] * 1e3 if record.index in self._outside_s else None
+            )
+        self._outside_s = {}
 
     # ---- trial windows (advise(trials=True)) ----
 
@@ -369,12 +394,13 @@ class Advisor:
         self.trials = None
         self._cleanup()
         self.report = final
-        write_report(final, self.out, templates_dir())
+        with hold_out_dir(self.out, self.out_option):
+            write_report(final, self.out, templates_dir())
         self.echo(terminal_summary(final, self.out))
 
-    def _report(self, raw: RawRun) -> Report:
+    def _report(self, raw: RawRun, traces_in: Path) -> Report:
         report, self.values = advise_report(
-            raw, self.out, self.rule_dirs, self._started, self._profile_command
+            raw, traces_in, self.rule_dirs, self._started, self._profile_command, self.called
         )
         return report
 
@@ -393,7 +419,8 @@ class Advisor:
             self.close()
             if kind is None:
                 self.echo(
-                    f"trainadvisor: the block ended after {self.calls} steps, {self._needs()}: no report"
+                    f"trainadvisor: {'the block' if self.name == 'advise' else 'training'} ended after "
+                    f"{self.calls} steps, {self._needs()}: no report"
                 )
 
     def _needs(self) -> str:

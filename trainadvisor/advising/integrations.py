@@ -6,8 +6,11 @@ imports its library when called and says what to install when it is missing.
     trainer = transformers.Trainer(..., callbacks=[HuggingFaceAdvisor()])
 
 A training step is one optimizer step of the framework's loop: from the end of the previous
-batch (Lightning: `on_train_batch_end`; Hugging Face: `on_step_end`) to the end of this one; the
-time before the batch starts (`on_train_batch_start`, `on_step_begin`) is the wait for data."""
+batch (Lightning: `on_train_batch_end`; Hugging Face: `on_step_end`) to the end of this one. The
+wait for data is timed where the framework fetches it, inside DataLoader `__next__` (both
+frameworks fetch through it); the rest of the time before the batch starts
+(`on_train_batch_start`, `on_step_begin`) is the framework's own work, never counted as data
+wait."""
 
 from __future__ import annotations
 
@@ -45,12 +48,14 @@ def _callback_class(name: str, base: type, methods: dict[str, Any]) -> type:
 
 
 def _set_up(callback: Any, factory: Any, options: tuple[Any, ...]) -> None:
-    """The state of a callback: its advisor, and the factory call that made it."""
+    """The state of a callback: its advisor, named as the script calls it, and the factory
+    call that made it."""
     callback._factory, callback._options = factory, options
     warmup, steps, out, rules, min_time, max_warmup = options
     callback.advisor = Advisor(
-        warmup=warmup, steps=steps, out=out, rules=rules, min_time=min_time, max_warmup=max_warmup
-    )
+        warmup=warmup, steps=steps, out=out, rules=rules, min_time=min_time, max_warmup=max_warmup,
+        name=factory.__name__,
+    )  # fmt: skip
 
 
 def _told(advisor: Advisor, framework: str, settings: Any) -> None:

@@ -5,6 +5,7 @@ fix the `trainadvisor profile` command that measures it (or its trial windows' o
 from __future__ import annotations
 
 import gc
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from trainadvisor import engine, fixes
-from trainadvisor.analyze.summary import attach_trace, named_measurements, summarize
+from trainadvisor.analyze.summary import attach_trace, input_note, named_measurements, summarize
 from trainadvisor.frameworks import vocab
 from trainadvisor.profile.runs import ProfileOptions, reproduce_command
 from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report
@@ -31,20 +32,22 @@ def main_script() -> Path | None:
 
 def advise_report(
     raw: RawRun,
-    out: Path,
+    traces_in: Path,
     rule_dirs: list[Path],
     started: float,
     command_for: Callable[[Path | None], list[str] | None],
+    called: str = "@advise",  # how the script asked for the advisor (`Advisor.called`)
 ) -> tuple[Report, dict[str, Any]]:
-    """The report of the advisor's window, and the measurements the rules saw."""
+    """The report of the advisor's window, and the measurements the rules saw; its trace is
+    read under `traces_in` (the writer's staging folder, until the report is published)."""
     script = main_script()
-    trace = attach_trace(raw, out, script)
+    trace = attach_trace(raw, traces_in, script)
     run = summarize(raw)
     run.trace = trace
     diagnosis = engine.diagnose(named_measurements(run), engine.rules_for(rule_dirs))
     plan = fixes.plan(diagnosis.findings, diagnosis.values)
     command = command_for(script)
-    restart = f"measure it with: {' '.join(command)}" if command else _NO_SCRIPT
+    restart = f"measure it with: {shlex.join(command)}" if command else _NO_SCRIPT
     framework = str(diagnosis.values.get("framework", ""))
     outcomes = [
         FixOutcome(
@@ -55,14 +58,14 @@ def advise_report(
         for p in plan
     ]  # fmt: skip
     notes = [
-        "Measured in-process by @advise: fixes are not applied here. `trainadvisor profile` "
+        f"Measured in-process by {called}: fixes are not applied here. `trainadvisor profile` "
         "reruns the script with each fix and measures it before and after."
     ]
     masked = masked_note(mask_arguments(sys.argv[1:])[1]) if command else None
-    notes += [masked] if masked else []
+    notes += [note for note in (input_note(run), masked) if note]
     report = Report(
         schema_version=SCHEMA_VERSION,
-        command=command or ["@advise"],
+        command=command or [called],
         script=str(script) if script else "<in-process>",
         environment=raw.device,
         baseline=run,

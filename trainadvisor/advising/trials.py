@@ -13,6 +13,7 @@ the `trainadvisor profile` command that confirms it, loss check included."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,7 @@ class AdviseTrials:
         self.stand_ins = []
 
     def window_done(self, window: Window) -> None:
+        self.advisor.outside_calls(window)
         raw = window_run(
             window,
             label=self.label,
@@ -265,7 +267,7 @@ class AdviseTrials:
             and (reference.get("steps_per_s") or 0) < again.steps_per_s
         ):
             reference["steps_per_s"] = again.steps_per_s
-        confirm = f"confirm it, loss check included, with: {' '.join(command)}" if command else ""
+        confirm = f"confirm it, loss check included, with: {shlex.join(command)}" if command else ""
         outcomes = []
         for outcome in self.report.fix_outcomes:
             measured = self.outcomes.get(outcome.fix)
@@ -287,9 +289,10 @@ class AdviseTrials:
             if again is not None
             else "Trial windows ran in this process after the advisor's window."
         )
-        kept_notes = [n for n in self.report.notes if not n.startswith("Measured in-process by @advise")]
+        kept_notes = [n for n in self.report.notes if not n.startswith("Measured in-process by ")]
         return replace(
             self.report,
+            findings=fixes.with_claims(self.report.findings, outcomes),
             fix_outcomes=outcomes,
             trial_windows=self.windows,
             notes=kept_notes,

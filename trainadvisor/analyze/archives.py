@@ -1,19 +1,41 @@
-"""Traces shipped as one archive (`ranks.tar.gz`): the trace files inside are unpacked into a
-folder of ours under names of ours (a member's path never decides where it is written: no
-`../`, no links, no devices), after checking that they fit in the free space there."""
+"""Traces shipped as one archive (`ranks.tar.gz`, `ranks.zip`): the trace files inside are
+unpacked into a folder of ours under names of ours (a member's path never decides where it is
+written: no `../`, no links, no devices). What an archive expands to is bounded while it is read
+(`bounds`): a member is refused before a byte of it is written when its size would take the
+archive past its bound or fill the disk, and the bytes decompressed, those of skipped members
+too, are counted as they come."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import re
 import shutil
+import stat
 import tarfile
+import zipfile
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
+from trainadvisor.analyze.bounds import Capped, Readable, expansion_limit_bytes, too_expanded
 from trainadvisor.errors import UsageError
 
-ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 TRACE_SUFFIXES = (".json", ".json.gz")
 _UNSAFE = re.compile(r"[^\w.-]+")
+_REFUSED = (
+    "a compression bomb or a damaged archive, not unpacked further; if it is genuine, unpack it "
+    "yourself and pass the folder"
+)
+# A tar compressed as a whole, by its first bytes (a `.tar` may be compressed: tar reads it so).
+_DECOMPRESSED: dict[bytes, Callable[[IO[bytes]], Readable]] = {
+    b"\x1f\x8b": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    b"BZh": bz2.BZ2File,
+    b"\xfd7zXZ\x00": lzma.LZMAFile,
+}
 
 
 def is_archive(path: Path) -> bool:
@@ -21,29 +43,91 @@ def is_archive(path: Path) -> bool:
 
 
 def unpack(archive: Path, into: Path) -> list[tuple[Path, str]]:
-    """(unpacked file, `archive:member` to show) for each trace file in the archive."""
+    """(unpacked file, `archive:member` to show) for each trace file in the archive, in the
+    order of the members' names."""
+    unpacker = _Unpacker(archive, into)
     try:
-        with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(TRACE_SUFFIXES)]
-            if not members:
-                raise UsageError(f"{archive}: no trace files (*.json, *.json.gz) in this archive")
-            into.mkdir(parents=True, exist_ok=True)
-            needed, free = sum(m.size for m in members), shutil.disk_usage(into).free
-            if needed > 0.8 * free:
-                raise UsageError(
-                    f"{archive}: its traces take {needed / 1e9:.1f} GB unpacked, more than the free space "
-                    f"where trainadvisor would unpack them ({free / 1e9:.1f} GB in {into}); unpack them "
-                    "elsewhere and pass the folder"
-                )
-            found = []
-            for i, member in enumerate(sorted(members, key=lambda m: m.name)):
-                target = into / f"{i:04d}_{_UNSAFE.sub('_', Path(member.name).name)}"
-                source = tar.extractfile(member)
-                if source is None:
-                    continue
-                with source, open(target, "wb") as out:
-                    shutil.copyfileobj(source, out, 1 << 20)
-                found.append((target, f"{archive.name}:{member.name}"))
-            return found
-    except (tarfile.TarError, OSError, EOFError) as exc:
+        if archive.name.endswith(".zip"):
+            _unpack_zip(archive, unpacker)
+        else:
+            _unpack_tar(archive, unpacker)
+    # RuntimeError: an encrypted zip member; NotImplementedError: a compression zipfile lacks.
+    except (
+        tarfile.TarError, zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, RuntimeError,
+        NotImplementedError,
+    ) as exc:  # fmt: skip
         raise UsageError(f"{archive}: cannot read the archive ({exc}); is the file complete?") from None
+    if not unpacker.found:
+        raise UsageError(f"{archive}: no trace files (*.json, *.json.gz) in this archive")
+    return sorted(unpacker.found, key=lambda found: found[1])
+
+
+def _unpack_tar(archive: Path, unpacker: _Unpacker) -> None:
+    """Member by member as the archive is read (a stream: nothing is listed first, which
+    would decompress it all)."""
+    with open(archive, "rb") as raw:
+        head = raw.read(6)
+        raw.seek(0)
+        opener = next((o for magic, o in _DECOMPRESSED.items() if head.startswith(magic)), None)
+        refusal = too_expanded(archive, "expands", unpacker.limit_bytes, _REFUSED)
+        stream = Capped(opener(raw) if opener else raw, unpacker.limit_bytes, refusal)
+        with stream, tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                source = tar.extractfile(member) if member.isfile() else None
+                if source is not None and member.name.endswith(TRACE_SUFFIXES):
+                    unpacker.write(member.name, source, member.size)
+                tar.members.clear()  # tar keeps every header read; a million empty members are a bomb too
+
+
+def _unpack_zip(archive: Path, unpacker: _Unpacker) -> None:
+    with zipfile.ZipFile(archive) as z:
+        for info in z.infolist():
+            link = stat.S_ISLNK(info.external_attr >> 16)
+            if not info.is_dir() and not link and info.filename.endswith(TRACE_SUFFIXES):
+                unpacker.write(info.filename, z.open(info), info.file_size)
+
+
+class _Unpacker:
+    """Writes an archive's trace members into `into`, within the archive's bound and 80% of
+    the free space there."""
+
+    def __init__(self, archive: Path, into: Path) -> None:
+        self.archive, self.into = archive, into
+        self.limit_bytes = expansion_limit_bytes(archive.stat().st_size)
+        self.written_bytes = 0
+        self.found: list[tuple[Path, str]] = []
+        self._free_bytes: int | None = None
+
+    def write(self, name: str, source: IO[bytes] | tarfile.ExFileObject, size_bytes: int) -> None:
+        """Member `name` (of `size_bytes`, as its header says) from `source`; refused before
+        a byte is written where it does not fit, and stopped where it holds more than that."""
+        self._admit(name, size_bytes)
+        target = self.into / f"{len(self.found):04d}_{_UNSAFE.sub('_', Path(name).name)}"
+        copied_bytes = 0
+        with source, open(target, "wb") as out:
+            while block := source.read(1 << 20):
+                copied_bytes += len(block)
+                if copied_bytes > size_bytes:
+                    raise UsageError(
+                        f"{self.archive}: {name} holds more than the {size_bytes} bytes its header "
+                        "gives; the archive is damaged, not unpacked further"
+                    )
+                out.write(block)
+        self.written_bytes += copied_bytes
+        self.found.append((target, f"{self.archive.name}:{name}"))
+
+    def _admit(self, name: str, size_bytes: int) -> None:
+        needed_bytes = self.written_bytes + size_bytes
+        if needed_bytes > self.limit_bytes:
+            raise too_expanded(
+                self.archive, f"unpacking {name} would take the archive", self.limit_bytes, _REFUSED
+            )
+        self.into.mkdir(parents=True, exist_ok=True)
+        if self._free_bytes is None:
+            self._free_bytes = shutil.disk_usage(self.into).free
+        if needed_bytes > 0.8 * self._free_bytes:
+            raise UsageError(
+                f"{self.archive}: its traces take {needed_bytes / 1e9:.1f} GB or more unpacked, more than "
+                f"the free space where trainadvisor would unpack them ({self._free_bytes / 1e9:.1f} GB in "
+                f"{self.into}); unpack them elsewhere and pass the folder"
+            )

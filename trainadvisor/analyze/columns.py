@@ -108,6 +108,13 @@ class Table:
         return np.flatnonzero(np.isin(self.kind, kinds))
 
 
+def _decoded(raw: msgspec.Raw) -> Any:
+    try:
+        return msgspec.json.decode(raw) if len(raw) else None
+    except msgspec.DecodeError:
+        return None
+
+
 def positions(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each key stands in `sorted_keys`, and whether it is there."""
     if not len(sorted_keys):
@@ -233,12 +240,7 @@ class TableReader:
             event = events[i]
             args, flops = event.args, None
             if event.name in FORMULAS and len(args.input_dims):
-                try:
-                    dims = msgspec.json.decode(args.input_dims)
-                    concrete = msgspec.json.decode(args.concrete_inputs) if len(args.concrete_inputs) else None
-                except msgspec.DecodeError:
-                    dims = concrete = None
-                flops = op_flops(event.name, dims, concrete)
+                flops = op_flops(event.name, _decoded(args.input_dims), _decoded(args.concrete_inputs))
             given.append(args.flops)
             shaped.append(-1.0 if flops is None else flops)
             dtypes.append(op_dtype(event.name, args.input_type))
@@ -323,8 +325,9 @@ def join(pieces: list[Pieces]) -> Table:
         del chunks
     table = Table(
         columns["kind"], columns["ts"], columns["end"], columns["name"], columns["tid"], columns["corr"],
-        list(names), list(tids), columns["ext_rows"], columns["ext_ids"], *(columns[c] for c in _FLOP_COLUMNS),
-        base_us=base,
+        list(names), list(tids), columns["ext_rows"], columns["ext_ids"], base_us=base,
+        flop_rows=columns["flop_rows"], flop_given=columns["flop_given"],
+        flop_shapes=columns["flop_shapes"], flop_dtype=columns["flop_dtype"],
     )  # fmt: skip
     for p, offset in zip(pieces, offsets):
         table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})

@@ -12,6 +12,7 @@ from typing import Any
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
 from trainadvisor.analyze import archives
+from trainadvisor.analyze.bounds import refuse_special, regular_file
 from trainadvisor.analyze.kineto import TraceAnalysis, analyze_trace
 from trainadvisor.analyze.measures import trace_measurements
 from trainadvisor.analyze.rank_table import rank_table, rank_values
@@ -31,13 +32,14 @@ def find_traces(paths: list[Path], unpack_into: Path | None = None) -> list[tupl
         if not path.exists():
             raise UsageError(f"{path}: no such file or folder")
         if path.is_dir():
-            inside = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            inside = sorted(p for p in path.rglob("*") if p.name.endswith(TRACE_SUFFIXES) and regular_file(p))
             if not inside:
                 raise UsageError(f"{path}: no trace files (*.json, *.json.gz) in this folder")
             found += [(p, str(p)) for p in inside]
         elif archives.is_archive(path) and unpack_into is not None:
             found += archives.unpack(path, unpack_into / str(i))
         else:
+            refuse_special(path)  # before any trace is read
             found.append((path, str(path)))
     return found
 
@@ -83,6 +85,7 @@ def to_run(analysis: TraceAnalysis) -> Run:
         },
         window_steps_per_s=window_throughputs(raw),
         raw=raw,
+        utilization=analysis.utilization,
     )
 
 

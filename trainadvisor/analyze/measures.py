@@ -62,7 +62,24 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
         table["cpu_tensor_site"] = a.cpu_tensor_sites[0]
         table["cpu_tensor_sites"] = "; ".join(a.cpu_tensor_sites[:3])
     table.update(memory_measurements(a.peak_allocated_bytes, a.peak_reserved_bytes, a.gpu_memory_bytes))
+    table.update(utilization_measurements(a))
     return {k: v for k, v in table.items() if v is not None}
+
+
+def utilization_measurements(a: TraceAnalysis) -> dict[str, Any]:
+    """FLOPs per step (per window where no steps were found) from the trace's own ops, the FLOP/s
+    they ran at, and MFU where the device's peak is known (`trace_flops`); nothing where the
+    trace does not give the FLOPs. A profiled run's own count replaces these (`named_measurements`)."""
+    use = a.utilization
+    if use is None or use.flops_per_step is None:
+        return {}
+    return {
+        "flops_per_step": use.flops_per_step,
+        "flops_source": a.flops_source,
+        "achieved_tflops": use.achieved_tflops,
+        "mfu_pct": use.mfu_pct,
+        "peak_tflops": use.peak_tflops,
+    }
 
 
 def allocator_measurements(a: TraceAnalysis, step_ms: float | None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The FLOPs of one recorded op from its shapes (a trace recorded with record_shapes=True), by
 the formulas of `torch.utils.flop_counter` (the ones `compute.flops` counts a profiled step
-with): matmuls, convolutions forward and backward, and fused attention forward and backward.
+with): matmuls, convolutions forward and backward, and fused attention forward and backward,
+the CPU's flash attention too (which torch's registry leaves out, up to 2.13 at least).
 Pure; no torch. An op whose recorded arguments do not give its FLOPs (a convolution of a trace
 without "Concrete Inputs", which torch writes since 2.3) has none: never a guess.
 
@@ -108,6 +109,14 @@ def _attention(q: Any, k: Any, v: Any) -> float:
     return 2.0 * batch * heads * queries * keys * (qk_dim + v_dim)
 
 
+def _attention_backward(q: Any, k: Any, v: Any) -> float:
+    """The scores recomputed (Q K^T), then the gradients of P, V, Q and K: torch's
+    sdpa_backward_flop_count as of 2.13 (earlier versions left the recomputation out)."""
+    batch, heads, queries, qk_dim = q
+    keys, v_dim = k[2], v[3]
+    return 2.0 * batch * heads * queries * keys * (3 * qk_dim + 2 * v_dim)
+
+
 # Fused attention's forward and backward ops, (query, key, value) at the start of their inputs
 # (forward) or after the output's gradient (backward).
 _ATTENTION = (
@@ -120,11 +129,11 @@ FORMULAS: dict[str, Callable[[Dims, list[Any]], float]] = {
     "aten::addmm": lambda d, c: _matmul(d[1], d[2]),
     "aten::bmm": lambda d, c: _batched(d[0], d[1]),
     "aten::baddbmm": lambda d, c: _batched(d[1], d[2]),
+    "aten::_scaled_mm": lambda d, c: _matmul(d[0], d[1]),  # fp8, scaled per tensor or row
     "aten::convolution": _convolution,
     "aten::convolution_backward": _convolution_backward,
     **{name: lambda d, c: _attention(d[0], d[1], d[2]) for name in _ATTENTION},
-    # the gradients of Q, K and V take twice the forward's matmul work
-    **{f"{name}_backward": lambda d, c: 2 * _attention(d[1], d[2], d[3]) for name in _ATTENTION},
+    **{f"{name}_backward": lambda d, c: _attention_backward(d[1], d[2], d[3]) for name in _ATTENTION},
 }
 # The operand whose dtype is the op's (the bias of addmm comes first).
 _DTYPE_ARGUMENT = {"aten::addmm": 1, "aten::baddbmm": 1}

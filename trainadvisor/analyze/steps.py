@@ -18,7 +18,7 @@ warm-up (cuDNN autotuning, allocator growth, lazy init) and is set apart when ot
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,22 @@ def find_steps(t: Table) -> Steps:
     host = t.rows(*HOST_KINDS)
     if not len(host):
         return Steps([], False, "no host events: the device's work is one window")
-    names = t.name[host]
+    markers = _markers(t, host, t.name[host])
+    # A marker of no length (Kineto writes some: a step ended as it began, or a `dur` of `inf`
+    # read as none) holds no work and would divide by zero: it is skipped, and the report says so.
+    empty = [number for number, start, end in markers if end <= start]
+    found = _from_markers(t, host, [m for m in markers if m[2] > m[1]])
+    if not empty:
+        return found
+    shown = ", ".join(f"ProfilerStep#{n}" for n in empty[:3]) + (", ..." if len(empty) > 3 else "")
+    plural = "s" if len(empty) > 1 else ""
+    return replace(found, method=f"{found.method} ({len(empty)} zero-length marker{plural} skipped: {shown})")
+
+
+def _from_markers(t: Table, host: np.ndarray, markers: list[tuple[int, float, float]]) -> Steps:
     first_ts, last_end = float(t.ts[host].min()), float(t.end[host].max())
-    markers = _markers(t, host, names)
+    if last_end <= first_ts:
+        return Steps([], False, "the host events span no time: no steps")
     if len(markers) >= 2:
         return Steps(markers, True, f"{len(markers)} ProfilerStep#N markers")
     inside = (markers[0][1], markers[0][2]) if markers else (first_ts, last_end)
@@ -171,7 +184,7 @@ def _repeated_annotation(t: Table, window: np.ndarray) -> tuple[list[tuple[float
         if _NOT_ITERATIONS.match(name):
             continue
         mine = rows[t.name[rows] == name_id]
-        spans = sorted(set(zip(t.ts[mine].tolist(), t.end[mine].tolist())))
+        spans = sorted(s for s in set(zip(t.ts[mine].tolist(), t.end[mine].tolist())) if s[1] > s[0])
         disjoint = [s for i, s in enumerate(spans) if i == 0 or s[0] >= spans[i - 1][1]]
         covered = sum(e - s for s, e in disjoint)
         if len(disjoint) < 2 or covered < 0.5 * (disjoint[-1][1] - disjoint[0][0]):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import typing
 import zlib
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 import msgspec
 
+from trainadvisor.analyze.bounds import Capped, expansion_limit_bytes, refuse_special, too_expanded
 from trainadvisor.errors import UsageError
 
 BLOCK_BYTES = 4 << 20
@@ -71,7 +73,8 @@ def _int(value: Any, default: int = -1) -> int:
 
 
 def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else -1.0
+    usable = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if usable else -1.0
 
 
 def _loose_args(args: dict[str, Any]) -> Args:
@@ -96,20 +99,25 @@ def _raw(value: Any) -> msgspec.Raw:
 
 
 def _loose(items: Any) -> list[Event]:
-    """Events from decoded JSON items whose fields have unexpected types (a string `ts`, say)."""
+    """Events from decoded JSON items whose fields have unexpected types (a string `ts`, say)
+    or values (Kineto's `inf` and `nan`: an event without a finite start is dropped, one
+    without a finite duration has none)."""
     events = []
     for item in items:
         if not isinstance(item, dict):
             continue
         try:
             args: dict[str, Any] = item["args"] if isinstance(item.get("args"), dict) else {}
+            ts, dur = float(item.get("ts", 0.0)), float(item.get("dur", 0.0) or 0.0)
+            if not math.isfinite(ts):
+                continue
             events.append(
                 Event(
                     ph=str(item.get("ph", "")),
                     cat=str(item.get("cat", "")),
                     name=str(item.get("name", "")),
-                    ts=float(item.get("ts", 0.0)),
-                    dur=float(item.get("dur", 0.0) or 0.0),
+                    ts=ts,
+                    dur=dur if math.isfinite(dur) else 0.0,
                     tid=item.get("tid"),
                     args=_loose_args(args),
                 )
@@ -120,21 +128,96 @@ def _loose(items: Any) -> list[Event]:
 
 
 def _decode(raw: bytes) -> list[Event]:
-    """Events of a chunk; msgspec.DecodeError when the chunk is not a JSON array of events."""
+    """Events of a chunk; msgspec.DecodeError when the chunk is not a JSON array of events.
+    Strict JSON is read by msgspec alone; what Kineto writes that JSON has not (see
+    `_kineto_json`) is read by a slower path, taken only where msgspec stopped on it."""
     try:
         return _decode_events(raw)
     except RecursionError:
         raise _TooDeep() from None
     except msgspec.ValidationError:
-        try:
-            items = json.loads(raw)
-        except RecursionError:
-            raise _TooDeep() from None
-        except ValueError as exc:  # the chunk itself is malformed (a wrong cut): say so alike
-            raise msgspec.DecodeError(str(exc)) from None
-        if not isinstance(items, list):
-            raise msgspec.DecodeError("not an array") from None
-        return _loose(items)
+        return _loose(_items(raw, lenient=_LONE_SURROGATE_HINT.search(raw) is not None))
+    except msgspec.DecodeError as exc:
+        if not _kineto_spelling(raw, str(exc)):
+            raise  # a wrong cut, or a damaged file
+        return _loose(_items(raw, lenient=True))
+    except UnicodeDecodeError:  # a name cut inside a character, say
+        return _loose(_items(raw, lenient=True))
+
+
+def _items(raw: bytes, lenient: bool) -> list[Any]:
+    """The JSON array `raw`, decoded by Python's json (which reads NaN and Infinity);
+    `lenient`: after `_kineto_json`. msgspec.DecodeError when it is not a JSON array."""
+    try:
+        items = json.loads(_kineto_json(raw.decode("utf-8", "replace")) if lenient else raw)
+    except RecursionError:
+        raise _TooDeep() from None
+    except ValueError as exc:
+        if not lenient:
+            return _items(raw, lenient=True)
+        raise msgspec.DecodeError(str(exc)) from None  # malformed (a wrong cut): say so alike
+    if not isinstance(items, list):
+        raise msgspec.DecodeError("not an array") from None
+    return items
+
+
+# ---- what Kineto writes that JSON has not ----
+# C++'s `inf`, `-inf`, `nan` for an undefined number (pytorch/kineto#105), JavaScript's NaN and
+# Infinity, and names escaped as found (half of a surrogate pair, `"\ud800"`), which msgspec
+# rejects; Python's json reads NaN and Infinity and keeps a lone surrogate, which no report
+# could then write.
+
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+_LONE_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]")  # a surrogate escape, paired or not
+_STRING = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")')  # captured: a split keeps the strings
+_SURROGATE_ESCAPE = re.compile(r"(\\+)u([dD][89a-fA-F][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?")
+
+
+def _kineto_spelling(raw: bytes, message: str) -> bool:
+    """Whether msgspec stopped on a word for a number (`inf`, `NaN`) or a lone surrogate
+    escape (some of which it calls "truncated": the chunk must then hold one), not on a wrong
+    cut."""
+    if "surrogate" in message:
+        return True
+    at = _AT_BYTE.search(message)
+    if at is not None:
+        return raw[int(at.group(1)) : int(at.group(1)) + 1] in (b"i", b"I", b"n", b"N")
+    return "truncated" in message and _LONE_SURROGATE_HINT.search(raw) is not None
+
+
+def _kineto_json(text: str) -> str:
+    """`text` with C's `inf`, `-inf`, `nan`, `-nan` spelled as Python's json reads them
+    (Infinity, NaN) and lone surrogate escapes replaced by U+FFFD; strings are otherwise kept
+    as written. The text outside strings, and the strings, are each rewritten as one text
+    joined by NUL (which JSON has nowhere unescaped), so that the work is done in C, not in
+    Python per string."""
+    if "\x00" in text:
+        return text  # no JSON: left to fail as it is
+    parts = _STRING.split(text)  # outside, string, outside, ..., outside
+    # Outside strings, JSON's only words are true, false and null: the words replaced are whole.
+    outside = "\x00".join(parts[0::2]).replace("Infinity", "inf").replace("NaN", "nan")
+    outside = outside.replace("-nan", "nan").replace("inf", "Infinity").replace("nan", "NaN")
+    parts[0::2] = outside.split("\x00")
+    if "\\u" in text:
+        parts[1::2] = _SURROGATE_ESCAPE.sub(_paired_or_replaced, "\x00".join(parts[1::2])).split("\x00")
+    return "".join(parts)
+
+
+def _paired_or_replaced(found: re.Match[str]) -> str:
+    backslashes, first, low = found.groups()
+    if len(backslashes) % 2 == 0:  # an escaped backslash, then the text `ud800`: no escape
+        return f"{backslashes}u{first}" + ("\\ufffd" if low else "")
+    if low and first[1] in "89abAB":  # a high surrogate, then a low one: a pair
+        return found.group(0)
+    return backslashes[:-1] + "\\ufffd" + ("\\ufffd" if low else "")
+
+
+def _lenient_loads(raw: bytes) -> Any:
+    """The JSON document `raw`, spelled as Kineto writes it (`_kineto_json`)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return json.loads(_kineto_json(raw.decode("utf-8", "replace")))
 
 
 class _TooDeep(Exception):
@@ -165,9 +248,15 @@ def _open(path: Path) -> IO[bytes]:
         raise UsageError(f"{path}: no such trace file")
     if path.is_dir():
         raise UsageError(f"{path}: a folder, not a trace file")
+    refuse_special(path)
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
-    return typing.cast(IO[bytes], gzip.open(path, "rb") if gzipped else open(path, "rb"))
+    if not gzipped:
+        return open(path, "rb")
+    limit_bytes = expansion_limit_bytes(path.stat().st_size)
+    verdict = "a compression bomb or a damaged file, not read further; if it is genuine, decompress it "
+    refusal = too_expanded(path, "decompresses", limit_bytes, verdict + "(gunzip) and pass the .json")
+    return typing.cast(IO[bytes], Capped(gzip.open(path, "rb"), limit_bytes, refusal))
 
 
 def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
@@ -336,6 +425,9 @@ def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
         # What is left is the last event(s), `]`, and the document's other keys (Kineto writes
         # log arrays there, full of `]`): the `]` after the last whole event ends the array.
         end = _array_end(buffer)
+        if end is None:  # the standard scanner stops at Kineto's `inf`: read it as Kineto wrote it
+            buffer = _kineto_json(buffer.decode("utf-8", "replace")).encode()
+            end = _array_end(buffer)
         if end is None:
             return b"", None
         try:
@@ -393,8 +485,8 @@ def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for text in (head + b'"traceEvents": []}', b"{" + tail.lstrip().lstrip(b",")):
         try:
-            part = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            part = _lenient_loads(text)
+        except (ValueError, RecursionError):
             continue
         if isinstance(part, dict):
             meta.update(part)
@@ -405,10 +497,10 @@ def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:
 def _whole_document(raw: bytes, path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
     """A trace without a `"traceEvents": [` head: a bare event array, or not a trace at all."""
     try:
-        document = json.loads(raw)
+        document = _lenient_loads(raw)
     except RecursionError:
         raise _TooDeep() from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise UsageError(f"{path}: not valid JSON ({exc}); is the file truncated?") from None
     if isinstance(document, dict) and isinstance(document.get("traceEvents"), list):
         events = document.pop("traceEvents")

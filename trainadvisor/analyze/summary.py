@@ -13,7 +13,8 @@ from trainadvisor.analyze.measures import runtime_measurements, trace_measuremen
 from trainadvisor.analyze.ranks import rank_measurements
 from trainadvisor.compute.mfu import utilization
 from trainadvisor.frameworks.vocab import loop_call
-from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, timed_steps
+from trainadvisor.memory.peak import memory_measurements, step_memory
+from trainadvisor.records import LoaderInfo, RawRun, Run, Stats, StepRecord, timed_steps
 
 T = TypeVar("T")
 
@@ -23,6 +24,9 @@ WINDOW_STEPS = 5
 WINDOW_MIN_S = 0.1
 
 BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
+# An @advise-decorated function's steps: the loop's time outside the function, a part of its own
+OUTSIDE_CALL = "outside_call"
+NO_LOADER = "no DataLoader was seen: input time is part of the step"
 # The main DataLoader's measurements: name -> LoaderInfo field.
 LOADER_MEASUREMENTS = {
     "dataloader_index": "index",
@@ -119,12 +123,7 @@ def summarize(raw: RawRun) -> Run:
     # saved before steps carried their trace step
     traced = [s for s in raw.steps if s.trace_step is not None] or [s for s in raw.steps if s.profiled]
     total_ms = sum(s.step_ms for s in steps)
-    per_step: dict[str, float] = {}
-    if steps:
-        data = sum(s.data_wait_ms for s in steps) / len(steps)
-        h2d = sum(s.h2d_copy_ms for s in traced) / len(traced) if traced else 0.0
-        mean = total_ms / len(steps)
-        per_step = {"data_wait": data, "h2d_copy": h2d, "compute": max(mean - data - h2d, 0.0)}
+    per_step = _breakdown(raw, steps, traced)
     mean_ms = total_ms / len(steps) if steps else 0.0
     samples = [s.samples for s in steps]
     gpu_ms = [s.gpu_ms for s in steps if s.gpu_ms is not None]  # CUDA events, on a GPU
@@ -146,8 +145,39 @@ def summarize(raw: RawRun) -> Run:
         raw=raw,
         gpu_step_time_ms=stats(gpu_ms) if gpu_ms else None,
         utilization=utilization(raw.runtime, gpu_name, steps_per_s),
+        memory=step_memory(raw.runtime),
         energy=run_energy(raw),
     )
+
+
+def _breakdown(raw: RawRun, steps: list[StepRecord], traced: list[StepRecord]) -> dict[str, float]:
+    """Milliseconds per step: data wait (inside DataLoader `__next__`; not a part where no
+    DataLoader was seen, whose input time is part of the step), host-to-device copies, the time
+    outside an @advise-decorated function (where steps are its calls), and the rest."""
+    if not steps:
+        return {}
+    mean = sum(s.step_ms for s in steps) / len(steps)
+    h2d = sum(s.h2d_copy_ms for s in traced) / len(traced) if traced else 0.0
+    parts = {"data_wait": sum(s.data_wait_ms for s in steps) / len(steps)} if raw.loaders else {}
+    parts["h2d_copy"] = h2d
+    outside = [s.outside_call_ms for s in steps if s.outside_call_ms is not None]
+    if outside:
+        parts[OUTSIDE_CALL] = sum(outside) / len(steps)
+    parts["compute"] = max(mean - sum(parts.values()), 0.0)
+    return parts
+
+
+def input_note(run: Run) -> str | None:
+    """Where the run's input time is, when no DataLoader was seen (None: one was)."""
+    if run.raw.loaders or not run.steps:
+        return None
+    note = f"{NO_LOADER[0].upper()}{NO_LOADER[1:]} (data wait is timed inside DataLoader `__next__`)"
+    if OUTSIDE_CALL in run.breakdown_pct:
+        note += (
+            f"; {run.breakdown_pct[OUTSIDE_CALL]:.0f}% of the step was spent outside the decorated "
+            "function (the loop's input and whatever else it runs between calls)"
+        )
+    return note + "."
 
 
 def window_samples(raw: RawRun, samples: list[T]) -> list[T]:
@@ -179,10 +209,12 @@ def named_measurements(run: Run) -> dict[str, Any]:
         "steps_per_s": run.steps_per_s,
         "samples_per_s": run.samples_per_s,
     })  # fmt: skip
-    for key in BREAKDOWN_KEYS:
+    for key in (*BREAKDOWN_KEYS, OUTSIDE_CALL):
         if key in run.breakdown_pct:
             table[f"{key}_pct"] = run.breakdown_pct[key]
             table[f"{key}_ms_per_step"] = run.breakdown_ms_per_step[key]
+    if not raw.loaders and run.steps:  # no DataLoader wait to stall on (rules read it as zero)
+        table.update(data_wait_pct=0.0, data_wait_ms_per_step=0.0)
     if raw.device is not None:
         table["cpu_count"] = raw.device.cpu_count
         table["cuda_used"] = raw.device.cuda_used
@@ -193,6 +225,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
     table["dataloaders"] = len(raw.loaders)
     if loader is not None:
         table.update({name: getattr(loader, field) for name, field in LOADER_MEASUREMENTS.items()})
+    table.update(memory_measurements(run.memory))
     use = run.utilization
     if use is not None:  # FLOPs of the step against the hardware's peak (compute.mfu)
         table.update(mfu_pct=use.mfu_pct, achieved_tflops=use.achieved_tflops, peak_tflops=use.peak_tflops)
@@ -202,4 +235,21 @@ def named_measurements(run: Run) -> dict[str, Any]:
     if main:
         table["main_process_cpu_pct"] = sum(main) / len(main)
         table["workers_cpu_pct"] = sum(workers) / len(workers)
+        table.update(_cores(table, [h.other_cpu_pct for h in inside]))
     return {k: v for k, v in table.items() if v is not None}
+
+
+def _cores(table: dict[str, Any], other: list[float]) -> dict[str, float]:
+    """How the machine's cores were shared in the window, from the sampled CPU: the cores the
+    DataLoader workers kept busy, the cores left to them (neither the training process's nor
+    other processes'), and the share of all cores busy."""
+    cores = table.get("cpu_count")
+    if not cores:
+        return {}
+    main, workers = table["main_process_cpu_pct"] / 100.0, table["workers_cpu_pct"] / 100.0
+    others = sum(other) / len(other) / 100.0 if other else 0.0
+    return {
+        "workers_busy_cores": workers,
+        "free_cores": max(cores - main - others, 0.0),
+        "cpu_busy_pct": 100.0 * (main + workers + others) / cores,
+    }

@@ -41,7 +41,7 @@ def trace_utilization(
     where the trace carries neither FLOPs nor the shapes of an op they follow from. `spans`: the
     steps' host spans (an op belongs to the step its host call started in); `a`: the analysis,
     its steps and device described."""
-    inside = _step_of(t.ts[t.flop_rows], spans) >= 0
+    inside = _within(t.ts[t.flop_rows], spans)
     rows = t.flop_rows[inside]
     given, shapes = t.flop_given[inside], t.flop_shapes[inside]
     if (given > 0).any():
@@ -60,9 +60,9 @@ def trace_utilization(
         what = "recorded shapes" if source == SHAPES else "FLOPs the trace carries"
         return Utilization(status=f"not counted: the {what} give none of {ops} in the steps"), source
     flops_per_step = float(values[kept].sum()) / len(spans)
-    codes = t.flop_dtype[inside][kept]
+    codes, counted_flops = t.flop_dtype[inside][kept], values[kept]
     by_dtype = {
-        DTYPE_CODES[code]: float(values[kept][codes == code].sum()) for code in np.unique(codes).tolist() if code
+        DTYPE_CODES[c]: float(counted_flops[codes == c].sum()) for c in np.unique(codes).tolist() if c
     }
     on_gpu = a.gpu_name is not None or bool(a.kernels)
     runtime = {
@@ -89,15 +89,13 @@ def _unseen_work(t: Table, a: TraceAnalysis) -> str:
     return ""
 
 
-def _step_of(ts: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
-    """The index of the span each time falls in, -1 for none."""
-    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
-    starts = np.array([spans[i][0] for i in order])
-    ends = np.array([spans[i][1] for i in order])
+def _within(ts: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    """Whether each time falls in one of the (disjoint) spans."""
+    if not spans:
+        return np.zeros(len(ts), bool)
+    starts, ends = (np.array(column) for column in zip(*sorted(spans)))
     at = np.searchsorted(starts, ts, side="right") - 1
-    safe = np.maximum(at, 0)
-    found = (at >= 0) & (ts < ends[safe]) if len(spans) else np.zeros(len(ts), bool)
-    return np.where(found, np.array(order)[safe] if len(spans) else -1, -1)
+    return (at >= 0) & (ts < ends[np.maximum(at, 0)])
 
 
 def _once(t: Table, rows: np.ndarray, counted: np.ndarray, innermost: bool) -> np.ndarray:
@@ -128,9 +126,10 @@ def _uncovered(t: Table, rows: np.ndarray, kept: np.ndarray) -> Counter[str]:
         order = np.argsort(t.ts[counted], kind="stable")
         starts, ends = t.ts[counted][order], t.end[counted][order]
         others = rows[~kept & mine]
-        before = np.searchsorted(starts, t.end[others], side="left") - 1
-        covered = (before >= 0) & (ends[np.maximum(before, 0)] > t.ts[others]) if len(counted) else before < -1
-        missing.update(t.names[t.name[r]] for r in others[~covered].tolist())
+        if len(counted):  # counted ops on one thread do not overlap: the last to start before
+            before = np.searchsorted(starts, t.end[others], side="left") - 1  # one's end
+            others = others[(before < 0) | (ends[np.maximum(before, 0)] <= t.ts[others])]
+        missing.update(t.names[t.name[r]] for r in others.tolist())
     return missing
 
 
@@ -142,14 +141,15 @@ def _amd(gpu_name: str | None) -> bool:
 
 def _tf32(t: Table) -> bool:
     """Whether float32 matmuls ran on Tensor Cores (TF32): more of the time of the matrix
-    kernels that float32 ops launched in kernels whose names show Tensor Cores than in those
-    that show the FP32 units. A trace does not record torch's TF32 switch; its kernels show it."""
-    if not t.op_precision:
-        return False
-    ext_sorted = np.array(sorted(e for e, p in t.op_precision.items() if p == FLOAT32), np.int64)
+    kernels that float32 ops launched in kernels whose names show Tensor Cores (and no reduced
+    precision) than in those that show the FP32 units. A trace does not record torch's TF32
+    switch; its kernels show it. Where no kernel names its op (2022 traces give a kernel its
+    correlation as "External id"), every matrix kernel is read: the steps' matmuls are float32."""
     kernels = np.flatnonzero(t.kind == KERNEL)
-    _, found = positions(ext_sorted, t.external(kernels))
-    kernels = kernels[found]
+    fp32_ops = np.array(sorted(e for e, p in t.op_precision.items() if p == FLOAT32), np.int64)
+    _, launched = positions(fp32_ops, t.external(kernels))
+    if launched.any():
+        kernels = kernels[launched]
     spent = {"tensor_core": 0.0, "fp32": 0.0, "unknown": 0.0}
     for name_id, us in zip(*(a.tolist() for a in _time_by_name(t, kernels))):
         name = t.names[name_id]

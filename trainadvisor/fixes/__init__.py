@@ -6,6 +6,7 @@ are pure: only `profile` runs processes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from trainadvisor.fixes.amp import Amp
@@ -18,7 +19,7 @@ from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation, peak_reserved
 from trainadvisor.fixes.pin_memory import PinMemory
 from trainadvisor.fixes.tf32 import Tf32
-from trainadvisor.records import Finding, Overrides, PlannedFix, Trial, merge_overrides
+from trainadvisor.records import Finding, FixOutcome, Overrides, PlannedFix, Trial, merge_overrides
 
 REGISTRY: dict[str, Fix] = {
     fix.id: fix
@@ -67,3 +68,18 @@ def install(recorder: Any, overrides: Overrides) -> None:
     """Every fix's run-time switch that these overrides ask for, in the script's process."""
     for fix in REGISTRY.values():
         fix.install(recorder, overrides)
+
+
+def with_claims(findings: list[Finding], outcomes: list[FixOutcome]) -> list[Finding]:
+    """The findings with their best-practice snippets after the fixes' outcomes: a value this
+    run measured best in place of the snippet's example (`Fix.practice`)."""
+    claimed = []
+    for finding in findings:
+        snippet = finding.best_practice
+        for outcome in outcomes:
+            fix = REGISTRY.get(outcome.fix)
+            if fix is not None and outcome.fix in finding.fixes:
+                snippet = fix.practice(snippet, outcome)
+        changed = snippet != finding.best_practice
+        claimed.append(replace(finding, best_practice=snippet) if changed else finding)
+    return claimed

@@ -26,6 +26,11 @@ _DATALOADER_POSITIONS = (
 )  # fmt: skip
 
 
+# DataLoader's arguments that need workers, at their defaults (set where a call gives them and
+# the fix takes its workers away)
+_WORKER_ONLY_OFF = {"persistent_workers": False, "prefetch_factor": None}
+
+
 def literal(value: Any) -> str:
     """A value as Python source, strings in double quotes (as most code writes them)."""
     return json.dumps(value) if isinstance(value, str) and value.isprintable() else repr(value)
@@ -43,13 +48,21 @@ def _name(func: cst.BaseExpression) -> str | None:
     return None
 
 
-def _with_keywords(call: cst.Call, keywords: dict[str, Any], positions: tuple[str, ...] = ()) -> cst.Call:
+def _with_keywords(
+    call: cst.Call,
+    keywords: dict[str, Any],
+    positions: tuple[str, ...] = (),
+    where_given: dict[str, Any] | None = None,
+) -> cst.Call:
     """The call with each keyword set: an existing argument's value replaced (by keyword, or by
     position when `positions` names the parameters), a new one added after the last argument (a
-    trailing comma, and the line break after it, stay at the end)."""
+    trailing comma, and the line break after it, stay at the end). `where_given`: keywords set
+    only where the call already passes them (a default that needs no new argument)."""
     args = list(call.args)
     if any(a.star for a in args):
         raise NoPlace("the call passes *args or **kwargs")
+    given = {a.keyword.value for a in args if a.keyword}
+    keywords = {**keywords, **{k: v for k, v in (where_given or {}).items() if k in given}}
     positional = [i for i, a in enumerate(args) if a.keyword is None]
     for key, value in keywords.items():
         expression = cst.parse_expression(literal(value))
@@ -98,11 +111,12 @@ class _CallEditor(cst.CSTTransformer):
         keywords: dict[str, Any],
         parameters: tuple[str, ...] = (),
         conflicts: tuple[str, ...] = (),
+        where_given: dict[str, Any] | None = None,
     ):
         super().__init__()
         self.positions = wrapper.resolve(PositionProvider)
         self.names, self.line, self.keywords = names, line, keywords
-        self.parameters, self.conflicts = parameters, conflicts
+        self.parameters, self.conflicts, self.where_given = parameters, conflicts, where_given
         self.changed = 0
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
@@ -115,7 +129,7 @@ class _CallEditor(cst.CSTTransformer):
         if any(a.keyword and a.keyword.value in self.conflicts for a in original.args):
             return updated  # e.g. an optimizer built with foreach=...: fused would conflict
         self.changed += 1
-        return _with_keywords(updated, self.keywords, self.parameters)
+        return _with_keywords(updated, self.keywords, self.parameters, self.where_given)
 
 
 class _BatchCopyEditor(cst.CSTTransformer):
@@ -167,9 +181,10 @@ def edit_calls(
     keywords: dict[str, Any],
     parameters: tuple[str, ...] = (),
     conflicts: tuple[str, ...] = (),
+    where_given: dict[str, Any] | None = None,
 ) -> str | None:
     wrapper = MetadataWrapper(cst.parse_module(source))
-    editor = _CallEditor(wrapper, names, line, keywords, parameters, conflicts)
+    editor = _CallEditor(wrapper, names, line, keywords, parameters, conflicts, where_given)
     changed = wrapper.visit(editor)
     return changed.code if editor.changed else None
 
@@ -208,7 +223,11 @@ def loader_change(source: str, script: Path, overrides: Overrides) -> str | None
         file, _, line = site.rpartition(":")
         if Path(file).resolve() != script.resolve() or not line.isdigit() or edited is None:
             return None  # the DataLoader is built in another file
-        edited = edit_calls(edited, {"DataLoader"}, int(line), keywords, _DATALOADER_POSITIONS)
+        # without workers, DataLoader refuses persistent_workers=True and a prefetch_factor
+        off = _WORKER_ONLY_OFF if keywords.get("num_workers") == 0 else None
+        edited = edit_calls(
+            edited, {"DataLoader"}, int(line), keywords, _DATALOADER_POSITIONS, where_given=off
+        )
     if edited is not None and overrides.non_blocking_h2d:
         edited = cst.parse_module(edited).visit(_BatchCopyEditor()).code
     return edited

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.records import Overrides, Trial
+from trainadvisor.records import FixOutcome, Overrides, Trial
 
 # With the same batches (same fingerprints) in both runs, the loss of each step must agree to
 # this relative difference: fixes that only change how batches are loaded give bit-identical
@@ -109,6 +109,12 @@ class Fix:
         """`source` changed to do at every run what the fix did at run time; None when the fix
         has no single place in the code (its finding carries the code to write)."""
         return None
+
+    def practice(self, snippet: str, outcome: FixOutcome) -> str:
+        """A finding's best-practice snippet after this fix's outcome: a value the run measured
+        best put in place of the snippet's example. A snippet's comment claims a measurement only
+        for a value measured best in this run; every other value in it says it is an example."""
+        return snippet
 
 
 class LoaderSetting(Fix):

@@ -1,24 +1,31 @@
-"""Fix `dataloader-workers`: load batches in worker processes, with the worker count measured.
+"""Fix `dataloader-workers`: load batches in worker processes, with the worker count measured
+in both directions.
 
-The search doubles `num_workers` from twice the current count while each step up gains at least
-`STEP_GAIN`, up to `max_workers` (four per core, at least 8, at most 32). Loading bound by CPU
+Fewer first, where the script has workers: half its count (while that is some), then none
+(`num_workers=0` loads in the training process: no worker start, no copy between processes; on a
+machine with fewer free cores than busy workers it is often the fastest). Then more: the search
+doubles `num_workers` from twice the script's count (2 from none) while each step up gains at
+least `STEP_GAIN` over the best before it, up to `max_workers` (four per core, at least 8, at
+most 32). It does not go up where fewer workers already gained `STEP_GAIN` over the script's own
+count: the workers were short of cores, and more would share them further. Loading bound by CPU
 stops near the core count; loading bound by storage or network latency keeps scaling far past
 it: when the last trial's workers were mostly waiting (each busy less than `WAITING_BUSY` of a
 core, from the sampled CPU of the worker processes), the doubling goes on up to `HARD_CAP`, as
 long as the workers' sampled memory (RSS) for twice as many fits in half of the memory
-available. The report says why the search stopped. Every candidate keeps workers alive across
-epochs (`persistent_workers=True`);
-the best count is then tried with `prefetch_factor=4`. On a CUDA run every candidate also pins
-memory and makes the host-to-device copies of pinned batches non-blocking."""
+available. The report says what was tried and why the search stopped. Every candidate with
+workers keeps them alive across epochs (`persistent_workers=True`); the best count (when it has
+workers) is then tried with `prefetch_factor=4`. On a CUDA run every candidate also pins memory
+and makes the host-to-device copies of pinned batches non-blocking."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
-from trainadvisor.records import Overrides, Trial
+from trainadvisor.records import FixOutcome, Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
 PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
@@ -26,10 +33,19 @@ PREFETCH = 4
 HARD_CAP = 64  # workers, whatever the samples say
 WAITING_BUSY = 0.5  # share of a core below which a worker counts as waiting, not computing
 MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
+# A worker count in a rule's snippet that is an example, and says so ("num_workers=8,  # an
+# example: ..."; "--dataloader_num_workers 8 ... (8: an example)"): the count and the comment
+# are what `practice` replaces with the count a run measured fastest.
+_EXAMPLE = re.compile(r"(num_workers[= ])(\d+)(.*?)(# an example\b.*|\(\d+: an example\))$", re.MULTILINE)
 
 
 def max_workers(cpu_count: int) -> int:
     return min(32, max(8, 4 * cpu_count))
+
+
+def fewer(current: int) -> list[int]:
+    """The counts tried below the script's own, first: half of it (while that is some), then none."""
+    return list(dict.fromkeys(count for count in (current // 2, 0) if count < current))
 
 
 def _worker_load(trial: Trial) -> tuple[float, float] | None:
@@ -78,19 +94,15 @@ class DataLoaderWorkers(LoaderSetting):
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if "dataloader_call_site" not in values:
             return "no torch DataLoader fed the profiled steps, so there is nothing to tune"
-        if values["num_workers"] * 2 > HARD_CAP:
-            return (
-                f"the DataLoader already has {values['num_workers']} workers, the most this "
-                "search tries: make loading itself cheaper instead"
-            )
         return None
 
     def expected_trials(self, values: dict[str, Any]) -> int:
-        """The doublings up to four workers per core, and the deeper prefetch."""
+        """The fewer counts, the doublings up to four workers per core, and the deeper prefetch."""
+        current = int(values.get("num_workers") or 0)
         workers, ceiling, count = (
-            max(2, 2 * int(values.get("num_workers") or 0)),
+            max(2, 2 * current),
             max_workers(int(values.get("cpu_count") or 1)),
-            1,
+            len(fewer(current)) + 1,
         )
         while workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
@@ -98,7 +110,11 @@ class DataLoaderWorkers(LoaderSetting):
 
     def _setting(self, values: dict[str, Any], workers: int, prefetch: int | None) -> Setting:
         cuda = bool(values.get("cuda_used"))
-        loader: dict[str, Any] = {"num_workers": workers, "persistent_workers": True}
+        # none: the loader's worker-only arguments go (`measure.loaders.apply`; the code change
+        # sets them off where the script sets them)
+        loader: dict[str, Any] = {"num_workers": workers}
+        if workers:
+            loader["persistent_workers"] = True
         label = f"num_workers={workers}"
         if prefetch is not None:
             loader["prefetch_factor"] = prefetch
@@ -117,17 +133,38 @@ class DataLoaderWorkers(LoaderSetting):
         return "prefetch_factor" in trial.overrides.loader()
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
-        if not trials:
-            return self._setting(values, max(2, 2 * values["num_workers"]), None)
+        current = int(values.get("num_workers") or 0)
+        below = fewer(current)
+        if len(trials) < len(below):  # each fewer count is tried, whatever the one before gave
+            return self._setting(values, below[len(trials)], None)
+        if len(trials) == len(below):  # the first count above the script's
+            if self._fewer_won(values, trials) or max(2, 2 * current) > HARD_CAP:
+                return self._deeper(values, trials)
+            return self._setting(values, max(2, 2 * current), None)
         last = trials[-1]
         if last.status != "measured" or self._prefetch(last):
             return None  # refused, failed or changed training: more workers will not do better
         count, _ = self._doubling(values, trials)
         if count is not None:
             return self._setting(values, count, None)
+        return self._deeper(values, trials)
+
+    def _deeper(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        """The fastest count so far with a deeper prefetch (None where it has no workers)."""
         measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+        if not measured:
+            return None
         best = max(measured, key=lambda t: t.steps_per_s or 0.0)
-        return self._setting(values, self._workers(best), PREFETCH)
+        workers = self._workers(best)
+        return self._setting(values, workers, PREFETCH) if workers else None
+
+    def _fewer_won(self, values: dict[str, Any], trials: list[Trial]) -> bool:
+        """Whether a count below the script's gained STEP_GAIN over its own."""
+        below = trials[: len(fewer(int(values.get("num_workers") or 0)))]
+        own = float(values.get("steps_per_s") or 0.0)
+        return own > 0 and any(
+            t.status == "measured" and (t.steps_per_s or 0.0) >= STEP_GAIN * own for t in below
+        )
 
     def _doubling(self, values: dict[str, Any], trials: list[Trial]) -> tuple[int | None, str]:
         """After the last plain trial: the next count, or None and why the doubling stops."""
@@ -146,9 +183,22 @@ class DataLoaderWorkers(LoaderSetting):
         return next_count(values, last, workers)
 
     def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
-        if not any(not self._prefetch(t) for t in trials):
+        current = int(values.get("num_workers") or 0)
+        below = fewer(current)
+        plain = [t for t in trials if not self._prefetch(t)]
+        if not plain:
             return None
-        return self._doubling(values, trials)[1] or None
+        parts = []
+        if below:
+            tried = ", ".join(str(self._workers(t)) for t in plain[: len(below)])
+            parts.append(f"fewer than the script's {current} workers tried ({tried})")
+        if len(plain) > len(below):
+            parts.append(self._doubling(values, trials)[1] or f"more tried up to {self._workers(plain[-1])}")
+        elif len(plain) == len(below) and self._fewer_won(values, trials):
+            parts.append("more were not tried: fewer gained over the script's own count")
+        elif len(plain) == len(below) and 2 * current > HARD_CAP:
+            parts.append(f"more were not tried: {2 * current} is past the hard cap of {HARD_CAP}")
+        return "; ".join(part for part in parts if part) or None
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         baseline_steps_per_s = float(values.get(self.metric) or 0.0)
@@ -173,3 +223,19 @@ class DataLoaderWorkers(LoaderSetting):
         if trial.overrides.non_blocking_h2d:
             parts.append("non_blocking=True host-to-device copies")
         return ", ".join(parts)
+
+    def practice(self, snippet: str, outcome: FixOutcome) -> str:
+        """The snippet's example count, where this run measured a count fastest (kept, or the
+        fastest of its trials), replaced by that count, and its comment saying so."""
+        workers = outcome.settings.loader().get("num_workers")
+        if outcome.status not in ("kept", "unconfirmed") or workers is None:
+            return snippet
+        tried = sorted({self._workers(t) for t in outcome.trials if t.status == "measured"})
+        of = f" of {', '.join(map(str, tried))} and the script's own" if tried else ""
+
+        def measured(match: re.Match[str]) -> str:
+            comment = match[4]
+            said = f"measured fastest in this run{of}"
+            return f"{match[1]}{workers}{match[3]}{f'# {said}' if comment.startswith('#') else f'({said})'}"
+
+        return _EXAMPLE.sub(measured, snippet)

@@ -17,6 +17,8 @@ from trainadvisor.frameworks import framework_of, vocab
 from trainadvisor.records import FrameworkCall, Overrides, RawRun
 
 _UNEDITABLE = (OSError, UnicodeDecodeError, cst.ParserSyntaxError, codechange.NoPlace)
+# TrainingArguments that DataLoader refuses without workers, at their off values
+_WORKER_ONLY_OFF = {"dataloader_persistent_workers": False, "dataloader_prefetch_factor": None}
 
 
 @dataclass
@@ -82,6 +84,8 @@ def fix_change(script: Path, fix_id: str, overrides: Overrides, raw: RawRun | No
     words: list[str] = []
     current = t.call.settings
     settings = {k: v for k, v in t.settings.items() if current.get(k, object()) != v}
+    if settings.get("dataloader_num_workers") == 0:  # no workers: what needs them goes too
+        settings.update({k: off for k, off in _WORKER_ONLY_OFF.items() if current.get(k)})
     if settings:
         words.append(setting_words(t.call, settings, script))
         path = _editable(t.call.site, script) if t.call.source == "code" else None

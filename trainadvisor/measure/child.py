@@ -72,6 +72,9 @@ def _record_when_stopped(recorder: hooks.Recorder) -> None:
 
 
 def main() -> int:
+    from trainadvisor.measure.reaper import die_with_parent
+
+    die_with_parent()  # first: trainadvisor may have been killed while this process started
     config_path, script, *script_args = sys.argv[1:]
     from trainadvisor.measure.console import quiet_numpy_warning
 
@@ -104,10 +107,12 @@ def main() -> int:
         from trainadvisor.measure.gate import hold
 
         hold(recorder, Path(config.gate_file))
-    if config.heartbeat_file is not None:
+    if config.heartbeat_file is not None:  # the stall watchdog's, and the steps so far (`progress`)
+        from trainadvisor.measure.progress import Progress, progress_file
         from trainadvisor.measure.watchdog import Heartbeat
 
-        recorder.heartbeat = Heartbeat(config.heartbeat_file.replace("{rank}", rank))
+        heartbeat = Heartbeat(config.heartbeat_file.replace("{rank}", rank))
+        recorder.heartbeat = Progress(recorder, heartbeat, progress_file(config.result_file))
     _record_when_stopped(recorder)
     try:
         runpy.run_path(script, run_name="__main__")

@@ -3,8 +3,10 @@
 Kineto prints `USDT:... profiler_start` / `profiler_stop` and `STAGE:... Completed Stage` lines
 to stderr whatever its log level; they say nothing to the user and bury the script's output.
 The child's stderr is read from a pipe and copied byte for byte, as it arrives (a progress
-bar's `\\r` updates are not held back), except whole lines in Kineto's format with those
-prefixes. Kineto's warnings and errors (`W`, `ERROR:`) pass."""
+bar's `\\r` updates are not held back), except Kineto's lines in its format with those
+prefixes: from the prefix to the line's end, wherever the prefix starts (after a progress bar's
+update, which ends without a newline, it starts mid-line). Kineto's warnings and errors (`W`,
+`ERROR:`) pass."""
 
 from __future__ import annotations
 
@@ -16,42 +18,47 @@ from typing import IO
 
 NOISE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] [^\n]*\n")
 _PREFIXES = (b"USDT:", b"STAGE:")
-_HOLD_BYTES = 4096  # a line starting like noise is held until its end, up to this
+_PREFIX = re.compile(b"|".join(_PREFIXES))
+_HOLD_BYTES = 4096  # what starts like noise is held until its line's end, up to this
 
 
 class NoiseFilter:
-    """Bytes in, bytes out, with Kineto's chatter lines left out; state across chunks."""
+    """Bytes in, bytes out, with Kineto's chatter left out; state across chunks."""
 
     def __init__(self) -> None:
-        self.pending = b""  # the start of a line that may be noise
-        self.line_start = True
+        self.pending = b""  # what may be the start of noise
+        self.passing = False  # the held bytes turned out not to be noise: pass them on
 
     def feed(self, data: bytes) -> bytes:
         data, self.pending = self.pending + data, b""
         out = []
         while data:
-            if not self.line_start:
+            if self.passing:  # a long line that only started like noise: on to its end
                 end = data.find(b"\n")
-                if end < 0:
-                    out.append(data)
-                    break
-                out.append(data[: end + 1])
-                data, self.line_start = data[end + 1 :], True
+                out.append(data if end < 0 else data[: end + 1])
+                data, self.passing = (b"", True) if end < 0 else (data[end + 1 :], False)
                 continue
-            if not _may_be_noise(data):
-                self.line_start = False
-                continue
+            found = _PREFIX.search(data)
+            if found is None:
+                keep = _partial_prefix(data)  # `USD` at the chunk's end: held for the next
+                out.append(data[: len(data) - keep])
+                self.pending = data[len(data) - keep :]
+                break
+            out.append(data[: found.start()])
+            data = data[found.start() :]
             end = data.find(b"\n")
             if end < 0:
                 if len(data) < _HOLD_BYTES:
                     self.pending = data
                 else:
                     out.append(data)
-                    self.line_start = False
+                    self.passing = True
                 break
             line, data = data[: end + 1], data[end + 1 :]
             if not NOISE.fullmatch(line):
-                out.append(line)
+                prefix = len(found[0])
+                out.append(line[:prefix])
+                data = line[prefix:] + data  # another prefix may follow in the line
         return b"".join(out)
 
     def flush(self) -> bytes:
@@ -59,8 +66,12 @@ class NoiseFilter:
         return rest
 
 
-def _may_be_noise(data: bytes) -> bool:
-    return any(data.startswith(p) or p.startswith(data) for p in _PREFIXES)
+def _partial_prefix(data: bytes) -> int:
+    """How many of `data`'s last bytes begin a prefix (0 when none do)."""
+    for size in range(min(len(data), max(map(len, _PREFIXES)) - 1), 0, -1):
+        if any(p.startswith(data[-size:]) for p in _PREFIXES):
+            return size
+    return 0
 
 
 def forward(source: IO[bytes], target: IO[bytes]) -> threading.Thread:

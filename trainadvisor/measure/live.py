@@ -5,11 +5,13 @@ written whole (temporary file and rename)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from trainadvisor import _serial
+from trainadvisor.measure import interrupts
 from trainadvisor.measure.config import WindowCommand, WindowSize, command_file, window_file
 from trainadvisor.measure.runner import (
     STOP_GRACE_S,
@@ -18,6 +20,7 @@ from trainadvisor.measure.runner import (
     attach_samples,
     collect,
     launch,
+    load_result,
     stop,
     wait_for,
 )
@@ -50,7 +53,7 @@ class LiveRun:
         result = launched.files.result
         if not self._await(result, self.spec.timeout_s, "the baseline window"):
             return self._ended_run()
-        raw = _serial.load_json(RawRun, result)
+        raw = load_result(result, self.spec)
         raw.wall_s = time.monotonic() - launched.started
         raw.log_file, raw.overrides = launched.files.log_rel, self.spec.overrides
         attach_samples(raw, launched.sampler, until_unix_s=raw.ended_unix_s or time.time())
@@ -74,7 +77,7 @@ class LiveRun:
         sent = time.time()
         if not self._await(path, timeout_s, f"trial window {label}"):
             return None
-        raw = _serial.load_json(RawRun, path)
+        raw = load_result(path, self.spec)
         raw.wall_s = time.time() - sent
         attach_samples(
             raw, self.launched.sampler, since_unix_s=raw.window_start_unix_s or sent, until_unix_s=time.time()
@@ -90,8 +93,9 @@ class LiveRun:
         assert self.launched is not None
         started = time.monotonic()
         while not path.exists():
-            if self.launched.proc.poll() is not None:
-                self.ended = f"the script ended before {what} was measured"
+            code = self.launched.proc.poll()
+            if code is not None:
+                self.ended = f"the script {_how_it_ended(code)} before {what} was measured"
                 self._finish(None)
                 return False
             stuck = self.launched.watchdog.stalled()
@@ -103,7 +107,7 @@ class LiveRun:
                 self.ended = f"{what} took longer than {timeout_s:.0f} s"
                 self._finish(self.ended)
                 return False
-            time.sleep(POLL_S)
+            interrupts.pause(POLL_S)  # where a signal to trainadvisor is acted on
         return True
 
     def _ended_run(self) -> RawRun:
@@ -118,7 +122,8 @@ class LiveRun:
         self.final = collect(launched, self.spec, killed)
 
     def close(self) -> None:
-        """Tell the child to stop; give it the usual grace, then end its process group."""
+        """Tell the child to stop; give it the usual grace (none once trainadvisor is signalled
+        to stop), then end its process group."""
         launched = self.launched
         if launched is None:
             return
@@ -126,9 +131,16 @@ class LiveRun:
             _serial.save_json(WindowCommand(self.index, stop=True), command_file(self.folder, self.index))
             deadline = time.monotonic() + STOP_GRACE_S
             while launched.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+                if interrupts.wait(POLL_S):
+                    break
         finally:
             self._finish(None)
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by signal {signal.Signals(-returncode).name}"
+    return f"ended (exit code {returncode})"
 
 
 class Prestarted:

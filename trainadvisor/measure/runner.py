@@ -1,6 +1,8 @@
 """Runs the user's script once in a child process under instrumentation and returns what it
 measured. The child gets its own process group, so when it ends every DataLoader worker and
-any process it started goes with it."""
+any process it started goes with it; a process that left the group, and any process of the run
+once trainadvisor itself has ended, however it ended, is the run's guard's to end
+(`measure.reaper`)."""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from typing import IO, Any
 
 from trainadvisor import _serial
 from trainadvisor.errors import UsageError
-from trainadvisor.measure import console
+from trainadvisor.measure import console, interrupts, progress, reaper
 from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.watchdog import Watchdog
 from trainadvisor.records import Overrides, RawRun
+from trainadvisor.redact import Secrets
 
 # Once the window is written, the script is given this long to stop before it is killed
 # (a loop that catches BaseException would otherwise keep training).
@@ -57,6 +60,7 @@ class RunSpec:
     gate_file: Path | None = None  # start ahead of its settings, which arrive here (`measure.gate`)
     size: WindowSize = field(default_factory=WindowSize)  # time floor, settling, the steps it may use
     profile_steps: int = PROFILE_STEPS  # traced after the timed steps (at most as many as those)
+    memory_budget_bytes: int | None = None  # what the run may use (--memory-budget), for its report
 
 
 def _child_env() -> dict[str, str]:
@@ -68,13 +72,24 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _run_env(spec: RunSpec, token: str) -> dict[str, str]:
+    """The child's environment, marked with the run's token (`reaper`); and, where the kernel's
+    parent-death signal can be relied on, the pid it is to die with."""
+    env = _child_env()
+    env[reaper.RUN_ENV] = token
+    env.pop(reaper.PARENT_ENV, None)
+    if not spec.torchrun and threading.current_thread() is threading.main_thread():
+        env[reaper.PARENT_ENV] = str(os.getpid())
+    return env
+
+
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM put off until the block ends (then handled as they would have been):
     starting and stopping a child are not interrupted halfway, which would leave a child no one
     stops. Their handlers are swapped rather than the signal mask, which a child would inherit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread receives signals
+    if threading.current_thread() is not threading.main_thread() or interrupts.active():
+        yield  # only the main thread receives signals; `interrupts`' handlers only take a note
         return
     received: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in _HELD}
@@ -96,17 +111,20 @@ def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
     return True
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """End the child's whole process group: SIGTERM, then SIGKILL what is left after 2 s."""
+def _stop_group(proc: subprocess.Popen[bytes], token: str | None = None) -> None:
+    """End the child's whole process group, and the run's processes outside it (`reaper`):
+    SIGTERM, then SIGKILL what is left after 2 s."""
     for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-        if not _group_alive(proc):
+        strays = reaper.strays(token, proc.pid) if token is not None else []
+        group = _group_alive(proc)
+        if not group and not strays:
             return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        reaper.signal_all(strays, sig)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and _group_alive(proc):
+        while time.monotonic() < deadline and (_group_alive(proc) or reaper.running(strays)):
             time.sleep(0.02)
 
 
@@ -118,6 +136,7 @@ def wait_for(
     started = time.monotonic()
     written_at: float | None = None
     while proc.poll() is None:
+        interrupts.pause(0.05)  # where a signal to trainadvisor is acted on
         now = time.monotonic()
         stuck = watchdog.stalled(now)
         if stuck is not None:
@@ -131,7 +150,6 @@ def wait_for(
         if spec.timeout_s is not None and now - started > spec.timeout_s:
             _stop_group(proc)
             return f"the run took longer than {spec.timeout_s:.0f} s"
-        time.sleep(0.05)
     return None
 
 
@@ -154,12 +172,16 @@ class _Files:
     stacks: Path  # where each process was, if it got stuck (copied to logs/ then)
 
 
+# What a child writes in .work/, each named `{label}[.rank{rank}].{kind}`.
+_WRITTEN = ("result.json", "result.json.error", "progress.json", "device.json", "heartbeat", "stacks.txt")
+
+
 def _prepare_files(spec: RunSpec) -> _Files:
     """The run's file names, with whatever an earlier run of the same label left removed."""
     work = spec.out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
     suffix = ".rank{rank}" if spec.torchrun else ""
-    for kind in ("result.json", "result.json.error", "device.json", "heartbeat", "stacks.txt"):
+    for kind in _WRITTEN:
         for stale in work.glob(f"{spec.label}*.{kind}"):
             stale.unlink()
     trace_rel = f"traces/{spec.label}/trainadvisor{suffix}.pt.trace.json.gz" if spec.profile else None
@@ -220,35 +242,49 @@ class Launched:
     started: float
     watchdog: Watchdog
     forwarder: threading.Thread | None = None  # the script's stderr, without Kineto's chatter
+    secrets: Secrets = field(default_factory=Secrets)  # the script's credentials, masked in its log
+    token: str | None = None  # in the environment of every process of the run (`reaper`)
+    guard: reaper.Guard | None = None  # ends the run's processes once trainadvisor's has ended
+    stopped_running: bool = False  # `stop` ended it: its exit status is trainadvisor's doing
 
 
 def launch(spec: RunSpec) -> Launched:
-    """Start the child (signals held: a Ctrl-C now would leave a child no one stops)."""
+    """Start the run's guard, then the child (signals held: a Ctrl-C now would leave a child no
+    one stops)."""
+    interrupts.check()  # a signal noted since the last check: nothing more is started
     files = _prepare_files(spec)
     command = _command(spec, files)
     log: IO[bytes] | None = open(spec.out_dir / files.log_rel, "wb") if files.log_rel else None
     errors_to = log or getattr(sys.stderr, "buffer", None)  # None under a capture without bytes
+    token, guard = reaper.new_token(), None
     try:
         with _signals_held():
+            guard = reaper.Guard(token, _child_env())
             proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.PIPE if errors_to is not None else None,
-                env=_child_env(),
+                env=_run_env(spec, token),
                 start_new_session=True,
             )
+            guard.watch(proc.pid)
+            interrupts.track(proc.pid)
             forwarder = console.forward(proc.stderr, errors_to) if proc.stderr and errors_to else None
             sampler = Sampler(proc.pid, devices=_named_devices(files.device))
             sampler.start()
     except BaseException:
+        if guard is not None:
+            guard.close()  # and with it whatever was started
         if log:
             log.close()
         raise
     watchdog = Watchdog(
         [_any_rank(files.heartbeat)], [_any_rank(files.stacks)], spec.out_dir / "logs", spec.stall_s
     )
-    return Launched(proc, sampler, files, log, time.monotonic(), watchdog, forwarder)
+    return Launched(
+        proc, sampler, files, log, time.monotonic(), watchdog, forwarder, Secrets.of(spec.args), token, guard
+    )
 
 
 def _any_rank(path: Path) -> Path:
@@ -261,21 +297,28 @@ def stop(launched: Launched) -> None:
     try:
         with _signals_held():
             launched.sampler.stop()
-            _stop_group(launched.proc)  # DataLoader workers or anything else the script left running
+            launched.stopped_running = launched.proc.poll() is None
+            # DataLoader workers or anything else the script left running, in its group or not
+            _stop_group(launched.proc, launched.token)
             launched.proc.wait()
+            interrupts.untrack(launched.proc.pid)
+            if launched.guard is not None:
+                launched.guard.close()
             if launched.forwarder is not None:  # the last lines, unless an escaped process holds the pipe
                 launched.forwarder.join(timeout=2.0)
     finally:
         if launched.log:
             with contextlib.suppress(OSError):  # a full disk: the log keeps what it took
                 launched.log.close()
+            launched.secrets.file(Path(launched.log.name))  # what the script printed of them
 
 
 def collect(launched: Launched, spec: RunSpec, killed: str | None) -> RawRun:
     """What the stopped child recorded, with the parent's own measurements added."""
     files = launched.files
     gather = _ranks if spec.torchrun else _result
-    raw = gather(files.result, spec, launched.proc.returncode, killed)
+    ended = (launched.proc.returncode, killed, files.heartbeat, launched.stopped_running)
+    raw = gather(files.result, spec, *ended)
     raw.wall_s, raw.log_file, raw.overrides = (
         time.monotonic() - launched.started,
         files.log_rel,
@@ -338,16 +381,22 @@ def _local_ranks(torchrun: list[str]) -> int:
     return 0
 
 
-def _ranks(result_file: Path, spec: RunSpec, returncode: int, killed: str | None) -> RawRun:
-    """Every rank's result (by the rank in the file name); the lowest rank's run carries them.
-    The run fails when any rank failed, naming the first failed rank and its error."""
-    runs = []
-    for path in result_file.parent.glob(result_file.name.replace("{rank}", "*")):
-        rank = path.name.removeprefix(f"{spec.label}.rank").removesuffix(".result.json")
-        if rank.isdigit():
-            run = _result(path, spec, returncode, killed)
-            run.rank = int(rank)
-            runs.append(run)
+def _ranks(
+    result_file: Path, spec: RunSpec, returncode: int, killed: str | None, heartbeat: Path, ours: bool
+) -> RawRun:
+    """Every rank's result (by the rank in the file name; or what a rank that ended without a
+    word saved as it went); the lowest rank's run carries them. The run fails when any rank
+    failed, naming the first failed rank and its error."""
+    runs, ranks = [], set()
+    for written in (result_file, progress.progress_file(result_file)):
+        for path in written.parent.glob(written.name.replace("{rank}", "*")):
+            number = path.name.removeprefix(f"{spec.label}.rank").split(".")[0]
+            ranks.update([int(number)] if number.isdigit() else [])
+    for rank in sorted(ranks):
+        mine = [Path(str(path).replace("{rank}", str(rank))) for path in (result_file, heartbeat)]
+        run = _result(mine[0], spec, returncode, killed, mine[1], ours)
+        run.rank = rank
+        runs.append(run)
     runs.sort(key=lambda r: r.rank or 0)
     if not runs:
         first = _result(result_file, spec, returncode, killed)  # no rank wrote anything
@@ -396,18 +445,43 @@ def _raise_if_disk_full(reason: str, result_file: Path) -> None:
         )
 
 
-def _result(result_file: Path, spec: RunSpec, returncode: int, killed: str | None) -> RawRun:
-    if result_file.exists():
-        raw = _serial.load_json(RawRun, result_file)
+def load_result(result_file: Path, spec: RunSpec) -> RawRun:
+    """What the child saved, the script's credentials masked in the file first (its errors
+    quote what the script's exception said)."""
+    Secrets.of(spec.args).file(result_file)
+    return _serial.load_json(RawRun, result_file)
+
+
+def _result(
+    result_file: Path,
+    spec: RunSpec,
+    returncode: int,
+    killed: str | None,
+    heartbeat: Path | None = None,
+    ours: bool = False,
+) -> RawRun:
+    """The run as its child recorded it. A child that wrote no last word (it ended at os._exit,
+    or was SIGKILLed: `progress`) leaves the window as far as it got and its step count; its end
+    is then told by its exit status, unless trainadvisor itself stopped it (`killed`, `ours`)."""
+    raw = load_result(result_file, spec) if result_file.exists() else None
+    failed_write = failed_write_file(result_file)
+    if (raw is None or raw.exit_code is None) and not failed_write.exists():
+        saved = progress.progress_file(result_file)
+        if raw is None and saved.exists():
+            Secrets.of(spec.args).file(saved)
+        raw = progress.last_known(raw, result_file, heartbeat, spec.label)
+        if raw is not None and not killed and not ours:
+            progress.say_how_it_ended(raw, returncode, "torchrun" if spec.torchrun else None)
+    if raw is not None:
         if killed and raw.status != "window_complete":
             # keep how far the child says it got when it was stopped
             note = raw.error if raw.error and raw.error.startswith("stopped by trainadvisor") else None
             raw.status, raw.error = "script_failed", f"{killed}; {note}" if note else killed
         return raw
-    failed_write = failed_write_file(result_file)
     if killed:
         error = killed
     elif failed_write.exists():
+        Secrets.of(spec.args).file(failed_write)
         reason = failed_write.read_text().strip()
         _raise_if_disk_full(reason, result_file)
         error = (

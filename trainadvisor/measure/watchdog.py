@@ -30,6 +30,7 @@ STALL_MIN_S = 600.0  # never sooner: a checkpoint or an evaluation without a Dat
 STALL_STEPS = 20  # ... and not before this many times the longest gap between progress seen
 DUMP_WAIT_S = 2.0
 _LAYOUT = struct.Struct("<qqq")  # progress, pid, busy (trainadvisor's own work under way)
+_STEPS = struct.Struct("<q")  # then the training steps seen, exact however the process ends
 
 
 class Heartbeat:
@@ -39,12 +40,13 @@ class Heartbeat:
     def __init__(self, path: str) -> None:
         self.pid = os.getpid()
         self.progress = 0
+        self.steps = 0  # set by the child before each beat (`measure.progress`)
         self.shared: mmap.mmap | None = None
         try:
             with open(path, "wb+") as file:
-                file.write(_LAYOUT.pack(0, self.pid, 0))
+                file.write(_LAYOUT.pack(0, self.pid, 0) + _STEPS.pack(0))
                 file.flush()
-                self.shared = mmap.mmap(file.fileno(), _LAYOUT.size)
+                self.shared = mmap.mmap(file.fileno(), _LAYOUT.size + _STEPS.size)
         except OSError:  # a full disk: the watchdog then sees no progress, as --timeout would
             pass
 
@@ -65,14 +67,26 @@ class Heartbeat:
     def _write(self, busy: bool) -> None:
         if self.shared is not None:
             _LAYOUT.pack_into(self.shared, 0, self.progress, self.pid, int(busy))
+            _STEPS.pack_into(self.shared, _LAYOUT.size, self.steps)
 
 
 def read_beat(path: Path) -> tuple[int, int, int] | None:
+    """Progress, pid and busy, as the process last wrote them."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    return _LAYOUT.unpack(data) if len(data) == _LAYOUT.size else None
+    return _LAYOUT.unpack_from(data) if len(data) >= _LAYOUT.size else None
+
+
+def read_steps(path: Path) -> int | None:
+    """The training steps the process had seen at its last beat (kept in the file after its
+    end, whatever ended it), or None where it wrote none."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return _STEPS.unpack_from(data, _LAYOUT.size)[0] if len(data) >= _LAYOUT.size + _STEPS.size else None
 
 
 class Watchdog:

@@ -24,6 +24,7 @@ from trainadvisor.compute.flops import StepFlops, measure_cpu_peak_facts
 from trainadvisor.measure import gpu, switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.settle import Blocks, Settling
+from trainadvisor.memory.step import StepMemory
 from trainadvisor.records import StepRecord, WindowShape
 
 Phase = Literal["warmup", "timed", "traced", "done"]
@@ -124,6 +125,7 @@ class Window:
         self.shape_timed_steps = 0
         self.slides = 0
         self.flops: StepFlops | None = None  # the FLOPs of one traced step
+        self.memory: StepMemory | None = None  # and what fills its memory
         self.switched_at_open: dict[str, int] | None = None  # the switches' counts when timing began
         self._reset_step()
         if plan.warmup == 0 and plan.settle is None:
@@ -248,8 +250,7 @@ class Window:
                 self._end_timed(now)
         else:
             if self.flops is not None and len(self.records) == self.shape_timed_steps + 1:
-                self.flops.stop()
-                self.facts.runtime.update(self.flops.facts())
+                self._stop_counting()
             if len(self.records) == self.shape_timed_steps + self.plan.traced_steps:
                 self._close()
             elif self.profiler is not None:
@@ -305,6 +306,24 @@ class Window:
         self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
         self.flops = StepFlops()  # the profiler's warm-up step, untimed, is counted
         self.flops.start()
+        self.memory = StepMemory()  # and its memory measured (inside the counter: left first)
+        self.memory.start(self.facts.optimizer, self._cuda_device())
+
+    def _cuda_device(self) -> int | None:
+        if not gpu.cuda_in_use():
+            return None
+        return self.device if self.device is not None else torch.cuda.current_device()
+
+    def _stop_counting(self) -> None:
+        """The counted step ended (or the script did inside it): leave its modes, innermost
+        first, and record what they measured."""
+        if self.memory is not None:
+            self.memory.stop()
+            self.facts.runtime["memory"] = self.memory.facts()
+            self.memory = None
+        if self.flops is not None:
+            self.flops.stop()
+            self.facts.runtime.update(self.flops.facts())
 
     def _open(self, now: float, end: str) -> None:
         block_ms = list(self.blocks.block_ms) if self.blocks is not None else []
@@ -339,8 +358,8 @@ class Window:
     def stop_profiler(self) -> Any:
         """The profiler, stopped (None when the window traced nothing); the caller exports it."""
         profiler, self.profiler = self.profiler, None
-        if self.flops is not None:  # the script ended inside the counted step: leave its mode
-            self.flops.stop()
+        if self.flops is not None:  # the script ended inside the counted step: leave its modes
+            self._stop_counting()
         if profiler is not None:
             profiler.stop()
         return profiler

@@ -16,8 +16,8 @@ from trainadvisor import engine, fixes
 from trainadvisor.analyze.disturbance import disturbance_notes
 from trainadvisor.analyze.length import run_length
 from trainadvisor.analyze.shapes import baseline_note, window_notes
-from trainadvisor.analyze.summary import attach_trace, named_measurements
-from trainadvisor.errors import NoStepsError, UsageError
+from trainadvisor.analyze.summary import attach_trace, input_note, named_measurements
+from trainadvisor.errors import NoStepsError, Terminated, UsageError
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
@@ -116,11 +116,13 @@ def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str,
     raw = measure(spec)
     if not raw.trace_file:
         return {}
-    table = attach_trace(raw, options.out_dir, options.script)
+    table = attach_trace(raw, spec.out_dir, options.script)
     return {key: table[key] for key in SITE_KEYS if key in table}
 
 
-Save = Callable[[Report], None]
+# Writes a stage's report; the callable publishes the traces and logs it names, called once the
+# report is rendered and before it is written (`render.write_report`).
+Save = Callable[[Report, Callable[[], None]], None]
 
 
 @dataclass(frozen=True)
@@ -141,17 +143,35 @@ class _Job:
     options: ProfileOptions
     rules: list[engine.Rule]
     echo: Echo
-    keep: Save
+    keep: Callable[[Report], None]  # a stage's report: its traces and logs published, it written
     started: float  # time.monotonic()
+
+
+INTERRUPTED = "The run was interrupted: fixes marked not run or unconfirmed were not measured to the end."
 
 
 def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Report:
     """baseline -> diagnosis -> each fix's trials -> confirmation, each stage's report handed to
-    `save` as it finishes (an interruption leaves the report of what was measured); returns the
-    last."""
-    job = _Job(options, _prepare(options), echo, save or (lambda _report: None), time.monotonic())
-    with hold_out_dir(options.out_dir):
-        return _profile(job)
+    `save` as it finishes; returns the last. Interrupted (Ctrl-C, SIGTERM), the last report
+    saved is saved again with a note that says so. The report folder is held throughout
+    (`hold_out_dir`): the runs write their traces and logs into its staging folder, published
+    once a report is rendered, just before it is written: an earlier report stays whole until
+    then."""
+    rules, keep = _prepare(options), save or (lambda _report, _publish: None)
+    with hold_out_dir(options.out_dir) as folder:
+        saved: list[Report] = []
+
+        def publish_and_save(report: Report) -> None:
+            keep(report, folder.publish)
+            saved[:] = [report]
+
+        staged = replace(options, stage_dir=folder.stage)
+        try:
+            return _profile(_Job(staged, rules, echo, publish_and_save, time.monotonic()))
+        except (KeyboardInterrupt, Terminated):
+            if saved:  # its traces are in place already (and the stage may hold half-written ones)
+                keep(replace(saved[0], notes=[*saved[0].notes, INTERRUPTED]), lambda: None)
+            raise
 
 
 def _profile(job: _Job) -> Report:
@@ -164,10 +184,10 @@ def _profile(job: _Job) -> Report:
     why_restart = _why_restart(options)
     spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
     live, prestarted = None, None
-    if why_restart is None:  # kept alive after its window, for trial windows
-        prestarted = _prestart(options)
-        live = LiveRun(replace(spec, session_dir=options.out_dir / ".work" / "session"))
     try:
+        if why_restart is None:  # kept alive after its window, for trial windows
+            prestarted = _prestart(options)
+            live = LiveRun(replace(spec, session_dir=spec.out_dir / ".work" / "session"))
         baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
         fitted = _fitted_baseline(options, spec, baseline, echo) if _too_short(baseline.raw) else None
         if fitted is not None:
@@ -186,11 +206,13 @@ def _profile(job: _Job) -> Report:
         report = _report(options, diagnosed, job.started, [], extra_notes=[blocked])
         job.keep(report)
         return report
-    finally:
-        if live is not None:
-            live.close()
-        if prestarted is not None:
-            prestarted.cancel()
+    finally:  # each run ended, whatever ending another raises
+        try:
+            if live is not None:
+                live.close()
+        finally:
+            if prestarted is not None:
+                prestarted.cancel()
 
 
 def _measure_fixes(
@@ -238,8 +260,8 @@ def _prestart(options: ProfileOptions) -> Prestarted | None:
     process there would hold GPU memory beside the trials."""
     if _gpu_here():
         return None
-    gate = options.out_dir / ".work" / "after.gate.json"
-    return Prestarted(spec_for(options, "after", show_output=False, gate_file=gate))
+    spec = spec_for(options, "after", show_output=False)
+    return Prestarted(replace(spec, gate_file=spec.out_dir / ".work" / "after.gate.json"))
 
 
 def _gpu_here() -> bool:
@@ -299,7 +321,7 @@ def _prepare(options: ProfileOptions) -> list[engine.Rule]:
 
 def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseline: Run) -> _Diagnosed:
     """The rules over the baseline, and the fixes they propose (those `--fix` names, if given)."""
-    notes = []
+    notes: list[str | None] = []
     if options.torchrun:
         notes.append(
             f"Under torchrun each window is a count of steps ({options.warmup} warm-up, {options.steps} "
@@ -311,6 +333,7 @@ def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseli
             "No torch.optim optimizer was built, so each backward() ended a training step (a loop "
             "that updates its parameters by hand); call trainadvisor.step() to mark steps yourself."
         )
+    notes.append(input_note(baseline))
     diagnosis = engine.diagnose(named_measurements(baseline), rules)
     plan = fixes.plan(diagnosis.findings, diagnosis.values)
     if options.only_fixes:
@@ -320,7 +343,7 @@ def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseli
             else replace(p, applicable=False, reason=f"not measured in this run: --fix named only {named}")
             for p in plan
         ]  # fmt: skip
-    return _Diagnosed(baseline, diagnosis, plan, notes)
+    return _Diagnosed(baseline, diagnosis, plan, [note for note in notes if note])
 
 
 def _with_sites(
@@ -393,7 +416,7 @@ def _report(
         script=str(options.script),
         environment=diagnosed.baseline.raw.device,
         baseline=diagnosed.baseline,
-        findings=diagnosed.diagnosis.findings,
+        findings=fixes.with_claims(diagnosed.diagnosis.findings, outcomes),
         after=after,
         plan=diagnosed.plan,
         fix_outcomes=outcomes,

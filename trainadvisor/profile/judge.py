@@ -122,10 +122,22 @@ def ratio(before: Run, after: Run, per_sample: bool = False) -> Ratio:
     elif before.steps_per_s and after.steps_per_s:
         speedup = after.steps_per_s / before.steps_per_s
     if before_w and after_w and speedup is not None:
-        # never outside its own range: one window in a run makes the range that window's
+        # never outside its own range: the figure is the whole timed steps', the range their
+        # windows' (a short tail is left out of the windows, and the 10th percentile of a few
+        # windows can lie above a run slowed by one of them); `spread` says when it was widened
         low = min(_pct(after_w, 10) / _pct(before_w, 90), speedup)
         high = max(_pct(after_w, 90) / _pct(before_w, 10), speedup)
     return Ratio(speedup, low, high, min(len(before_w), len(after_w)), unit)
+
+
+def spread(speedup: float, low: float | None, high: float | None, unit: str) -> str:
+    """A speedup with its range over windows, in words; where the range was widened to reach
+    the figure (`ratio`), it says so."""
+    if low is None or high is None:
+        return f"{speedup:.2f}x {unit}"
+    widened = low < high and speedup in (low, high)
+    why = ", widened to include the figure of all timed steps" if widened else ""
+    return f"{speedup:.2f}x {unit} (range {low:.2f}-{high:.2f}x{why})"
 
 
 def compare(
@@ -159,13 +171,10 @@ def verdict(comparison: Comparison) -> tuple[str, str]:
         return "changed_training", loss_change(comparison.loss_check)
     if comparison.speedup is None or comparison.speedup_low is None:
         return "no_gain", "the rerun measured no complete window to compare"
-    spread = (
-        f"{comparison.speedup:.2f}x {comparison.unit} (range {comparison.speedup_low:.2f}-"
-        f"{comparison.speedup_high:.2f}x)"
-    )
+    figure = spread(comparison.speedup, comparison.speedup_low, comparison.speedup_high, comparison.unit)
     if comparison.speedup < KEEP_MIN_SPEEDUP or comparison.speedup_low <= 1.0:
-        return "no_gain", f"measured {spread}: not a reliable gain"
-    return "kept", f"measured {spread}"
+        return "no_gain", f"measured {figure}: not a reliable gain"
+    return "kept", f"measured {figure}"
 
 
 def repeated_batches(raw: RawRun) -> tuple[int, int]:

@@ -38,6 +38,10 @@ class ProfileOptions:
     trials: str = "auto"  # "auto": windows of one process where they can run; "restart": fresh runs
     min_time_s: float = MIN_TIME_S  # every timed window lasts at least this long (--min-time)
     max_warmup_s: float = MAX_WARMUP_S  # a warm-up that has not settled ends here (--max-warmup)
+    memory_budget_bytes: int | None = None  # --memory-budget; None: on a GPU, what the allocator may use
+    # Where the runs write their traces and logs until a report is published (the writer's
+    # staging folder, `report.folder`); None: into out_dir itself.
+    stage_dir: Path | None = None
 
 
 def reproduce_command(options: ProfileOptions) -> list[str]:
@@ -75,17 +79,23 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
         command += ["--min-time", f"{options.min_time_s:g}s"]
     if options.max_warmup_s != MAX_WARMUP_S:
         command += ["--max-warmup", f"{options.max_warmup_s:g}s"]
+    if options.memory_budget_bytes is not None:
+        command += ["--memory-budget", str(options.memory_budget_bytes)]
     return [*command, *options.torchrun, str(options.script), *mask_arguments(options.args)[0]]
 
 
 # What every run of the script takes from the command's options.
-RUN_OPTIONS = ("script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s", "stall_s")
+RUN_OPTIONS = (
+    "script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s", "stall_s",
+    "memory_budget_bytes",
+)  # fmt: skip
 
 
 def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
     """A run of the script; a measuring window settles and lasts `--min-time` unless `changes`
     say otherwise (the call-sites and loss-noise runs need steps, not timings)."""
     shared: dict[str, Any] = {name: getattr(options, name) for name in RUN_OPTIONS}
+    shared["out_dir"] = options.stage_dir or options.out_dir
     shared["size"] = size_for(options, Overrides())
     return RunSpec(label=label, **{**shared, **changes})
 
@@ -197,6 +207,8 @@ def run_of(raw: RawRun, spec: RunSpec) -> Run:
     trace = attach_trace(raw, spec.out_dir, spec.script)
     run = summarize(raw)
     run.trace = trace
+    if run.memory is not None and spec.memory_budget_bytes is not None:
+        run.memory.budget_bytes, run.memory.budget_source = spec.memory_budget_bytes, "--memory-budget"
     if raw.ranks:
         communication = {}
         for rank in raw.ranks:

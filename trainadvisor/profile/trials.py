@@ -17,7 +17,7 @@ from trainadvisor.analyze.summary import summarize
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import measure
-from trainadvisor.profile.judge import Ratio, cut_short, judge_trial, loss_check, ratio, usable
+from trainadvisor.profile.judge import Ratio, cut_short, judge_trial, loss_check, ratio, spread, usable
 from trainadvisor.profile.runs import (
     ProfileOptions,
     fit,
@@ -277,6 +277,4 @@ def own_gain(fix: fixes.Fix, trial: Trial, references: list[Run]) -> Ratio | Non
 def _figure(gain: Ratio | None) -> str:
     if gain is None or gain.speedup is None:
         return "a gain"
-    if gain.low is None or gain.high is None:
-        return f"{gain.speedup:.2f}x {gain.unit}"
-    return f"{gain.speedup:.2f}x {gain.unit} (range {gain.low:.2f}-{gain.high:.2f}x)"
+    return spread(gain.speedup, gain.low, gain.high, gain.unit)

@@ -5,6 +5,7 @@ progress line per fix."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -148,7 +149,7 @@ class Tuning:
         return FixOutcome(
             planned.fix, planned.rule, "not_run",
             f"not measured: the --budget of {_clock(budget)} was spent; measure it alone with: "
-            + " ".join(command),
+            + shlex.join(command),
             Overrides(), [],
         )  # fmt: skip
 

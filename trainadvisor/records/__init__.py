@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from trainadvisor.records.compute import Utilization
 from trainadvisor.records.energy import Energy
+from trainadvisor.records.memory import Memory
 
 SCHEMA_VERSION = 1
 
@@ -101,6 +102,10 @@ class StepRecord:
     # host clock's step_ms can differ by how far the host ran ahead of the GPU's queue
     gpu_ms: float | None = None
     trace_step: int | None = None  # its ProfilerStep#N in the run's trace, when it was recorded
+    # an @advise-decorated function's step: the time from the previous call's end to this call,
+    # less DataLoader waits (the loop around the function: its input where it has no
+    # DataLoader, and whatever else runs there, such as a framework's backward and optimizer step)
+    outside_call_ms: float | None = None
 
 
 @dataclass
@@ -305,6 +310,7 @@ class Run:
     # on a GPU: the timed steps by CUDA events (the GPU's clock), beside the host's step_time_ms
     gpu_step_time_ms: Stats | None = None
     utilization: Utilization | None = None  # FLOPs per step, achieved FLOP/s, MFU
+    memory: Memory | None = None  # one step's peak and what fills it
     energy: Energy | None = None  # the GPUs' energy over the timed steps (None: saved before it was)
 
 

@@ -8,8 +8,10 @@ from typing import Any
 
 from trainadvisor.analyze.facts import HOST_ITEM
 from trainadvisor.analyze.rank_table import RankRow, RankTable, table_lines
+from trainadvisor.analyze.summary import percentile
 from trainadvisor.records import Report
 from trainadvisor.report.render import LABELS, _wrap
+from trainadvisor.report.utilization import _flops
 
 BLOCKS_UP_TO = 3  # traces shown one block each; more are shown a line each
 LINES_UP_TO = 12
@@ -19,7 +21,9 @@ _SYNC_NAMES = {"stream_sync": "stream", "device_sync": "device", "item": ".item(
 def _header(a: Any) -> str:
     rank = f" (rank {a.rank} of {a.world_size})" if a.rank is not None else ""
     how = "" if a.steps_marked else " (found without markers)" if a.steps_found else " (one window)"
-    return f"{Path(a.path).name}{rank}: {len(a.steps)} steps, {a.step_time_ms_mean or 0:.1f} ms/step{how}"
+    # the median, as report.md's "step time, median" row (a mean would move with one slow step)
+    median_ms = percentile([s.dur_us / 1e3 for s in a.steps], 50) or 0.0
+    return f"{Path(a.path).name}{rank}: {len(a.steps)} steps, {median_ms:.1f} ms/step median{how}"
 
 
 def _facts(a: Any) -> list[str]:
@@ -47,6 +51,25 @@ def _facts(a: Any) -> list[str]:
     return facts
 
 
+def _utilization(a: Any) -> list[str]:
+    """MFU and the FLOPs it comes from (`analyze.trace_flops`), then the peak's source."""
+    use = a.utilization
+    if use is None:
+        return []
+    if use.flops_per_step is None:
+        return _wrap(f"  FLOPs {use.status}")
+    unit = "step" if a.steps_found else "window"
+    counted = f"{_flops(use.flops_per_step)}/{unit} from the {a.flops_source}"
+    if use.achieved_tflops is not None:
+        counted += f", {use.achieved_tflops:.3g} TFLOP/s"
+    if use.mfu_pct is None or use.peak_tflops is None:
+        return _wrap(f"  {counted}; {use.status}")
+    peak = f"{use.peak_tflops:.4g} TFLOP/s, the {use.peak_device} {use.peak_dtype} peak"
+    return _wrap(f"  MFU {use.mfu_pct:.1f}% of {peak} ({counted})") + _wrap(
+        f"  peak ({use.peak_how}): {use.peak_source}"
+    )
+
+
 def _block(a: Any) -> list[str]:
     lines = [_header(a)]
     parts = ", ".join(f"{LABELS[k]} {v:.1f}%" for k, v in a.breakdown_pct.items() if v >= 0.05)
@@ -54,7 +77,7 @@ def _block(a: Any) -> list[str]:
     facts = _facts(a)
     if facts:
         lines += _wrap("  " + "; ".join(facts))
-    return lines
+    return lines + _utilization(a)
 
 
 def _ranks(plain: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from trainadvisor._serial import to_plain
 from trainadvisor.analyze.shapes import usable
 from trainadvisor.analyze.summary import named_measurements, percentile
 from trainadvisor.records import Report, Run
+from trainadvisor.report import mdtext
 
 
 @dataclass
@@ -108,10 +109,11 @@ def compare_reports(
     window_range = None
     if base_run.window_steps_per_s and head_run.window_steps_per_s:
         bw, hw = base_run.window_steps_per_s, head_run.window_steps_per_s
-        window_range = (
-            100.0 * ((percentile(hw, 10) or 0.0) / (percentile(bw, 90) or 1.0) - 1),
-            100.0 * ((percentile(hw, 90) or 0.0) / (percentile(bw, 10) or 1.0) - 1),
-        )
+        low = 100.0 * ((percentile(hw, 10) or 0.0) / (percentile(bw, 90) or 1.0) - 1)
+        high = 100.0 * ((percentile(hw, 90) or 0.0) / (percentile(bw, 10) or 1.0) - 1)
+        change = throughput.change_pct if throughput is not None else None
+        # never outside its own range (the change is the whole runs', the range their windows')
+        window_range = (low, high) if change is None else (min(low, change), max(high, change))
     regressed = False
     if not usable(head_run.raw):
         # A head that no longer runs its window is the worst regression of all (one the script's
@@ -149,11 +151,13 @@ def _value(value: float, unit: str) -> str:
 
 
 def comparison_markdown(c: ReportComparison) -> str:
+    """The PR comment: the verdict (which may quote the head's exception) and the scripts'
+    names are shown as text (`mdtext`)."""
     mark = "❌" if c.regressed else "✅"
     lines = [
-        f"### {mark} trainadvisor compare: {c.verdict}",
+        f"### {mark} trainadvisor compare: {mdtext.inline(c.verdict)}",
         "",
-        f"Base `{c.base}` vs head `{c.head}` ({c.run} runs; regression gate: "
+        f"Base {mdtext.code(c.base)} vs head {mdtext.code(c.head)} ({c.run} runs; regression gate: "
         f"throughput more than {c.max_regression_pct:g}% lower, beyond noise).",
         "",
         "| metric | base | head | change | noise | verdict |",
@@ -168,10 +172,13 @@ def comparison_markdown(c: ReportComparison) -> str:
         )
     if c.throughput_range_pct is not None:
         low, high = c.throughput_range_pct
+        widened = low < high and c.throughput_change_pct in (low, high)
         lines += [
             "",
             f"Throughput window range: {low:+.1f}% to {high:+.1f}% "
-            "(head's slow/fast windows against base's fast/slow).",
+            "(head's slow/fast windows against base's fast/slow"
+            + ("; widened to include the change of all timed steps" if widened else "")
+            + ").",
         ]
     return "\n".join(lines) + "\n"
 

@@ -1,6 +1,8 @@
-"""Text in report.md, which people paste into pull-request comments: what a script, an exception
-or a rule file says is shown as text on GitHub, never as HTML, links, emphasis, or a broken
-table or code block. `backtick spans` in trainadvisor's own messages stay code."""
+"""Text in report.md, which people paste into pull-request comments: what a script, an exception,
+a trace's file name or a rule file says is shown as text on GitHub, never as HTML, links,
+emphasis, headings, a mention that notifies someone, or a broken table or code block; its
+control characters and bidirectional overrides are shown as escapes (`visible`, report.html's
+too). `backtick spans` in trainadvisor's own messages stay code."""
 
 from __future__ import annotations
 
@@ -9,15 +11,40 @@ import re
 # Characters with a meaning in GitHub Markdown inline text (HTML, entities, emphasis, links,
 # images, strikethrough, autolinks); CommonMark lets a backslash escape any of them.
 _SPECIAL = re.compile(r"([\\*_\[\]<>&~!|#`])")
-_SPACES = re.compile(r"\s*\n\s*")
+# Every line break: CommonMark ends a line at a bare CR too (a heading or a table row could
+# start after one), and Python's str.splitlines at these others.
+_SPACES = re.compile(r"\s*(?:\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029])\s*")
+# What a terminal or a browser acts on rather than shows: C0 and C1 controls but tab, LF and CR
+# (ESC starts a terminal's sequence), DEL, and the bidirectional marks, embeddings,
+# overrides and isolates (U+202E shows the rest of a line reversed: "Trojan Source").
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# GitHub links `@name` (a notification) and `#12` (a back-reference in that issue) after the
+# Markdown is rendered, so a backslash cannot stop it; a zero-width space after the sign does.
+_REFERENCE = re.compile(r"(@|\\#(?=\d))")
+_ZERO_WIDTH_SPACE = "&#8203;"
 
 
 def _one_line(text: str) -> str:
     return _SPACES.sub(" ", str(text)).strip()
 
 
+def visible(text: str) -> str:
+    """`text` with each control character and bidirectional mark shown as its Python escape
+    (`\\x1b`, `\\u202e`) instead of acting on what follows it."""
+    return _INVISIBLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def finalized(value: object) -> object:
+    """What a report's template prints: text made `visible`, of its own type (HTML already
+    escaped stays so: the escapes add no markup)."""
+    if isinstance(value, str):
+        shown = visible(value)
+        return shown if type(value) is str else type(value)(shown)
+    return value
+
+
 def _escaped(text: str) -> str:
-    return _SPECIAL.sub(r"\\\1", text)
+    return _REFERENCE.sub(rf"\1{_ZERO_WIDTH_SPACE}", _SPECIAL.sub(r"\\\1", text))
 
 
 def spans(text: str) -> list[tuple[str, bool]]:
@@ -35,7 +62,8 @@ def inline(text: object, cell: bool = False) -> str:
     shown as a backtick."""
     if text is None:
         return ""
-    return "".join(code(p, cell) if is_code else _escaped(p) for p, is_code in spans(_one_line(str(text))))
+    shown = visible(_one_line(str(text)))
+    return "".join(code(p, cell) if is_code else _escaped(p) for p, is_code in spans(shown))
 
 
 def cell(text: object) -> str:
@@ -44,7 +72,7 @@ def cell(text: object) -> str:
 
 def code(text: object, cell: bool = False) -> str:
     """`text` as one code span, whatever backticks it holds (a longer delimiter)."""
-    text = _one_line(str(text)) if text is not None else ""
+    text = visible(_one_line(str(text))) if text is not None else ""
     if cell:
         text = text.replace("|", "\\|")
     if not text:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,22 +18,31 @@ import jinja2
 import markupsafe
 
 from trainadvisor import _serial
-from trainadvisor.analyze.summary import BREAKDOWN_KEYS, window_samples
+from trainadvisor.analyze.summary import BREAKDOWN_KEYS, NO_LOADER, OUTSIDE_CALL, window_samples
 from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
 from trainadvisor.records.energy import Energy
 from trainadvisor.report import mdtext
+from trainadvisor.report.memory import memory_cell, memory_title
 from trainadvisor.report.utilization import flops_cell, mfu_cell, mfu_title, mfu_words
 
 COLORS = {
-    "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5",
+    "data_wait": "#d9534f", "h2d_copy": "#f0ad4e", "compute": "#5b9bd5", "outside_call": "#b38bc9",
     "kernel": "#5b9bd5", "memcpy": "#f0ad4e", "memset": "#e8c36a", "communication": "#8e6bbf",
     "runtime": "#7fb77e", "other_host": "#9aa5b1", "idle": "#dddddd",
 }  # fmt: skip
 LABELS = {
     "data_wait": "data wait", "h2d_copy": "host-to-device copy", "compute": "compute & other",
+    "outside_call": "outside the decorated function",
     "kernel": "GPU kernels", "memcpy": "memcpy", "memset": "memset", "communication": "communication",
     "runtime": "CUDA runtime", "other_host": "other host work", "idle": "idle",
 }  # fmt: skip
+UNKNOWN_COLOR = "#b8a99a"  # a part of the breakdown this version does not know
+
+
+def label_of(key: str) -> str:
+    """A part of the breakdown in words; one this version does not know (a newer version's
+    report) by its own name, in words and nothing else (it is shown in Markdown and HTML)."""
+    return LABELS.get(key) or " ".join(re.findall(r"[A-Za-z0-9]+", key)) or "other"
 
 
 def headline(report: Report) -> str:
@@ -178,15 +189,17 @@ def breakdown_bars(runs: list[Run], width: float = 560.0) -> list[dict[str, Any]
             ms = run.breakdown_ms_per_step.get(key, 0.0)
             w = width * ms / longest
             pct = run.breakdown_pct.get(key, 0.0)
-            bars.append(Bar(x, row * 34.0, w, 24.0, COLORS[key], f"{LABELS[key]}: {ms:.1f} ms ({pct:.0f}%)"))
+            color = COLORS.get(key, UNKNOWN_COLOR)
+            bars.append(Bar(x, row * 34.0, w, 24.0, color, f"{label_of(key)}: {ms:.1f} ms ({pct:.0f}%)"))
             x += w
         rows.append({"label": run.label, "bars": bars, "total_ms": sum(run.breakdown_ms_per_step.values())})
     return rows
 
 
 def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_ms: float = 0.0) -> list[Bar]:
-    """One stacked column per timed step: data wait at the bottom, the rest of the step above.
-    (Copy time is known only for the traced steps, so it is not split out here.)"""
+    """One stacked column per timed step: data wait at the bottom (where a DataLoader was seen),
+    the time outside a decorated function, the rest of the step above. (Copy time is known only
+    for the traced steps, so it is not split out here.)"""
     steps = timed_steps(run.raw)
     if not steps:
         return []
@@ -195,11 +208,11 @@ def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_m
     bars = []
     for i, s in enumerate(steps):
         y = height
-        parts = {
-            "data_wait": s.data_wait_ms,
-            "h2d_copy": s.h2d_copy_ms,
-            "compute": max(s.step_ms - s.data_wait_ms - s.h2d_copy_ms, 0.0),
-        }
+        parts = {"data_wait": s.data_wait_ms} if "data_wait" in run.breakdown_pct else {}
+        parts["h2d_copy"] = s.h2d_copy_ms
+        if s.outside_call_ms is not None:
+            parts[OUTSIDE_CALL] = s.outside_call_ms
+        parts["compute"] = max(s.step_ms - sum(parts.values()), 0.0)
         for key, ms in parts.items():
             h = height * ms / top
             y -= h
@@ -284,8 +297,10 @@ def _environment(templates: Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=mdtext.finalized,  # no control character or bidi override acts in either report
     )
     env.filters["num"] = _number
+    env.filters["shell_line"] = shlex.join  # the command as a shell reads it back
     env.filters["diff_lines"] = _diff_lines
     env.filters["code_spans"] = _code_spans
     env.filters["md"], env.filters["md_cell"] = mdtext.inline, mdtext.cell
@@ -326,6 +341,7 @@ def _number(value: Any, digits: int = 1) -> str:
 def _context(report: Report) -> dict[str, Any]:
     runs = [r for r in (report.baseline, report.after) if r is not None]
     scale = max((s.step_ms for r in runs for s in timed_steps(r.raw)), default=0.0)
+    keys = breakdown_keys(runs)
     return {
         "r": report,
         "headline": headline(report),
@@ -334,14 +350,16 @@ def _context(report: Report) -> dict[str, Any]:
         "timelines": [(run, timeline_bars(run, scale_ms=scale)) for run in runs],
         "cpu": [(run, usage_lines(run)) for run in runs],
         "memory": [(run, memory_lines(run)) for run in runs],
-        "colors": COLORS,
-        "labels": LABELS,
-        "keys": breakdown_keys(runs),
+        "colors": {key: COLORS.get(key, UNKNOWN_COLOR) for key in {*COLORS, *keys}},
+        "labels": {key: label_of(key) for key in {*LABELS, *keys}},
+        "keys": keys,
         "loss_sentence": loss_sentence,
         "fix_line": fix_line,
         "energy_cell": energy_cell,
         "energy_title": energy_title,
         "mfu_cell": mfu_cell,
+        "memory_cell": memory_cell,
+        "memory_title": memory_title,
         "mfu_title": mfu_title,
         "flops_cell": flops_cell,
         "after_line": after_line(report),
@@ -360,13 +378,24 @@ def report_json(report: Report) -> str:
     return json.dumps(_serial.to_plain(report), indent=1, allow_nan=False) + "\n"
 
 
-def write_report(report: Report, out_dir: Path, templates: Path) -> None:
+def write_report(
+    report: Report, out_dir: Path, templates: Path, publish: Callable[[], None] | None = None
+) -> None:
     """report.json, report.md and report.html, each written atomically (JSON first: the other
-    two are renderings of it)."""
+    two are renderings of it). All three are rendered before anything is written, then
+    `publish` puts the staged traces and logs they name in place (`ReportFolder.publish`): a
+    report that cannot be rendered leaves the folder as it was. The caller holds the folder
+    (`report.folder.hold_out_dir`)."""
+    texts = {
+        "report.json": report_json(report),
+        "report.md": render_markdown(report, templates),
+        "report.html": render_html(report, templates),
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
-    _serial.write_atomically(out_dir / "report.json", report_json(report))
-    _serial.write_atomically(out_dir / "report.md", render_markdown(report, templates))
-    _serial.write_atomically(out_dir / "report.html", render_html(report, templates))
+    if publish is not None:
+        publish()
+    for name, text in texts.items():
+        _serial.write_atomically(out_dir / name, text)
 
 
 def load_report(out_dir: Path) -> Report:
@@ -384,6 +413,8 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         if report.after.steps:
             lines.append(_run_line("after", report.after, samples))
         lines += _wrap(f"         {after_line(report, settings=False)}")
+    if base is not None and base.memory is not None and base.memory.peak_bytes is not None:
+        lines += _wrap(f"  memory of one step: {memory_cell(base)}")
     if base is not None and base.ranks:
         times = [r.step_time_ms_mean for r in base.ranks if r.step_time_ms_mean is not None]
         spread = f", step time {min(times):.1f}-{max(times):.1f} ms" if times else ""
@@ -431,7 +462,7 @@ def _wrap(text: str, width: int = 80) -> list[str]:
 def _run_line(name: str, run: Run, samples: bool = False) -> str:
     pct = run.breakdown_pct
     rate = f"{run.samples_per_s or 0:9.1f} samples/s" if samples else f"{run.steps_per_s or 0:7.1f} steps/s"
-    return (
-        f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, "
-        f"{rate}, data wait {pct.get('data_wait', 0):.0f}%{mfu_words(run)}"
-    )
+    parts = f"data wait {pct['data_wait']:.0f}%" if "data_wait" in pct else NO_LOADER
+    if OUTSIDE_CALL in pct:
+        parts += f", {LABELS[OUTSIDE_CALL]} {pct[OUTSIDE_CALL]:.0f}%"
+    return f"  {name:<6} {run.step_time_ms.median or 0:8.1f} ms/step median, {rate}, {parts}{mfu_words(run)}"
