@@ -11,7 +11,7 @@ from trainadvisor.analyze.rank_table import RankRow, RankTable, table_lines
 from trainadvisor.analyze.summary import percentile
 from trainadvisor.records import Report
 from trainadvisor.report.render import LABELS, _wrap
-from trainadvisor.report.utilization import _flops
+from trainadvisor.report.utilization import flops
 
 BLOCKS_UP_TO = 3  # traces shown one block each; more are shown a line each
 LINES_UP_TO = 12
@@ -59,7 +59,7 @@ def _utilization(a: Any) -> list[str]:
     if use.flops_per_step is None:
         return _wrap(f"  FLOPs {use.status}")
     unit = "step" if a.steps_found else "window"
-    counted = f"{_flops(use.flops_per_step)}/{unit} from the {a.flops_source}"
+    counted = f"{flops(use.flops_per_step)}/{unit} from the {a.flops_source}"
     if use.achieved_tflops is not None:
         counted += f", {use.achieved_tflops:.3g} TFLOP/s"
     if use.mfu_pct is None or use.peak_tflops is None:

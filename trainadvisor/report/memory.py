@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainadvisor.records import Run
+from trainadvisor.report.utilization import scaled
 
 PARTS = (
     ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
@@ -11,11 +12,8 @@ PARTS = (
 
 
 def size(value: float) -> str:
-    """Bytes in the unit torch's allocator prints: 6.47 MB, 10.05 GB (10^3 steps)."""
-    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f} B"
+    """Bytes in decimal units, as torch's allocator and the cards' datasheets write them."""
+    return scaled(value, "B", "kMGT")
 
 
 def memory_cell(run: Run) -> str:

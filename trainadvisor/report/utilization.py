@@ -6,11 +6,17 @@ from __future__ import annotations
 from trainadvisor.records import Run
 
 
-def _flops(value: float) -> str:
-    for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.3g} FLOP"
+def scaled(value: float, unit: str, prefixes: str = "kMGTP") -> str:
+    """`value` in its largest decimal prefix of `unit` it reaches, three figures: 154 MFLOP,
+    7.16 MB, 512 B."""
+    for power, prefix in reversed(list(enumerate(prefixes, start=1))):
+        if value >= 1000.0**power:
+            return f"{value / 1000.0**power:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def flops(value: float) -> str:
+    return scaled(value, "FLOP", "kMGTP")
 
 
 def mfu_cell(run: Run) -> str:
@@ -38,7 +44,7 @@ def flops_cell(run: Run) -> str:
         return use.status if use is not None else "not counted"
     achieved = f", {use.achieved_tflops:.3g} TFLOP/s" if use.achieved_tflops is not None else ""
     borrowed = " (counted on the baseline)" if use.flops_from_baseline else ""
-    return f"{_flops(use.flops_per_step)}/step{achieved}{borrowed}"
+    return f"{flops(use.flops_per_step)}/step{achieved}{borrowed}"
 
 
 def mfu_words(run: Run) -> str:
