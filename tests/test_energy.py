@@ -21,6 +21,7 @@ from trainadvisor.analyze.summary import summarize
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.runner import RunSpec, attach_samples, measure
 from trainadvisor.measure.sampling import Sampler
+from trainadvisor.measure.settle import Settling
 from trainadvisor.records import GpuSample, RawRun, Report, StepRecord
 from trainadvisor.records.energy import Energy
 from trainadvisor.report.render import energy_cell, render_html, render_markdown
@@ -224,7 +225,10 @@ def test_a_fake_gpu_run_reads_the_counter_in_trainadvisors_process(
     nvml.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     spec = RunSpec(
         "gpu", EXAMPLES / "small_batch.py", ["--epochs", "1", "--device", "cpu"], tmp_path / "out",
-        warmup=3, steps=8, show_output=False, profile=False, size=WindowSize(min_time_s=0.5),
+        # a second of warm-up steps and of timed ones: the sampler (0.1 s ticks, started once the
+        # child names its GPU) has readings around the timed steps even on a loaded machine
+        warmup=3, steps=8, show_output=False, profile=False,
+        size=WindowSize(min_time_s=1.0, settle=Settling(block_s=0.5, max_s=2.0)),
     )  # fmt: skip
     raw = measure(spec)
     assert raw.status == "window_complete", raw.error

@@ -57,11 +57,16 @@ def test_sigterm_while_fixes_are_measured_keeps_the_baseline_report(tmp_path: Pa
         command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     assert proc.stderr is not None
-    for line in proc.stderr:
-        if "measuring fix dataloader-workers" in line:
-            break
-    proc.send_signal(signal.SIGTERM)
-    _, rest = proc.communicate(timeout=60)
+    try:
+        for line in proc.stderr:
+            if "measuring fix dataloader-workers" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+    finally:  # whatever happened above, nothing this test started outlives it: trainadvisor
+        if proc.poll() is None:  # killed, its guard process ends every process of the run
+            proc.kill()
+            proc.wait(timeout=30)
     assert proc.returncode == 143
     assert "trainadvisor: interrupted; the script and its workers were stopped" in rest
     report = load_report(out)
