@@ -261,6 +261,18 @@ def _process_age_s() -> float:
 # ---- measurements (pure: from saved facts) ----
 
 
+def _placed(name: str, listed: str, found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The most frequent record's `<name>_site` and `<name>_reason`, and the first three in
+    words under `listed` ({} where there are none)."""
+    if not found:
+        return {}
+    return {
+        f"{name}_site": _where(found[0]),
+        f"{name}_reason": found[0]["reason"],
+        listed: "; ".join(f"{_where(r)}: {r['reason']} (x{r['count']})" for r in found[:3]),
+    }
+
+
 def compile_measurements(facts: dict[str, Any]) -> dict[str, Any]:
     """Named measurements from `compile_facts` (saved as `runtime["compile"]`); none for a run
     that never compiled."""
@@ -273,20 +285,10 @@ def compile_measurements(facts: dict[str, Any]) -> dict[str, Any]:
     table["recompile_limit_hits"] = facts.get("recompile_limit_hits", 0)
     if facts.get("compile_s") is not None and facts.get("run_s"):
         table["compile_pct"] = 100.0 * facts["compile_s"] / facts["run_s"]
-    sites = facts.get("graph_break_sites") or []
-    if sites:
-        table["graph_break_site"] = _where(sites[0])
-        table["graph_break_reason"] = sites[0]["reason"]
-        table["graph_break_sites"] = "; ".join(
-            f"{_where(s)}: {s['reason']} (x{s['count']})" for s in sites[:3]
-        )
+    table.update(_placed("graph_break", "graph_break_sites", facts.get("graph_break_sites") or []))
     reasons = facts.get("recompile_reasons") or []
     if reasons:
-        table["recompile_site"] = _where(reasons[0])
-        table["recompile_reason"] = reasons[0]["reason"]
-        table["recompile_reasons"] = "; ".join(
-            f"{_where(r)}: {r['reason']} (x{r['count']})" for r in reasons[:3]
-        )
+        table.update(_placed("recompile", "recompile_reasons", reasons))
     elif table.get("recompilations"):  # torch 2.1-2.2 without TORCHDYNAMO_REPORT_GUARD_FAILURES
         table["recompile_site"] = "a compiled function"
         table["recompile_reason"] = (
