@@ -39,7 +39,8 @@ def test_a_child_that_cannot_save_its_measurements_says_why(
 
 def test_a_memory_fix_without_gain_is_explained_in_memory_terms() -> None:
     assert fixes.REGISTRY["grad-accumulation"].no_gain == (
-        "no candidate lowered peak reserved memory by 10% at 80% of the baseline's speed or better"
+        "no candidate lowered peak memory by 10% at 80% of the baseline's speed or better, nor fit the "
+        "run into its memory budget"
     )
     assert fixes.REGISTRY["tf32"].no_gain == "no candidate was at least 5% faster than the baseline"
     assert fixes.REGISTRY["batch-size"].no_gain.startswith("no batch size gave at least 5% more samples")

@@ -266,7 +266,7 @@ def test_grad_accumulation_keeps_the_fewest_micro_batches_that_relieve_memory() 
     assert fix.next_candidate(MEMORY, [too_little, relieved]) is None
     assert fix.choose([too_little, relieved], MEMORY) is relieved
     assert fix.choose([_accumulation_trial(2, 20 * 10**9, 7.0)], MEMORY) is None  # 70% of the speed
-    assert fix.describe(relieved, MEMORY) == "k=4: peak reserved 38.00 -> 25.00 GB at 0.85x the throughput"
+    assert fix.describe(relieved, MEMORY) == "k=4: peak 38 GB -> 25 GB; 1.18x slower per step"
     assert fixes.goal("grad-accumulation") == "memory" and fixes.goal("amp") == "throughput"
 
 

@@ -147,3 +147,38 @@ def test_the_reproduce_command_keeps_the_budget(tmp_path: Path) -> None:
     )
     command = reproduce_command(options)
     assert command[command.index("--memory-budget") + 1] == "24000000000"
+
+
+def test_the_peak_is_placed_at_the_lines_whose_tensors_hold_it() -> None:
+    """Adam on Linear(8, 4), the old gradients freed by zero_grad: the peak (1,728 bytes) is in
+    backward, where the line calling it holds the new gradients and autograd's buffers (1,028
+    bytes in 5 tensors), beside the optimizer's state, the forward's output (256) kept for
+    `pow`, the parameters and the loss. The step over time is the bytes after each operator;
+    its most is the peak."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 4), torch.randn(16, 8)
+    optimizer = torch.optim.Adam(model.parameters())
+
+    def step() -> None:
+        optimizer.zero_grad()
+        y = model(x)
+        loss = y.pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+    step()
+    memory = StepMemory()
+    memory.start(optimizer, None)
+    step()
+    memory.stop()
+    facts = memory.facts()
+    line = step.__code__.co_firstlineno
+    assert facts["peak_bytes"] == 1728 and max(facts["timeline_bytes"]) == 1728
+    assert facts["timeline_bytes"][0] == 144 + 144 + 296  # before the first operator
+    assert facts["peak_sites"] == [
+        {"site": f"test_memory.py:{line + 4}", "bytes": 1028, "tensors": 5},
+        {"site": "optimizer state", "bytes": 296, "tensors": 6},
+        {"site": f"test_memory.py:{line + 2}", "bytes": 256, "tensors": 1},
+        {"site": "parameters", "bytes": 144, "tensors": 2},
+        {"site": f"test_memory.py:{line + 3}", "bytes": 4, "tensors": 1},
+    ]

@@ -36,7 +36,8 @@ SHIPPED = [
     "allocator-churn", "anomaly-detection-on", "comm-bound", "compute-bound", "cpu-oversubscribed",
     "cpu-tensor-creation",
     "cudnn-benchmark", "data-parallel", "data-stall", "gpu-underutilized", "graph-breaks", "host-bound",
-    "host-sync", "launch-bound", "memory-pressure", "no-mixed-precision", "over-memory-budget",
+    "host-sync", "launch-bound", "memory-headroom", "memory-pressure", "no-mixed-precision", "out-of-memory",
+    "over-memory-budget",
     "pageable-h2d-copy",
     "recompilation", "straggler",
 ]  # fmt: skip

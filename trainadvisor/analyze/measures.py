@@ -9,6 +9,7 @@ from typing import Any
 
 from trainadvisor.analyze.kineto import TraceAnalysis
 from trainadvisor.compute.dynamo import compile_measurements
+from trainadvisor.memory.oom import oom_measurements
 
 # GPUs whose name says AMD: ROCm reports a GCN/CDNA generation in computeMajor, not a CUDA
 # compute capability, so the NVIDIA capability thresholds do not apply to them.
@@ -135,6 +136,8 @@ def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
         table["ooms"] = memory.get("ooms", 0)
     # torch.compile's graph breaks, recompilations and compile time (`compute.dynamo`)
     table.update(compile_measurements(runtime.get("compile") or {}))
+    # what an out-of-memory death left (`memory.oom`)
+    table.update(oom_measurements(runtime.get("oom") or {}))
     return table
 
 

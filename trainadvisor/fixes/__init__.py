@@ -9,14 +9,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from trainadvisor.fixes.activation_checkpointing import ActivationCheckpointing
 from trainadvisor.fixes.amp import Amp
 from trainadvisor.fixes.batch_size import BatchSize
-from trainadvisor.fixes.common import NO_GAIN, Fix, Setting
+from trainadvisor.fixes.common import NO_GAIN, Fix, Setting, trial_peak
 from trainadvisor.fixes.compile import Compile
 from trainadvisor.fixes.cudnn_benchmark import CudnnBenchmark
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.fixes.fused_optimizer import FusedOptimizer
-from trainadvisor.fixes.grad_accumulation import GradAccumulation, peak_reserved
+from trainadvisor.fixes.grad_accumulation import GradAccumulation
 from trainadvisor.fixes.pin_memory import PinMemory
 from trainadvisor.fixes.tf32 import Tf32
 from trainadvisor.records import Finding, FixOutcome, Overrides, PlannedFix, Trial, merge_overrides
@@ -25,7 +26,7 @@ REGISTRY: dict[str, Fix] = {
     fix.id: fix
     for fix in (
         DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
-        GradAccumulation(), Compile(),
+        GradAccumulation(), Compile(), ActivationCheckpointing(),
     )
 }  # fmt: skip
 
@@ -39,8 +40,8 @@ def goal(fix_id: str) -> str:
 
 
 def trial_value(trial: Trial, metric: str) -> float | None:
-    if metric == "peak_reserved_bytes":
-        peak = peak_reserved(trial)
+    if metric == "peak_bytes":
+        peak = trial_peak(trial)
         return float(peak) if peak is not None else None
     value = getattr(trial, metric, None)
     return float(value) if value is not None else None

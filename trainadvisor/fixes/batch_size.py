@@ -4,7 +4,11 @@ The search doubles the batch size of the DataLoader that fed the steps while eac
 at least `STEP_GAIN` in samples per second, up to `MAX_FACTOR` times the original, and stops at
 the first size that fails (out of memory: every candidate runs in a process of its own, so an
 OOM ends that trial only and leaves nothing behind) or that reserves more than
-`MEMORY_CEILING_PCT` of what its allocator may use. A larger batch changes the optimisation, so
+`MEMORY_CEILING_PCT` of what its allocator may use. With a memory budget (`--memory-budget`, or
+on a GPU what the allocator may use) the search is memory-aware: it doubles while each size's
+measured peak fits the budget, whatever the speed, so the report says how large a batch fits
+(found by trying) and whether it is faster per sample; on a CPU it runs only against a
+`--memory-budget` (the card the run is meant for). A larger batch changes the optimisation, so
 the fix is an opportunity (`goal`): the fastest size is measured and reported with the
 learning-rate scaling it implies, never applied for the user, and only a loss that diverges rules
 a size out."""
@@ -24,6 +28,7 @@ from trainadvisor.fixes.common import (
     Setting,
     cuda_memory,
     overrides,
+    trial_peak,
 )
 from trainadvisor.records import Overrides, Trial
 
@@ -51,8 +56,8 @@ class BatchSize(Fix):
     no_gain = "no batch size gave at least 5% more samples per second than the baseline's"
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
-        if not values.get("cuda_used"):
-            return NO_GPU
+        if not values.get("cuda_used") and "memory_budget_bytes" not in values:
+            return NO_GPU  # on a CPU it is tried against a --memory-budget only
         if "dataloader_call_site" not in values:
             return "no torch DataLoader fed the steps, so trainadvisor cannot change the batch size"
         if not isinstance(values.get("batch_size"), int) or values["batch_size"] < 1:
@@ -78,14 +83,49 @@ class BatchSize(Fix):
         earlier = [t.samples_per_s or 0.0 for t in trials[:-1]] + [values.get("samples_per_s") or 0.0]
         pct = _peak_reserved_pct(last)
         size = self._size(last)
-        if last.samples_per_s < STEP_GAIN * max(earlier) or 2 * size > MAX_FACTOR * base:
+        if 2 * size > MAX_FACTOR * base:
+            return None
+        budget, peak = values.get("memory_budget_bytes"), trial_peak(last)
+        if budget is not None and peak is not None:  # memory-aware: on while it fits
+            return self._setting(values, 2 * size) if peak <= budget else None
+        if last.samples_per_s < STEP_GAIN * max(earlier):
             return None
         if pct is not None and pct > MEMORY_CEILING_PCT:
             return None
         return self._setting(values, 2 * size)
 
+    def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
+        """Against a budget: the largest batch measured to fit it, and the first that did not."""
+        from trainadvisor.report.utilization import scaled
+
+        budget = values.get("memory_budget_bytes")
+        if budget is None:
+            return None
+        sized = [(self._size(t), t) for t in trials if t.status == "measured" and trial_peak(t) is not None]
+        fits = [(size, t) for size, t in sized if (trial_peak(t) or 0) <= budget]
+        over = [(size, t) for size, t in sized if (trial_peak(t) or 0) > budget]
+        said = []
+        if fits:
+            size, t = max(fits, key=lambda st: st[0])
+            said.append(
+                f"batch_size={size} is the largest tried that fits the budget of "
+                f"{scaled(budget, 'B', 'kMGT')} (peak {scaled(trial_peak(t) or 0, 'B', 'kMGT')})"
+            )
+        if over:
+            size, t = min(over, key=lambda st: st[0])
+            said.append(f"batch_size={size} needs {scaled(trial_peak(t) or 0, 'B', 'kMGT')}")
+        failed = [self._size(t) for t in trials if t.status != "measured"]
+        if failed:
+            said.append(f"batch_size={min(failed)} did not run ({trials[-1].reason or trials[-1].status})")
+        return "; ".join(said) or None
+
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
-        measured = [t for t in trials if t.status == "measured" and t.samples_per_s]
+        budget = values.get("memory_budget_bytes")
+        measured = [
+            t for t in trials
+            if t.status == "measured" and t.samples_per_s
+            and (budget is None or (trial_peak(t) or 0) <= budget)
+        ]  # fmt: skip
         if not measured:
             return None
         best = max(measured, key=lambda t: t.samples_per_s or 0.0)

@@ -154,3 +154,69 @@ class GpuFlag(Switch):
     def flag_problem(self, values: dict[str, Any]) -> str | None:
         """Why the flag cannot help on this GPU, or None."""
         raise NotImplementedError
+
+
+def trial_peak(trial: Trial) -> int | None:
+    """The trial's peak memory: on a GPU the allocator's reserved peak (what the card must
+    hold), else its counted step's measured peak (`memory.step`)."""
+    reserved = cuda_memory(trial).get("peak_reserved_bytes")
+    if reserved is not None:
+        return int(reserved)
+    step = ((trial.raw.runtime.get("memory") if trial.raw else None) or {}).get("peak_bytes")
+    return int(step) if step is not None else None
+
+
+def baseline_peak(values: dict[str, Any]) -> int | None:
+    """The baseline's peak, measured as `trial_peak` measures a trial's."""
+    peak = values.get("peak_reserved_bytes", values.get("step_peak_bytes"))
+    return int(peak) if peak is not None else None
+
+
+class MemoryFix(Fix):
+    """A fix that trades speed for memory: recommended from its own runs, never merged into the
+    speed fixes' confirmation. A candidate relieves memory when its peak is `min_relief` lower
+    than the baseline's at `min_speed` of its speed or better; where the baseline's peak is
+    over the memory budget, a candidate that fits the budget is worth its cost whatever it is
+    (the fastest that fits is chosen, and its cost stated)."""
+
+    metric = "peak_bytes"
+    goal = "memory"
+    min_relief = 0.10
+    min_speed = 0.80
+
+    def over_budget(self, values: dict[str, Any]) -> bool:
+        budget, peak = values.get("memory_budget_bytes"), baseline_peak(values)
+        return budget is not None and peak is not None and peak > budget
+
+    def relieved(self, trial: Trial, values: dict[str, Any]) -> bool:
+        peak, base = trial_peak(trial), baseline_peak(values)
+        if trial.status != "measured" or peak is None or base is None:
+            return False
+        if self.over_budget(values):
+            return peak <= values["memory_budget_bytes"]
+        speed = values.get("steps_per_s")
+        speed_ok = not speed or (trial.steps_per_s or 0.0) >= self.min_speed * speed
+        return peak <= (1 - self.min_relief) * base and speed_ok
+
+    def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        """Over the budget: the fastest candidate that fits it; else the first that relieves."""
+        fitting = [t for t in trials if self.relieved(t, values)]
+        if self.over_budget(values):
+            return max(fitting, key=lambda t: t.steps_per_s or 0.0, default=None)
+        return fitting[0] if fitting else None
+
+    def cost(self, trial: Trial, values: dict[str, Any]) -> str:
+        """'peak 40.1 MB -> 21.3 MB, fits the budget of 30.0 MB; 1.31x slower per step'."""
+        from trainadvisor.report.utilization import scaled
+
+        peak, base = trial_peak(trial) or 0, baseline_peak(values) or 0
+        text = f"peak {scaled(base, 'B', 'kMGT')} -> {scaled(peak, 'B', 'kMGT')}"
+        budget = values.get("memory_budget_bytes")
+        if budget:
+            fits = "fits" if peak <= budget else "still over"
+            text += f", {fits} the budget of {scaled(budget, 'B', 'kMGT')}"
+        speed = values.get("steps_per_s")
+        if speed and trial.steps_per_s:
+            ratio = speed / trial.steps_per_s
+            text += f"; {ratio:.2f}x slower per step" if ratio >= 1 else f"; {1 / ratio:.2f}x faster per step"
+        return text

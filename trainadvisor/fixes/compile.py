@@ -17,17 +17,16 @@ last bits and the difference grows as training goes on: losses must agree within
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import libcst as cst
 
 from trainadvisor.fixes.common import Fix, Setting, overrides
+from trainadvisor.memory.blocks import on_trained_module
 from trainadvisor.records import Overrides, Trial
 
-# The share of the optimizers' parameters (by count of elements) a module must hold to be the
-# one compiled: the model, not one of its layers.
-TRAINED_SHARE = 0.9
 _MODES_GPU = ("default", "reduce-overhead")  # reduce-overhead: CUDA graphs, for host-bound steps
 
 
@@ -141,32 +140,12 @@ def compile_seconds(trial: Trial) -> float | None:
 
 
 def install_compile(recorder: Any, mode: str, backend: str | None = None) -> None:
-    """Compile the first module called that holds TRAINED_SHARE of the optimizers' parameters,
-    once; the hooks that look for it are removed when it is found (compiled code never runs
-    them). `backend`: inductor unless named (tests name "eager": which module, not inductor)."""
+    """Compile the module the optimizers train (`memory.blocks.on_trained_module`) before its
+    first call. `backend`: inductor unless named (tests name "eager": which module, not
+    inductor)."""
     import torch
 
-    trained: dict[int, int] = {}  # id of each parameter an optimizer trains -> its elements
-    original_init = torch.optim.Optimizer.__dict__["__init__"]
-
-    def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        for group in self.param_groups:
-            trained.update({id(p): p.numel() for p in group["params"]})
-
-    recorder.patch(torch.optim.Optimizer, "__init__", init)
-    looked_at: set[int] = set()
-    handles: list[Any] = []
-
-    def look(module: torch.nn.Module, _args: Any) -> None:
-        if not trained or id(module) in looked_at:
-            return
-        looked_at.add(id(module))
-        held = sum(trained.get(id(p), 0) for p in module.parameters())
-        if held < TRAINED_SHARE * sum(trained.values()):
-            return
-        for handle in handles:
-            handle.remove()
+    def compile_it(module: torch.nn.Module) -> None:
         options: dict[str, Any] = {} if mode == "default" else {"mode": mode}
         if backend is not None:
             options["backend"] = backend
@@ -180,28 +159,32 @@ def install_compile(recorder: Any, mode: str, backend: str | None = None) -> Non
             module.forward = compiled
         recorder.compiled_module = type(module).__name__
 
-    handles.append(torch.nn.modules.module.register_module_forward_pre_hook(look))
-    recorder.on_uninstall(lambda: [handle.remove() for handle in handles])
+    on_trained_module(recorder, compile_it)
 
 
 def compile_change(source: str, mode: str) -> str | None:
-    """`model = torch.compile(model)` after the statement that builds the model: the name whose
-    `.parameters()` an optimizer is built from (the statement of the same block that last
-    assigns it before that), or, in a Lightning script, the module given to `trainer.fit`
-    (just before that call). None where neither is found."""
+    """`model = torch.compile(model)` after the statement that builds the model (`after_model`)."""
     options = "" if mode == "default" else f', mode="{mode}"'
-    editor = _CompileEditor(options)
-    changed = cst.parse_module(source).visit(editor)
-    if not editor.done:
+    code = after_model(source, lambda name: [f"{name} = torch.compile({name}{options})"])
+    if code is None:
         return None
-    code = changed.code
     return code if "import torch\n" in code else "import torch\n" + code
 
 
-class _CompileEditor(cst.CSTTransformer):
-    def __init__(self, options: str) -> None:
+def after_model(source: str, lines: Callable[[str], list[str]]) -> str | None:
+    """`source` with the statements `lines(name)` after the statement that builds the model:
+    the name whose `.parameters()` an optimizer is built from (the statement of the same block
+    that last assigns it before that), or, in a Lightning script, the module given to
+    `trainer.fit` (just before that call). None where neither is found."""
+    editor = _AfterModel(lines)
+    changed = cst.parse_module(source).visit(editor)
+    return changed.code if editor.done else None
+
+
+class _AfterModel(cst.CSTTransformer):
+    def __init__(self, lines: Callable[[str], list[str]]) -> None:
         super().__init__()
-        self.options, self.done = options, False
+        self.lines, self.done = lines, False
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         return updated.with_changes(body=self._edited(list(updated.body)))
@@ -227,8 +210,8 @@ class _CompileEditor(cst.CSTTransformer):
 
     def _insert(self, body: list[Any], at: int, name: str) -> list[Any]:
         self.done = True
-        line = cst.parse_statement(f"{name} = torch.compile({name}{self.options})")
-        return [*body[:at], line, *body[at:]]
+        statements = [cst.parse_statement(line) for line in self.lines(name)]
+        return [*body[:at], *statements, *body[at:]]
 
 
 def _called_on(statement: cst.CSTNode, method: str, nested: bool) -> str | None:

@@ -130,6 +130,8 @@ def _transformers(t: Translation, runtime: dict[str, Any], current: dict[str, An
         t.settings["gradient_accumulation_steps"] = _accumulated(
             current, "gradient_accumulation_steps", int(k)
         )
+    if runtime.pop("activation_checkpointing", None) is not None:  # the model's own layers
+        t.settings["gradient_checkpointing"] = True
 
 
 def _lightning(t: Translation, runtime: dict[str, Any], current: dict[str, Any]) -> None:
@@ -191,6 +193,7 @@ WHERE = {
         "tf32": "`tf32=True` in TrainingArguments",
         "fused-optimizer": '`optim="adamw_torch_fused"` in TrainingArguments',
         "compile": "`torch_compile=True` in TrainingArguments",
+        "activation-checkpointing": "`gradient_checkpointing=True` in TrainingArguments",
     },
     "lightning": {
         "dataloader-workers": (
@@ -206,6 +209,10 @@ WHERE = {
         "cudnn-benchmark": "`Trainer(benchmark=True)`",
         "fused-optimizer": "`fused=True` on the optimizer configure_optimizers returns",
         "compile": "`model = torch.compile(model)` before `trainer.fit(model)`",
+        "activation-checkpointing": (
+            "each repeated block wrapped in `torch.utils.checkpoint.checkpoint` in your "
+            "LightningModule's forward (or the blocks' forwards wrapped before `trainer.fit`)"
+        ),
     },
     "accelerate": {
         "dataloader-workers": (

@@ -128,6 +128,7 @@ def main() -> int:
         return code
     except BaseException as exc:  # the user's error, reported as Python would, then recorded
         _print_script_traceback(exc, script)
+        recorder.died(exc)
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         recorder.write("script_failed", 1, summary)
         return 1

@@ -51,6 +51,8 @@ class ChildConfig:
     heartbeat_file: str | None = None
     stacks_file: str | None = None
     size: WindowSize = field(default_factory=WindowSize)
+    # without a profiler: one untimed step after the timed ones measures memory (`memory.step`)
+    memory_step: bool = False
 
 
 @dataclass

@@ -16,6 +16,7 @@ import platform
 import shutil
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainadvisor import _serial, fixes
 from trainadvisor.frameworks import watch
-from trainadvisor.measure import gpu, loaders, switches
+from trainadvisor.measure import failure, gpu, loaders, switches
 from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file
 from trainadvisor.measure.window import Clock, Window, WindowPlan
+from trainadvisor.memory.blocks import find_trained, repeated_blocks
 from trainadvisor.records import DeviceInfo, FrameworkCall, LoaderInfo, RawRun
 
 ACTIVE: Recorder | None = None
@@ -73,6 +75,7 @@ class Recorder(Patches):
         # no torch.optim optimizer at all (parameters updated by hand), each backward().
         self.step_source = "optimizer"
         self.optimizers_built = 0
+        self._first_built: Callable[[], Any] = lambda: None  # the first optimizer built (a weak reference)
         self.first_optimizer: int | None = None
         self.loaders: list[LoaderInfo] = []
         self.framework_calls: list[FrameworkCall] = []  # TrainingArguments, Trainer, Accelerator built
@@ -92,6 +95,8 @@ class Recorder(Patches):
         # A run started ahead of its settings (`measure.gate`): called once, at the script's
         # first DataLoader, backward() or step, it waits for them and applies them.
         self.gate: Callable[[], None] | None = None
+        self.death_facts: dict[str, Any] = {}  # what an out-of-memory left (`measure.failure`)
+        self.model_blocks: dict[str, Any] = {}  # the trained model's repeated blocks (`memory.blocks`)
         super().__init__()
         self.window = self.new_window()
 
@@ -104,6 +109,7 @@ class Recorder(Patches):
             config.size,
             config.profile_steps if config.trace_file is not None else 0,
             config.with_stack,
+            config.memory_step,
         )
         return Window(plan, self.clock, on_open=self._window_opens, on_close=self._window_closes)
 
@@ -157,9 +163,11 @@ class Recorder(Patches):
             self.window.loss = old.losses[-1]
             self.window.batches = [b for b in old.batch_fingerprints[-1:] if b]
 
-    def optimizer_built(self) -> None:
+    def optimizer_built(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """A torch.optim optimizer exists: its steps, not backward(), end training steps."""
         self.optimizers_built += 1
+        if optimizer is not None and self.optimizers_built == 1:
+            self._first_built = weakref.ref(optimizer)
         if self.step_source == "backward":
             self.count_afresh()
             self.step_source = "optimizer"
@@ -192,7 +200,15 @@ class Recorder(Patches):
                 return  # a trial window runs from this step on
             raise WindowComplete()
 
+    def first_optimizer_built(self) -> torch.optim.Optimizer | None:
+        return self._first_built()
+
+    def died(self, exc: BaseException) -> None:
+        """The script raised `exc`: what an out-of-memory left is recorded with the run."""
+        self.death_facts = failure.died(exc, self)
+
     def _window_opens(self, window: Window) -> dict[str, Any]:
+        failure.stop_history()  # no timed step pays for the allocator's history
         runtime = self.config.overrides.runtime
         if runtime.get("tf32") or runtime.get("cudnn_benchmark"):  # again, in case the script reset them
             gpu.switch_flags(
@@ -255,6 +271,8 @@ class Recorder(Patches):
                     self.session.ended(self, status, error)
                 self.result.steps_seen = self.steps_seen
                 self.result.exit_code, self.result.error = exit_code, error
+            for key, value in {**self.model_blocks, **self.death_facts}.items():
+                self.result.runtime.setdefault(key, value)  # the window's own facts stay
             self.result.ended_unix_s = time.time()
             _serial.save_json(self.result, Path(self.config.result_file))
         except Exception as exc:  # report it, let training go on
@@ -286,10 +304,17 @@ class Recorder(Patches):
 
 
 def window_plan(
-    warmup: int, steps: int, size: WindowSize, profile_steps: int = 0, with_stack: bool = False
+    warmup: int,
+    steps: int,
+    size: WindowSize,
+    profile_steps: int = 0,
+    with_stack: bool = False,
+    memory_step: bool = False,
 ) -> WindowPlan:
     """The window a config or a trial window's command asks for."""
-    return WindowPlan(warmup, steps, profile_steps, with_stack, size.min_time_s, size.settle, size.max_steps)
+    return WindowPlan(
+        warmup, steps, profile_steps, with_stack, size.min_time_s, size.settle, size.max_steps, memory_step
+    )
 
 
 def window_run(window: Window, **fields: Any) -> RawRun:
@@ -382,15 +407,38 @@ def install(config: ChildConfig) -> Recorder:
     global ACTIVE
     recorder = Recorder(config)
     ACTIVE = recorder
+    failure.record_history()  # until the window times steps: where an out-of-memory's tensors came from
     recorder.on_uninstall(register_optimizer_step_post_hook(recorder.optimizer_step).remove)
     loaders.install(recorder, recorder.refuse)
     watch.install(recorder)
     _patch_autograd(recorder)
     _patch_data_parallel(recorder)
+    _find_blocks(recorder)
     if config.overrides.non_blocking_h2d and torch.cuda.is_available():
         switches.install_non_blocking_copies(recorder)
     fixes.install(recorder, config.overrides)  # each fix's switch that the overrides ask for
     return recorder
+
+
+def _find_blocks(recorder: Recorder) -> None:
+    """The trained model's repeated blocks, read at its first call (what activation
+    checkpointing would wrap; known even where the script dies before its window)."""
+    elements: dict[int, int] = {}
+
+    def trained() -> dict[int, int]:
+        optimizer = recorder.first_optimizer_built()
+        if optimizer is not None and not elements:
+            elements.update({id(p): p.numel() for g in optimizer.param_groups for p in g["params"]})
+        return elements
+
+    def found(model: torch.nn.Module) -> None:
+        try:
+            recorder.model_blocks = repeated_blocks(model) or {}
+        except Exception:  # a model whose modules cannot be walked: nothing to checkpoint
+            recorder.model_blocks = {}
+
+    handle = find_trained(trained, found)
+    recorder.on_uninstall(handle.remove)
 
 
 def _patch_autograd(recorder: Recorder) -> None:
@@ -413,7 +461,7 @@ def _patch_autograd(recorder: Recorder) -> None:
 
     def optimizer_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         original_optimizer_init(self, *args, **kwargs)
-        recorder.optimizer_built()
+        recorder.optimizer_built(self)
 
     recorder.patch(torch.optim.Optimizer, "__init__", optimizer_init)
 

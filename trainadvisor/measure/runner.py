@@ -222,6 +222,9 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         heartbeat_file=str(files.heartbeat.resolve()),
         stacks_file=str(files.stacks.resolve()),
         size=spec.size,
+        # a trial's peak memory (a compiled model's is left alone: a dispatch mode around
+        # compiled code would recompile it)
+        memory_step=not spec.profile and "compile" not in spec.overrides.runtime,
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)

@@ -50,11 +50,17 @@ class WindowPlan:
     min_time_s: float = 0.0  # the timed steps last at least this long
     settle: Settling | None = None  # the warm-up lasts until step time settles; None: `warmup` steps
     max_steps: int | None = None  # warm-up and timed steps end here (the steps the script has left)
+    memory_step: bool = (
+        False  # without a profiler: one untimed step after the timed ones, its memory measured
+    )
 
     @property
     def traced_steps(self) -> int:
-        """Steps after the timed ones: the profiler's warmup step, then those it records."""
-        return PROFILER_WARMUP_STEPS + self.profile_steps if self.profile_steps else 0
+        """Steps after the timed ones: the profiler's warmup step, then those it records (or,
+        without a profiler, the step whose memory is measured)."""
+        if self.profile_steps:
+            return PROFILER_WARMUP_STEPS + self.profile_steps
+        return 1 if self.memory_step else 0
 
     @property
     def warmup_cap(self) -> int | None:
@@ -236,7 +242,7 @@ class Window:
                 step_ms=(now - self.last_mark) * 1e3,
                 data_wait_ms=self.data_wait_s * 1e3,
                 samples=self.samples,
-                profiled=self.profiler is not None,
+                profiled=self.phase == "traced",  # untimed: traced, or its memory measured
                 pre_backward_ms=pre_backward_s * 1e3 if pre_backward_s is not None else None,
             )
         )
@@ -249,7 +255,7 @@ class Window:
             else:
                 self._end_timed(now)
         else:
-            if self.flops is not None and len(self.records) == self.shape_timed_steps + 1:
+            if self._counting() and len(self.records) == self.shape_timed_steps + 1:
                 self._stop_counting()
             if len(self.records) == self.shape_timed_steps + self.plan.traced_steps:
                 self._close()
@@ -303,9 +309,10 @@ class Window:
             self._close()
             return
         self.phase = "traced"
-        self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
-        self.flops = StepFlops()  # the profiler's warm-up step, untimed, is counted
-        self.flops.start()
+        if self.plan.profile_steps:
+            self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
+            self.flops = StepFlops()  # the profiler's warm-up step, untimed, is counted
+            self.flops.start()
         self.memory = StepMemory()  # and its memory measured (inside the counter: left first)
         self.memory.start(self.facts.optimizer, self._cuda_device())
 
@@ -314,12 +321,16 @@ class Window:
             return None
         return self.device if self.device is not None else torch.cuda.current_device()
 
+    def _counting(self) -> bool:
+        return self.flops is not None or self.memory is not None
+
     def _stop_counting(self) -> None:
         """The counted step ended (or the script did inside it): leave its modes, innermost
         first, and record what they measured."""
         if self.memory is not None:
             self.memory.stop()
             self.facts.runtime["memory"] = self.memory.facts()
+            self.facts.runtime.update(self.memory.blocks)  # what activation checkpointing wraps
             self.memory = None
         if self.flops is not None:
             self.flops.stop()
@@ -358,7 +369,7 @@ class Window:
     def stop_profiler(self) -> Any:
         """The profiler, stopped (None when the window traced nothing); the caller exports it."""
         profiler, self.profiler = self.profiler, None
-        if self.flops is not None:  # the script ended inside the counted step: leave its modes
+        if self._counting():  # the script ended inside the counted step: leave its modes
             self._stop_counting()
         if profiler is not None:
             profiler.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainadvisor.records.memory import Memory
+from trainadvisor.records.memory import Memory, PeakSite
 
 
 def step_memory(runtime: dict[str, Any]) -> Memory | None:
@@ -21,6 +21,11 @@ def step_memory(runtime: dict[str, Any]) -> Memory | None:
         breakdown=dict(facts.get("breakdown") or {}),
         peak_source=facts.get("peak_source", ""),
         note=facts.get("note", ""),
+        timeline_bytes=[int(b) for b in facts.get("timeline_bytes") or []],
+        peak_sites=[
+            PeakSite(str(s["site"]), int(s["bytes"]), int(s["tensors"]))
+            for s in facts.get("peak_sites") or []
+        ],
     )
     limit = (runtime.get("cuda_memory") or {}).get("limit_bytes")
     if limit:

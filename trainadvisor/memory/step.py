@@ -8,15 +8,19 @@ The peak: on a GPU the allocator's own (`max_memory_allocated` over the step, af
 `reset_peak_memory_stats`); on a CPU, which keeps no statistics, the most that training's tensors
 held at once: those live at the step's start that training owns (parameters, gradients,
 optimizer state) and each storage the step's operators made, each counted until it is freed.
-Measuring never breaks the step: a failure records why nothing was measured."""
+Over the step, `memory.live` logs every storage training holds (on a GPU too): the step's
+memory after each operator (`timeline_bytes`) and the lines of the user's code whose tensors
+hold the peak (`peak_sites`). Measuring never breaks the step: a failure records why nothing
+was measured."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainadvisor.memory.blocks import find_trained, repeated_blocks
+from trainadvisor.memory.live import LiveStorages
 
 
 def _storages(tensors: list[torch.Tensor]) -> dict[int, int]:
@@ -42,40 +46,6 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list
 CPU_PEAK = "the most training's tensors held at once (parameters, gradients, optimizer state, the step's own)"
 
 
-class _Live(TorchDispatchMode):
-    """The bytes of storages made by the step's operators and not yet freed, and their most."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live_bytes = self.peak_bytes = 0
-        self.seen: set[int] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                self._track(t)
-        return out
-
-    def _track(self, t: torch.Tensor) -> None:
-        try:
-            storage = t.untyped_storage()
-            address, size = storage.data_ptr(), storage.nbytes()
-        except Exception:
-            return
-        if address in self.seen or not size:
-            return
-        self.seen.add(address)
-        self.live_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-        def freed(address: int = address, size: int = size) -> None:
-            self.live_bytes -= size
-            self.seen.discard(address)
-
-        weakref.finalize(storage, freed)
-
-
 class StepMemory:
     """`start(optimizer, device)` at the boundary before the counted step, `stop()` after it;
     `facts()` is what the run records (`memory`)."""
@@ -86,8 +56,10 @@ class StepMemory:
         self._device: int | None = None
         self._saved: dict[int, int] = {}
         self._hooks: Any = None
-        self._live: _Live | None = None
+        self._live: LiveStorages | None = None
         self.result: dict[str, Any] = {}
+        self.blocks: dict[str, Any] = {}  # the trained module's repeated blocks (`memory.blocks`)
+        self._finder: Any = None
 
     def start(self, optimizer: torch.optim.Optimizer | None, device: int | None) -> None:
         if optimizer is None:
@@ -98,17 +70,25 @@ class StepMemory:
         try:
             if device is not None:
                 torch.cuda.reset_peak_memory_stats(device)
-            else:
-                self._live = _Live()
-                params_, grads, state = optimizer_tensors(optimizer)
-                for tensor in [*params_, *grads, *state]:  # live until freed (old gradients are)
-                    self._live._track(tensor)
-                self._live.__enter__()
+            self._live = LiveStorages("cpu" if device is None else "cuda")
+            params_, grads, state = optimizer_tensors(optimizer)
+            for named, tensors in (("parameters", params_), ("gradients", grads), ("optimizer state", state)):
+                for tensor in tensors:  # live until freed (old gradients are)
+                    self._live.track(tensor, named)
+            self._live.__enter__()
             self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack(params), lambda t: t)
+            elements = {id(p): p.numel() for g in optimizer.param_groups for p in g["params"]}
+            self._finder = find_trained(lambda: elements, self._found)
             self._hooks.__enter__()
         except Exception as exc:
             self.status = f"not measured: {type(exc).__name__}: {exc}"
             self._leave()
+
+    def _found(self, model: torch.nn.Module) -> None:
+        try:
+            self.blocks = repeated_blocks(model) or {}
+        except Exception:  # a model whose modules cannot be walked: no blocks to checkpoint
+            self.blocks = {}
 
     def _pack(self, params: set[int]) -> Any:
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +100,9 @@ class StepMemory:
 
     def _leave(self) -> bool:
         ok = True
+        if self._finder is not None:
+            self._finder.remove()
+            self._finder = None
         for mode in (self._hooks, self._live):
             if mode is None:
                 continue
@@ -149,6 +132,9 @@ class StepMemory:
             peak = live.peak_bytes if live is not None else 0
             source = CPU_PEAK
         self.result = breakdown(peak, exact, sum(self._saved.values()), source)
+        if live is not None:
+            timeline, peak_at = live.timeline()
+            self.result.update(timeline_bytes=timeline, peak_sites=live.sites_at(peak_at))
         self.status = "measured"
         self._optimizer = None
 

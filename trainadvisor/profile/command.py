@@ -21,6 +21,7 @@ from trainadvisor.errors import NoStepsError, Terminated, UsageError
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
+from trainadvisor.profile import rescue
 from trainadvisor.profile.confirm import confirm
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, usable
 from trainadvisor.profile.runs import (
@@ -198,6 +199,11 @@ def _profile(job: _Job) -> Report:
         _check_steps(baseline.raw, options)
         diagnosed = _diagnose_baseline(options, job.rules, baseline)
         blocked = _why_no_fixes(options, baseline)
+        if blocked is None and options.apply_fixes and rescue.died_of_oom(baseline.raw):
+            if live is not None:  # it died: nothing is left to measure in its process
+                live.close()
+                live = None
+            return _after_oom(job, diagnosed)
         if blocked is None and options.apply_fixes:
             return _measure_fixes(job, diagnosed, live, why_restart, _confirmable(diagnosed, prestarted))
         if live is not None:  # diagnosis only: no fix outcome to report
@@ -250,6 +256,25 @@ def _measure_fixes(
             prestarted.cancel()
     job.keep(report)
     return report
+
+
+def _after_oom(job: _Job, diagnosed: _Diagnosed) -> Report:
+    """The script died of out-of-memory: each fix its diagnosis proposes, in fresh runs of the
+    script, recommended where its run got through (`profile.rescue`); the report saved after each."""
+    options, started = job.options, job.started
+    tuning = _tuning(options, diagnosed, job.echo, started)
+
+    def report(notes: list[str | None]) -> Report:
+        script, raw = options.script, diagnosed.baseline.raw
+        outcomes = [rescue.rescued(o, script, raw) for o in tuning.outcomes]
+        return _report(options, diagnosed, started, outcomes, extra_notes=notes, tuning=tuning)
+
+    tuning.on_progress = lambda: job.keep(report([]))
+    tuning.on_progress()
+    tuning.restarted(None, rescue.WHY_RESTART)
+    final = report([rescue.note(tuning.outcomes)])
+    job.keep(final)
+    return final
 
 
 def _prestart(options: ProfileOptions) -> Prestarted | None:
@@ -370,8 +395,8 @@ def _with_sites(
 
 
 def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
-    if baseline.raw.status == "script_failed":
-        return "The script failed, so no fix was tried."
+    if baseline.raw.status == "script_failed" and not rescue.died_of_oom(baseline.raw):
+        return "The script failed, so no fix was tried."  # out of memory: its fixes are tried
     if options.apply_fixes and any(option in ("--nnodes", "--node-rank") for option in options.torchrun):
         return (
             "Fixes are not measured on several nodes: each node would choose its trials from its "

@@ -161,8 +161,10 @@ def fresh_spec(
 def trial_spec(
     options: ProfileOptions, label: str, overrides: Overrides, length: RunLength | None = None, **changes: Any
 ) -> RunSpec:
-    """A fresh run of the script that tries a fix (traced by nothing)."""
-    return fresh_spec(options, label, overrides, length, 0, **changes)
+    """A fresh run of the script that tries a fix: traced by nothing, one untimed step after
+    its timed ones measures its memory (none for a compiled model: see `measure.runner`)."""
+    memory_step = 0 if "compile" in overrides.runtime else 1
+    return fresh_spec(options, label, overrides, length, memory_step, **changes)
 
 
 def confirmation_spec(options: ProfileOptions, overrides: Overrides, length: RunLength | None) -> RunSpec:

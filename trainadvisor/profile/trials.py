@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from trainadvisor import fixes
 from trainadvisor.analyze.summary import summarize
+from trainadvisor.fixes.common import trial_peak
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import measure
@@ -185,8 +186,8 @@ def _shown(fix: fixes.Fix, trial: Trial) -> str:
     shown: str
     if trial.status != "measured" or not value:
         shown = trial.status
-    elif fix.metric == "peak_reserved_bytes":
-        shown = f"peak reserved {value / 1e9:.2f} GB"
+    elif fix.metric == "peak_bytes":
+        shown = f"peak {value / 1e6:.1f} MB, {trial.steps_per_s or 0.0:.1f} steps/s"
     else:
         shown = f"{value:.1f} {fix.metric.removesuffix('_per_s')}/s"
     return shown + (f" ({trial.reason})" if trial.reason else "")
@@ -240,7 +241,10 @@ def _chosen(
     described = fix.describe(chosen, values)
     status: FixStatus
     if fix.goal == "memory":
-        status, reason = "recommended", "measured in its own run; " + described
+        status, reason = (
+            "recommended",
+            "measured in its own run; not applied for you: it trades speed for memory",
+        )
     elif fix.goal == "opportunity":
         status = "opportunity"
         reason = f"measured {_figure(gain)} in its own run; not applied: it changes what is learned"
@@ -260,6 +264,7 @@ def _chosen(
     outcome = FixOutcome(planned.fix, planned.rule, status, reason, settings, trials, described, **figures)
     if gain is not None:
         outcome.gain, outcome.gain_low, outcome.unit = gain.speedup, gain.low, gain.unit
+    outcome.peak_bytes = trial_peak(chosen)  # what it does to memory, too
     return outcome
 
 

@@ -424,6 +424,9 @@ class FixOutcome:
     added_gain: float | None = None
     compile_s: float | None = None  # fix `compile`: the time compiling took, once per run
     break_even_steps: int | None = None  # fix `compile`: steps after which compiling has paid
+    # the chosen trial's peak memory (on a GPU the allocator's reserved peak, else the counted
+    # step's measured peak): what the fix does to memory, for every fix (mixed precision too)
+    peak_bytes: int | None = None
 
 
 @dataclass

@@ -22,7 +22,7 @@ from trainadvisor.analyze.summary import BREAKDOWN_KEYS, NO_LOADER, OUTSIDE_CALL
 from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
 from trainadvisor.records.energy import Energy
 from trainadvisor.report import mdtext
-from trainadvisor.report.memory import memory_cell, memory_title
+from trainadvisor.report.memory import memory_cell, memory_fit, memory_title, peak_sites_text, step_chart
 from trainadvisor.report.utilization import flops_cell, mfu_cell, mfu_title, mfu_words
 
 COLORS = {
@@ -55,6 +55,9 @@ def headline(report: Report) -> str:
         text = f"{top.title} ({top.severity})"
         if report.fix_outcomes:  # fixes were measured (not: --no-fix, a failed script, analyze)
             text += "; no fix was kept"
+            recommended = [o.fix for o in report.fix_outcomes if o.status == "recommended"]
+            if recommended and memory_fit(report) is None:
+                text += f"; recommended: {', '.join(recommended)}"
     elif not text:
         if report.baseline is None or not report.baseline.steps:
             return "Nothing was measured"
@@ -65,7 +68,8 @@ def headline(report: Report) -> str:
                 f"; opportunity: {outcome.gain:.2f}x {outcome.unit} with {_short(outcome.chosen)}, "
                 f"which changes training ({outcome.fix})"
             )
-    return text
+    fit = memory_fit(report)
+    return f"{text}; memory: {fit}" if fit else text
 
 
 def _gain_sentence(report: Report) -> str:
@@ -350,6 +354,7 @@ def _context(report: Report) -> dict[str, Any]:
         "timelines": [(run, timeline_bars(run, scale_ms=scale)) for run in runs],
         "cpu": [(run, usage_lines(run)) for run in runs],
         "memory": [(run, memory_lines(run)) for run in runs],
+        "step_memory": [(run, step_chart(run), peak_sites_text(run)) for run in runs if run.memory],
         "colors": {key: COLORS.get(key, UNKNOWN_COLOR) for key in {*COLORS, *keys}},
         "labels": {key: label_of(key) for key in {*LABELS, *keys}},
         "keys": keys,
@@ -360,6 +365,7 @@ def _context(report: Report) -> dict[str, Any]:
         "mfu_cell": mfu_cell,
         "memory_cell": memory_cell,
         "memory_title": memory_title,
+        "peak_sites_text": peak_sites_text,
         "mfu_title": mfu_title,
         "flops_cell": flops_cell,
         "after_line": after_line(report),
@@ -415,6 +421,8 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         lines += _wrap(f"         {after_line(report, settings=False)}")
     if base is not None and base.memory is not None and base.memory.peak_bytes is not None:
         lines += _wrap(f"  memory of one step: {memory_cell(base)}")
+        if sites := peak_sites_text(base, shown=3):
+            lines += _wrap(f"  held at the peak by: {sites}")
     if base is not None and base.ranks:
         times = [r.step_time_ms_mean for r in base.ranks if r.step_time_ms_mean is not None]
         spread = f", step time {min(times):.1f}-{max(times):.1f} ms" if times else ""

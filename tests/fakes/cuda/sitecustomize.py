@@ -8,7 +8,10 @@ trainadvisor's own code runs unchanged. Keys of FAKE_CUDA (all optional):
     free_memory (bytes `mem_get_info` reports free; default total_memory less 1 GiB, held by the
     CUDA context), memory_fraction (what `get_per_process_memory_fraction` answers until
     `set_per_process_memory_fraction` changes it; default 1.0),
-    log (a file: one JSON line per synchronize/reset/event call, to check the window's edges)
+    log (a file: one JSON line per synchronize/reset/event call, to check the window's edges),
+    memory_stats (a JSON file: what `memory_stats` answers, e.g. one recorded at an OOM on a GPU),
+    snapshot (a pickle: what `torch.cuda.memory._snapshot()` answers, e.g. one recorded on a GPU;
+    default: no segments). `torch.cuda.memory._record_memory_history` logs its `enabled`.
 """
 
 from __future__ import annotations
@@ -78,11 +81,25 @@ def _install(torch) -> None:  # noqa: ANN001 - torch itself
     def memory_stats(device: object = None) -> dict:
         # the peak grows with each read, like an allocator under load; retries stay as they were
         state["peak"] += 2**20
+        if spec.get("memory_stats"):
+            with open(spec["memory_stats"]) as f:
+                return json.load(f)
         return {
             "num_alloc_retries": state["retries"],
             "num_ooms": state["ooms"],
             "reserved_bytes.all.current": state["peak"],
         }
+
+    def snapshot(*_: object, **__: object) -> dict:
+        if not spec.get("snapshot"):
+            return {"segments": [], "device_traces": [[]]}
+        import pickle
+
+        with open(spec["snapshot"], "rb") as f:
+            return pickle.load(f)
+
+    def record_memory_history(enabled: object = "all", *_: object, **__: object) -> None:
+        log("record_memory_history", enabled=enabled)
 
     def mem_get_info(device: object = None) -> tuple[int, int]:
         return int(spec.get("free_memory", total_memory - 2**30)), total_memory
@@ -113,6 +130,8 @@ def _install(torch) -> None:  # noqa: ANN001 - torch itself
     cuda.mem_get_info = mem_get_info
     cuda.get_per_process_memory_fraction = lambda device=None: fraction["value"]
     cuda.set_per_process_memory_fraction = set_fraction
+    cuda.memory._snapshot = snapshot
+    cuda.memory._record_memory_history = record_memory_history
     _profile_without_cuda(torch, log)
     torch.version.cuda = None if spec.get("hip") else spec.get("cuda", "12.4")
     torch.version.hip = spec.get("hip")

@@ -1,0 +1,126 @@
+"""The storages one step's operators make, each from its allocation to its release: the bytes
+live at each operator (the step's memory over time), the most they reach, and at that moment the
+lines of the user's code whose tensors hold it. Measured through a dispatch mode on the counted
+step only (never a timed one): each operator's new storages are logged with the first frame of
+the user's code that called it, and a storage's release is seen when it is freed.
+
+Parameters, gradients and optimizer state live at the step's start are logged too (named as
+such, not by a line): they are part of what the peak holds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+TIMELINE_POINTS = 240  # the chart's resolution: the most of each stretch of operators is kept
+SITES_SHOWN = 5
+_NOT_USER = tuple(
+    os.path.normpath(p) + os.sep
+    for p in {
+        os.path.dirname(torch.__file__),
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # trainadvisor
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    }
+)
+
+
+def user_site(depth: int = 2) -> str:
+    """'train.py:42' of the innermost frame outside torch, trainadvisor, the standard library
+    and installed packages; '' when there is none (torch's own threads)."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<") and not os.path.normpath(name).startswith(_NOT_USER):
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
+
+
+@dataclass
+class _Allocation:
+    size_bytes: int
+    site: str
+    made_at: int  # the operator's index that made it (0: live at the step's start)
+    freed_at: int | None = None
+
+
+class LiveStorages(TorchDispatchMode):
+    """`device_type`: the storages that count ("cpu", or "cuda"). An allocation's `made_at`
+    is the operator after which it is live; its `freed_at` the last one after which it still
+    was (it was freed before the next)."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.ops = 0
+        self.live_bytes = self.peak_bytes = 0
+        self.log: list[_Allocation] = []
+        self._live: dict[int, _Allocation] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
+                self.track(t, "")
+        return out
+
+    def track(self, t: torch.Tensor, named: str) -> None:
+        """Log the tensor's storage once until it is freed; `named` in place of a user line."""
+        try:
+            storage = t.untyped_storage()
+            address, size = storage.data_ptr(), storage.nbytes()
+        except Exception:  # a tensor without storage (a fake, a sparse one): not counted
+            return
+        if address in self._live or not size:
+            return
+        made = _Allocation(size, named or user_site(3), self.ops)
+        self._live[address] = made
+        self.log.append(made)
+        self.live_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+        def freed(address: int = address, made: _Allocation = made) -> None:
+            made.freed_at = self.ops
+            self.live_bytes -= made.size_bytes
+            if self._live.get(address) is made:
+                del self._live[address]
+
+        weakref.finalize(storage, freed)
+
+    def timeline(self) -> tuple[list[int], int]:
+        """Bytes live after each operator, the most of each of at most TIMELINE_POINTS
+        stretches, and the index of the operator at the peak."""
+        change = [0] * (self.ops + 2)
+        for a in self.log:
+            change[a.made_at] += a.size_bytes
+            if a.freed_at is not None:  # freed before the next operator: live after its own
+                change[a.freed_at + 1] -= a.size_bytes
+        live, series = 0, []
+        for delta in change[: self.ops + 1]:
+            live += delta
+            series.append(live)
+        peak_at = max(range(len(series)), key=series.__getitem__) if series else 0
+        stretch = max(1, -(-len(series) // TIMELINE_POINTS))
+        points = [max(series[i : i + stretch]) for i in range(0, len(series), stretch)]
+        return points, peak_at
+
+    def sites_at(self, op: int) -> list[dict[str, Any]]:
+        """What was live after operator `op`, by the line that made it (largest first)."""
+        by_site: dict[str, list[int]] = {}
+        for a in self.log:
+            if a.made_at <= op and (a.freed_at is None or op <= a.freed_at):
+                entry = by_site.setdefault(a.site or "torch internals", [0, 0])
+                entry[0] += a.size_bytes
+                entry[1] += 1
+        ranked = sorted(by_site.items(), key=lambda kv: -kv[1][0])
+        return [{"site": s, "bytes": b, "tensors": n} for s, (b, n) in ranked[:SITES_SHOWN]]
