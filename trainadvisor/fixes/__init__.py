@@ -18,6 +18,7 @@ from trainadvisor.fixes.cudnn_benchmark import CudnnBenchmark
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation
+from trainadvisor.fixes.optimizer_foreach import OptimizerForeach
 from trainadvisor.fixes.pin_memory import PinMemory
 from trainadvisor.fixes.tf32 import Tf32
 from trainadvisor.records import Finding, FixOutcome, Overrides, PlannedFix, Trial, merge_overrides
@@ -26,7 +27,7 @@ REGISTRY: dict[str, Fix] = {
     fix.id: fix
     for fix in (
         DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
-        GradAccumulation(), Compile(), ActivationCheckpointing(),
+        GradAccumulation(), Compile(), ActivationCheckpointing(), OptimizerForeach(),
     )
 }  # fmt: skip
 

@@ -132,6 +132,8 @@ def _transformers(t: Translation, runtime: dict[str, Any], current: dict[str, An
         )
     if runtime.pop("activation_checkpointing", None) is not None:  # the model's own layers
         t.settings["gradient_checkpointing"] = True
+    if runtime.get("optimizer_foreach_off"):  # left to the user's code where it builds one
+        t.notes.append(WHERE["transformers"]["optimizer-foreach"])
 
 
 def _lightning(t: Translation, runtime: dict[str, Any], current: dict[str, Any]) -> None:
@@ -194,6 +196,9 @@ WHERE = {
         "fused-optimizer": '`optim="adamw_torch_fused"` in TrainingArguments',
         "compile": "`torch_compile=True` in TrainingArguments",
         "activation-checkpointing": "`gradient_checkpointing=True` in TrainingArguments",
+        "optimizer-foreach": (  # `optim_args` does not reach torch's AdamW
+            "an optimizer built with `foreach=False` given as `Trainer(optimizers=(optimizer, None))`"
+        ),
     },
     "lightning": {
         "dataloader-workers": (
@@ -208,6 +213,7 @@ WHERE = {
         "tf32": '`torch.set_float32_matmul_precision("high")`',
         "cudnn-benchmark": "`Trainer(benchmark=True)`",
         "fused-optimizer": "`fused=True` on the optimizer configure_optimizers returns",
+        "optimizer-foreach": "`foreach=False` on the optimizer configure_optimizers returns",
         "compile": "`model = torch.compile(model)` before `trainer.fit(model)`",
         "activation-checkpointing": (
             "each repeated block wrapped in `torch.utils.checkpoint.checkpoint` in your "

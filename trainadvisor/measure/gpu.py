@@ -199,6 +199,7 @@ def optimizer_facts(optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         "lr_scheduler": bool(getattr(optimizer.step, "_wrapped_by_lr_sched", False)),
         "optimizer_fused": bool(defaults.get("fused")),
         "optimizer_foreach": defaults.get("foreach"),
+        "optimizer_has_foreach": "foreach" in defaults,  # its class takes `foreach`
         "optimizer_fusable": name in FUSABLE and type(optimizer).__module__.startswith("torch.optim"),
     }
 

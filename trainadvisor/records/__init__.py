@@ -44,7 +44,7 @@ class Overrides:
     loaders: dict[str, dict[str, Any]] = field(default_factory=dict)
     non_blocking_h2d: bool = False  # copy the DataLoader's (pinned) batches without blocking
     # switches by name: tf32, cudnn_benchmark (bool); amp ("bf16" | "fp16"); fused_optimizer
-    # (bool); grad_accumulation (micro-batches per update)
+    # (bool); grad_accumulation (micro-batches per update); optimizer_foreach_off (bool)
     runtime: dict[str, Any] = field(default_factory=dict)
 
     def merged(self, other: Overrides) -> Overrides:
