@@ -77,24 +77,31 @@ def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
 
 
 def _too_short(raw: RawRun) -> bool:
-    """The script ended by itself before the baseline's window timed enough steps."""
-    return raw.status == "script_ended" and raw.steps_seen > 0 and not usable(raw)
+    """The script ended by itself before the baseline's window timed enough steps, or before
+    its traced steps: then no step was traced, nor its FLOPs and memory counted (the script's
+    end can fall there where the warm-up settled late, on a loaded machine)."""
+    if raw.status != "script_ended" or not raw.steps_seen:
+        return False
+    return not usable(raw) or (raw.profile_steps > 0 and not any(step.profiled for step in raw.steps))
 
 
 def _fitted_baseline(
     options: ProfileOptions, spec: RunSpec, first: Run, echo: Echo
 ) -> tuple[Run, str] | None:
     """The baseline measured again, its window fitted into the steps the script turned out to
-    have (it ended inside the first one's warm-up): fewer traced steps where the script is that
-    short; and why no trial can run in its process. None where even a fitted window would time
-    too few steps."""
+    have (it ended inside the first one's warm-up, or its timed steps): fewer traced steps where
+    the script is that short; and why no trial can run in its process. None where even a fitted
+    window would time too few steps, or trace none where the first timed enough."""
     total = first.raw.steps_seen
     spare = total - options.warmup - MIN_TIMED_STEPS
     if spare < 0:
         return None
     traced = min(PROFILE_STEPS, spare - PROFILER_WARMUP_STEPS)  # the profiler's warm-up step first
+    if traced <= 0 and usable(first.raw):
+        return None  # fitted, it would trace nothing either: its timed steps are as good
+    missed = "traced any" if usable(first.raw) else "timed enough"
     echo(
-        f"trainadvisor: the script ended after {total} steps, before the window had timed enough of "
+        f"trainadvisor: the script ended after {total} steps, before the window had {missed} of "
         "them; measuring the baseline again, fitted into those steps"
     )
     after_window = PROFILER_WARMUP_STEPS + traced if traced > 0 else 0
