@@ -18,6 +18,7 @@ from trainadvisor.cli_options import (
     DURATION_OR_ZERO,
     EXIT_CODES,
     SIZE,
+    TraceLocation,
     option,
     out_option,
     rules_option,
@@ -249,10 +250,12 @@ def _profile(options: Any) -> int:
     click.echo(terminal_summary(report, out_dir))
     raw = report.baseline.raw if report.baseline is not None else None
     if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
-        raise ScriptFailedError(
-            f"{options.script} failed: {raw.error}. What was measured before it failed is "
-            f"in {out_dir / 'report.html'}"
+        found = (
+            "It died of out-of-memory: the diagnosis, and the fixes tried, are"
+            if raw.runtime.get("oom")
+            else "What was measured before it failed is"
         )
+        raise ScriptFailedError(f"{options.script} failed: {raw.error}. {found} in {out_dir / 'report.html'}")
     return 0
 
 
@@ -262,11 +265,33 @@ def _profile(options: Any) -> int:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the report JSON to stdout instead of the diagnosis."
 )
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tuple[Path, ...]) -> None:
+@option(
+    "--engine",
+    "local",
+    click.Choice(["local", "ray"]),
+    "Where each trace is analysed: `local`, on this machine's cores; `ray`, one Ray task per "
+    "trace, each reading its own file where it is, only the summaries sent back (pip install "
+    "'trainadvisor[ray]').",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="With --engine ray: the Ray cluster to join (HOST:PORT of the head node; default "
+    "RAY_ADDRESS). Without either, a local Ray is started for the run.",
+)
+@click.argument("paths", nargs=-1, required=True, type=TraceLocation())
+def analyze(
+    out_dir: Path,
+    rule_dirs: tuple[Path, ...],
+    as_json: bool,
+    engine: str,
+    address: str | None,
+    paths: tuple[Path | str, ...],
+) -> None:
     """Analyse existing torch.profiler (Kineto) traces: PATHS are trace files (.json or
     .json.gz), folders of them (one file per rank, or tensorboard_trace_handler output) or
-    archives of them (.tar, .tar.gz, .tgz, .zip).
+    archives of them (.tar, .tar.gz, .tgz, .zip), or URLs of object storage (s3://bucket/prefix/,
+    gs://, hf://: every trace under the prefix, streamed; pip install 'trainadvisor[s3]').
 
     Each trace gets a per-step breakdown of wall time (GPU kernels, memcpy, memset,
     communication, CUDA runtime, data wait, other host work, idle), GPU busy share, Tensor Core
@@ -283,8 +308,10 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
     Examples:
       trainadvisor analyze --out report/ ./log/resnet50/
       trainadvisor analyze --json trace_rank*.json.gz > report.json
+      trainadvisor analyze s3://my-bucket/runs/42/traces/
     """
     from trainadvisor.analyze.command import analyze as run_analysis
+    from trainadvisor.analyze.engines import engine_for
     from trainadvisor.report.analyze import analysis_summary
     from trainadvisor.report.folder import hold_out_dir
     from trainadvisor.report.render import report_json
@@ -292,7 +319,10 @@ def analyze(out_dir: Path, rule_dirs: tuple[Path, ...], as_json: bool, paths: tu
     def work() -> int:
         with hold_out_dir(out_dir):  # from the start: a busy folder is refused before the reading
             report, analyses = run_analysis(
-                list(paths), list(rule_dirs), ["trainadvisor", "analyze", *map(str, paths)]
+                list(paths),
+                list(rule_dirs),
+                ["trainadvisor", "analyze", *map(str, paths)],
+                engine_for(engine, address),
             )
             write_report(report, out_dir, templates_dir())
         click.echo(

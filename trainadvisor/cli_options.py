@@ -107,6 +107,19 @@ class Size(click.ParamType):
 SIZE = Size()
 
 
+class TraceLocation(click.ParamType):
+    """A trace, folder or archive on this machine (a Path), or a URL of object storage kept as
+    written (`s3://bucket/prefix/`: a Path would fold its `//`)."""
+
+    name = "path|url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        from trainadvisor.analyze.sources import is_url
+
+        text = str(value)
+        return text if is_url(text) else Path(text)
+
+
 def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:
     """The torch.distributed.run options given, in its own spelling; none: no torchrun. A
     single node without rendezvous options gets --standalone (a free local port)."""

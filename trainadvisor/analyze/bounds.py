@@ -51,7 +51,7 @@ def expansion_limit_bytes(compressed_bytes: int) -> int:
     return max(EXPANSION_FLOOR_BYTES, EXPANSION_RATIO * compressed_bytes)
 
 
-def too_expanded(path: Path, what: str, limit_bytes: int, verdict: str) -> UsageError:
+def too_expanded(path: Path | str, what: str, limit_bytes: int, verdict: str) -> UsageError:
     return UsageError(
         f"{path}: {what} past {limit_bytes >> 20} MB, more than {EXPANSION_RATIO} times its size on "
         f"disk (traces compress 10 to 30 times): {verdict}"
@@ -66,10 +66,14 @@ class Readable(Protocol):
 
 class Capped:
     """A decompressing stream that stops with `refusal` once it has yielded more than
-    `limit_bytes`: a bomb is refused after the limit is decompressed, not after it all is."""
+    `limit_bytes`: a bomb is refused after the limit is decompressed, not after it all is.
+    `source`: the compressed stream under it, closed with it."""
 
-    def __init__(self, stream: Readable, limit_bytes: int, refusal: UsageError) -> None:
+    def __init__(
+        self, stream: Readable, limit_bytes: int, refusal: UsageError, source: Readable | None = None
+    ) -> None:
         self._stream, self._limit_bytes, self._refusal = stream, limit_bytes, refusal
+        self._source = source
         self._read_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
@@ -82,6 +86,8 @@ class Capped:
 
     def close(self) -> None:
         self._stream.close()
+        if self._source is not None:
+            self._source.close()
 
     def __enter__(self) -> Capped:
         return self

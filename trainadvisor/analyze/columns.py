@@ -137,7 +137,9 @@ class TableReader:
     """The callback `stream.read_trace` feeds: each chunk of events becomes column pieces, one
     C-level pass per column (`map` and `np.fromiter`), no Python code per event."""
 
-    def __init__(self) -> None:
+    def __init__(self, base_us: float | None = None) -> None:
+        """`base_us`: the time rows are measured from; by default the floor of the first chunk's
+        earliest (`pipeline` gives the parts of one trace the base its first chunk set)."""
         self.names: list[str] = []
         self.tids: list[Any] = []
         self._name_ids: dict[str, int] = {}
@@ -151,13 +153,16 @@ class TableReader:
         self.op_precision: dict[int, int] = {}
         self.peak_allocated: float | None = None
         self.peak_reserved: float | None = None
-        self.base_us: float | None = None
+        self.base_us = base_us
         self.device_events: dict[int, int] = {}
 
     @staticmethod
     def _codes(values: list[Any], table: dict[Any, int], code: Any) -> np.ndarray:
-        for value in set(values).difference(table):
-            table[value] = code(value)
+        # In order of first appearance, not a set's order: that one changes with the process's
+        # hash seed, and the ids (the first optimizer name a report quotes, say) would with it.
+        for value in dict.fromkeys(values):
+            if value not in table:
+                table[value] = code(value)
         return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
 
     def _intern_name(self, name: str) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +14,32 @@ from trainadvisor import engine
 from trainadvisor._serial import to_plain
 from trainadvisor.analyze import archives
 from trainadvisor.analyze.bounds import refuse_special, regular_file
-from trainadvisor.analyze.kineto import TraceAnalysis, analyze_trace
+from trainadvisor.analyze.engines import Engine, LocalEngine
+from trainadvisor.analyze.kineto import TraceAnalysis
 from trainadvisor.analyze.measures import trace_measurements
-from trainadvisor.analyze.rank_table import rank_table, rank_values
-from trainadvisor.analyze.reading import cores, on_workers
+from trainadvisor.analyze.rank_overview import ranges
+from trainadvisor.analyze.rank_table import RankTable, rank_table, rank_values
+from trainadvisor.analyze.sources import Location, is_url, list_urls
+from trainadvisor.analyze.sources import shown as shown_url
 from trainadvisor.analyze.summary import stats, window_throughputs
+from trainadvisor.engine import Rule
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+SHOWN_UP_TO = 3  # traces a title or a note names one by one
 
 
-def find_traces(paths: list[Path], unpack_into: Path | None = None) -> list[tuple[Path, str]]:
+def find_traces(paths: list[Location], unpack_into: Path | None = None) -> list[tuple[Location, str]]:
     """(file, name to show) of the trace files named, those inside the folders named
-    (recursively), and those inside the archives named (unpacked into `unpack_into`)."""
-    found: list[tuple[Path, str]] = []
-    for i, path in enumerate(paths):
+    (recursively), those inside the archives named (unpacked into `unpack_into`), and those
+    under the URLs named (object storage: `sources`; shown without credentials)."""
+    found: list[tuple[Location, str]] = []
+    for i, location in enumerate(paths):
+        if is_url(location):
+            found += [(url, shown_url(url)) for url in list_urls(str(location))]
+            continue
+        path = Path(location)
         if not path.exists():
             raise UsageError(f"{path}: no such file or folder")
         if path.is_dir():
@@ -114,34 +125,8 @@ def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _analyze_all(paths: list[Path]) -> list[TraceAnalysis]:
-    """Each trace, on as many worker processes as there are cores when there are several
-    (each worker reads its files one by one, in bounded memory); one large file alone is read
-    in parts on those cores instead (`analyze.reading`)."""
-    workers = min(cores(), len(paths), 8)
-    if workers < 2:
-        return [analyze_trace(path) for path in paths]
-    analysed = on_workers(workers, _analyze_one, paths)
-    return analysed if analysed is not None else [analyze_trace(path) for path in paths]
-
-
-def _analyze_one(path: Path) -> TraceAnalysis:
-    return analyze_trace(path, workers=1)
-
-
 def _unit(analysis: TraceAnalysis, label: str, several: bool) -> str:
     return f"rank {analysis.rank}" if analysis.rank is not None and several else label
-
-
-def _ranges(numbers: list[int]) -> str:
-    """0, 2-5, 7"""
-    parts: list[str] = []
-    for n in sorted(set(numbers)):
-        if parts and n == int(parts[-1].split("-")[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
-        else:
-            parts.append(str(n))
-    return ", ".join(parts)
 
 
 def _worst(found: list[tuple[str, TraceAnalysis, Finding]]) -> tuple[str, TraceAnalysis, Finding]:
@@ -168,7 +153,7 @@ def merged_findings(per_trace: list[tuple[str, TraceAnalysis, list[Finding]]]) -
         if len(per_trace) > 1:
             ranks = [a.rank for _, a, _ in found if a.rank is not None]
             if len(ranked) > 1 and len(ranks) == len(found):
-                where = f"ranks {_ranges(ranks)} ({len(set(ranks))} of {len(ranked)})"
+                where = f"ranks {ranges(ranks)} ({len(set(ranks))} of {len(ranked)})"
             else:
                 where = f"{len(found)} of {len(per_trace)} traces"
             finding.message = (
@@ -200,35 +185,67 @@ def _notes(analyses: list[TraceAnalysis], labels: list[str]) -> list[str]:
             f"{names} (no backward pass and no optimizer step): training "
             "advice (input-pipeline workers, mixed precision for training, ranks) is not given."
         )
-    for analysis, label in zip(analyses, labels):
-        if not analysis.host_events:
-            notes.append(f"{label} holds no host (CPU) events: its figures are the device's alone.")
+    device_only = [label for a, label in zip(analyses, labels) if not a.host_events]
+    alone = "holds no host (CPU) events: its figures are the device's alone."
+    if len(device_only) > SHOWN_UP_TO:  # at scale, one note rather than one a trace
+        notes.append(
+            f"{len(device_only)} traces hold no host (CPU) events: their figures are the devices' alone."
+        )
+    else:
+        notes += [f"{label} {alone}" for label in device_only]
     return notes
 
 
+def _labels(analyses: list[TraceAnalysis], runs: list[Run]) -> list[str]:
+    """What the report calls each trace: its rank where the traces hold several, else its file
+    name; made unique with the path where several share one (a rank's spans, same-named files)."""
+    several_ranks = len({a.rank for a in analyses if a.rank is not None}) > 1
+    labels = [_unit(a, run.label, several_ranks) for a, run in zip(analyses, runs)]
+    counts = Counter(labels)
+    for i, label in enumerate(list(labels)):
+        if counts[label] > 1:
+            shown = analyses[i].path if label == runs[i].label else runs[i].label
+            labels[i] = shown if label == runs[i].label else f"{label} ({shown})"
+    return labels
+
+
+def _script(analyses: list[TraceAnalysis]) -> str:
+    """The traces, as the report's title names them: all of a few, the ends of many."""
+    if len(analyses) <= SHOWN_UP_TO:
+        return ", ".join(a.path for a in analyses)
+    return f"{analyses[0].path} ... {analyses[-1].path} ({len(analyses)} traces)"
+
+
 def analyze(
-    paths: list[Path], rule_dirs: list[Path], command: list[str]
+    paths: list[Location], rule_dirs: list[Path], command: list[str], runner: Engine | None = None
 ) -> tuple[Report, list[TraceAnalysis]]:
+    """The report of the traces named; `runner` analyses each of them (`engines`: this
+    machine's cores by default, or a Ray cluster), everything after that runs here."""
     rules = engine.rules_for(rule_dirs)
     with tempfile.TemporaryDirectory(prefix="trainadvisor-traces-") as unpacked:
         traces = find_traces(paths, Path(unpacked))
-        analyses = _analyze_all([path for path, _ in traces])
+        analyses = (runner or LocalEngine()).run([path for path, _ in traces])
     for analysis, (_, shown) in zip(analyses, traces):
         analysis.path = shown
+    return report_of(analyses, rules, [shown_url(arg) for arg in command]), analyses
+
+
+def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[str]) -> Report:
+    """The report of the traces' summaries: each trace's findings merged into one per rule, the
+    rank table and its straggler. Linear in the traces: a second for 1,024 ranks."""
     runs = [to_run(a) for a in analyses]
-    several_ranks = len({a.rank for a in analyses if a.rank is not None}) > 1
-    labels = [_unit(a, run.label, several_ranks) for a, run in zip(analyses, runs)]
-    for label in {x for x in labels if labels.count(x) > 1}:  # a rank's spans, or same-named files
-        for i in [i for i, x in enumerate(labels) if x == label]:
-            shown = analyses[i].path if label == runs[i].label else runs[i].label
-            labels[i] = shown if label == runs[i].label else f"{label} ({shown})"
+    labels = _labels(analyses, runs)
     per_trace = [
         (label, a, engine.diagnose(measurements(a, run), rules).findings)
         for label, a, run in zip(labels, analyses, runs)
     ]
     findings = merged_findings(per_trace)
     notes = _notes(analyses, labels)
-    table = rank_table(analyses)
+    fired: dict[int, set[str]] = {}
+    for _, a, found in per_trace:
+        if a.rank is not None:
+            fired.setdefault(int(a.rank), set()).update(f.rule for f in found)
+    table = rank_table(analyses, fired)
     if table is not None:
         values = rank_values(table)
         values["inference_loop"] = all(a.loop == "inference" for a in analyses)
@@ -237,16 +254,11 @@ def analyze(
             values, straggler
         ).findings
         findings.sort(key=lambda f: engine.SEVERITIES.index(f.severity))
-        notes.append(
-            f"{len(table.rows)} ranks: step time {min(r.step_ms for r in table.rows):.1f}-"
-            f"{max(r.step_ms for r in table.rows):.1f} ms; rank {table.straggler} has the "
-            f"{'least time in collectives' if table.straggler_by == 'communication' else 'longest steps'}: "
-            f"the others lose {table.skew_pct:.1f}% of the step waiting for it."
-        )
-    report = Report(
+        notes.append(_ranks_note(table))
+    return Report(
         schema_version=SCHEMA_VERSION,
         command=command,
-        script=", ".join(a.path for a in analyses),
+        script=_script(analyses),
         environment=runs[0].raw.device,
         baseline=runs[0],
         findings=findings,
@@ -254,4 +266,12 @@ def analyze(
         traces=[to_plain(a) for a in analyses],
         ranks=to_plain(table),
     )
-    return report, analyses
+
+
+def _ranks_note(table: RankTable) -> str:
+    return (
+        f"{len(table.rows)} ranks: step time {min(r.step_ms for r in table.rows):.1f}-"
+        f"{max(r.step_ms for r in table.rows):.1f} ms; rank {table.straggler} has the "
+        f"{'least time in collectives' if table.straggler_by == 'communication' else 'longest steps'}: "
+        f"the others lose {table.skew_pct:.1f}% of the step waiting for it."
+    )

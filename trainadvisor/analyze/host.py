@@ -44,7 +44,14 @@ def host_busy_pct(t: Table, steps: list[StepBreakdown]) -> float | None:
     waits = _waits(t, mine)
     waiting = iv.Union(t.ts[waits], t.end[waits])
     work = _work(t, mine)
-    either = waiting.plus(t.ts[work], t.end[work])
+    del mine, waits
+    # The work's own union first, its rows put in time order beforehand (the union's sort
+    # would hold twice as many copies of millions of rows at once), then the waits added:
+    # the same union, at half the peak memory.
+    work = work[np.argsort(t.ts[work], kind="stable")]
+    working = iv.Union(t.ts[work], t.end[work])
+    del work
+    either = waiting.plus(working.starts, working.ends)
     busy_us = float((either.within(starts, ends) - waiting.within(starts, ends)).sum())
     return 100.0 * busy_us / wall_us
 

@@ -24,6 +24,7 @@ from trainadvisor.analyze import intervals as iv
 from trainadvisor.analyze.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
 from trainadvisor.analyze.facts import HOST_ITEM, gather
 from trainadvisor.analyze.reading import read_table
+from trainadvisor.analyze.sources import Location, file_name, shown
 from trainadvisor.analyze.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
 from trainadvisor.analyze.trace_flops import trace_utilization
 from trainadvisor.analyze.trace_records import Facts, StepBreakdown, TraceAnalysis
@@ -35,9 +36,10 @@ SHORT_KERNEL_US = device.SHORT_KERNEL_US
 
 
 def analyze_trace(
-    path: Path, source_dirs: tuple[Path, ...] = (), workers: int | None = None
+    path: Location, source_dirs: tuple[Path, ...] = (), workers: int | None = None
 ) -> TraceAnalysis:
-    """Measure one trace file. The cyclic garbage collector is paused meanwhile: reading
+    """Measure one trace file: a path, or a URL of object storage (`sources`; its name in the
+    analysis holds no credentials). The cyclic garbage collector is paused meanwhile: reading
     allocates millions of short-lived acyclic objects, and collecting over them repeatedly
     would cost about a third of the time."""
     enabled = gc.isenabled()
@@ -49,7 +51,7 @@ def analyze_trace(
             gc.enable()
 
 
-def _analyze(path: Path, source_dirs: tuple[Path, ...], workers: int | None) -> TraceAnalysis:
+def _analyze(path: Location, source_dirs: tuple[Path, ...], workers: int | None) -> TraceAnalysis:
     t, meta = read_table(path, workers)
     steps = find_steps(t)
     if not steps.spans:
@@ -72,11 +74,13 @@ def _analyze(path: Path, source_dirs: tuple[Path, ...], workers: int | None) -> 
     return analysis
 
 
-def _device_window(t: Table, path: Path) -> Steps:
+def _device_window(t: Table, path: Location) -> Steps:
     """A trace without host events (a GPU-only trace): its runtime and device work as one window."""
     rows = t.rows(RUNTIME, *DEVICE_KINDS)
     if not len(rows):
-        raise UsageError(f"{path}: the trace has no host or device events to analyse (an empty trace?)")
+        raise UsageError(
+            f"{shown(path)}: the trace has no host or device events to analyse (an empty trace?)"
+        )
     window = [(0, float(t.ts[rows].min()), float(t.end[rows].max()))]
     return Steps(window, False, "no host events (a GPU-only trace): the device's work is one window")
 
@@ -207,7 +211,7 @@ def _sync_sites(f: Facts) -> list[str]:
 
 
 def _summarize(
-    path: Path,
+    path: Location,
     meta: dict[str, Any],
     t: Table,
     steps: list[StepBreakdown],
@@ -257,14 +261,14 @@ def _summarize(
     )
 
 
-def _identity(path: Path, meta: dict[str, Any], device_events: dict[int, int]) -> dict[str, Any]:
+def _identity(path: Location, meta: dict[str, Any], device_events: dict[int, int]) -> dict[str, Any]:
     """Which trace, rank and GPU, from the trace's top-level keys and the device its kernels,
     copies and memsets ran on."""
     gpu = _rank_gpu(meta.get("deviceProperties"), device_events)
     dist: dict[str, Any] = meta["distributedInfo"] if isinstance(meta.get("distributedInfo"), dict) else {}
     major = gpu.get("computeMajor")
     return {
-        "path": str(path),
+        "path": shown(path),
         "events": int(meta.get("_events", 0)),
         "rank": dist.get("rank") if isinstance(dist.get("rank"), int) else _rank_in_name(path),
         "world_size": dist.get("world_size"),
@@ -297,10 +301,10 @@ def _counted(keys: Any) -> dict[str, int]:
     return counts
 
 
-def _rank_in_name(path: Path) -> int | None:
+def _rank_in_name(path: Location) -> int | None:
     """A rank named by the file (`rank5.json`, `trace_rank-3.pt.trace.json.gz`) when the trace has
     no distributedInfo (older Kineto versions wrote none)."""
-    found = re.search(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", path.name, re.I)
+    found = re.search(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", file_name(path), re.I)
     return int(found.group(1)) if found else None
 
 

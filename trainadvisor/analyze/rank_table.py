@@ -9,8 +9,10 @@ collectives in the traces, the rank with the longest steps is named instead. Pur
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from trainadvisor.analyze.rank_overview import TABLE_UP_TO, RankOverview, rank_overview
 
 if TYPE_CHECKING:
     from trainadvisor.analyze.kineto import TraceAnalysis
@@ -29,6 +31,8 @@ class RankRow:
     communication_ms: float  # per step: collective kernels (NCCL/RCCL), waits included
     wait_ms: float  # per step: nothing ran (the device idle, the host not in a traced op)
     data_ms: float  # per step: in the DataLoader
+    overlap_pct: float | None = None  # of communication time, under compute kernels
+    findings: list[str] = field(default_factory=list)  # the rules that fired on its traces
 
 
 @dataclass
@@ -39,6 +43,7 @@ class RankTable:
     skew_pct: float  # how much of the mean step the others lose to it
     straggler_ms: float  # the straggler's communication (or step) time per step
     others_ms: float  # the other ranks' median of the same
+    overview: RankOverview | None = None  # past TABLE_UP_TO ranks (`rank_overview`)
 
 
 def _per_step(analyses: list[TraceAnalysis], *keys: str) -> float:
@@ -46,8 +51,9 @@ def _per_step(analyses: list[TraceAnalysis], *keys: str) -> float:
     return sum(s.ms[k] for s in steps for k in keys) / len(steps) if steps else 0.0
 
 
-def rank_table(analyses: list[TraceAnalysis]) -> RankTable | None:
-    """Per distinct rank (its traces' steps together), when the traces hold two ranks or more."""
+def rank_table(analyses: list[TraceAnalysis], fired: dict[int, set[str]] | None = None) -> RankTable | None:
+    """Per distinct rank (its traces' steps together), when the traces hold two ranks or more;
+    `fired`: the rules that fired on each rank's traces."""
     by_rank: dict[int, list[TraceAnalysis]] = {}
     for a in analyses:
         if a.rank is not None and a.steps:
@@ -69,9 +75,27 @@ def rank_table(analyses: list[TraceAnalysis]) -> RankTable | None:
                 communication_ms=_per_step(mine, "communication"),
                 wait_ms=_per_step(mine, "idle"),
                 data_ms=_per_step(mine, "data_wait"),
+                overlap_pct=_overlap_pct(mine),
+                findings=sorted((fired or {}).get(rank, ())),
             )
         )
-    return _straggler(rows)
+    table = _straggler(rows)
+    if len(rows) > TABLE_UP_TO:
+        table.overview = rank_overview(rows, table.straggler_by)
+    return table
+
+
+def _overlap_pct(analyses: list[TraceAnalysis]) -> float | None:
+    """The rank's traces' overlap, each weighted by its communication time."""
+    weighted = [
+        (a.communication_overlap_pct, sum(s.ms["communication"] for s in a.steps))
+        for a in analyses
+        if a.communication_overlap_pct is not None
+    ]
+    total_ms = sum(ms for _, ms in weighted)
+    if not weighted or not total_ms:
+        return None
+    return sum(pct * ms for pct, ms in weighted) / total_ms
 
 
 def _straggler(rows: list[RankRow]) -> RankTable:

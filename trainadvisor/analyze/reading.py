@@ -1,7 +1,9 @@
 """A trace file into columns: a large uncompressed trace is cut at event boundaries and its parts
 read by worker processes, one per core, each building columns of its part; the parts' columns
 are then joined (names and threads re-interned). Decoding JSON is most of the cost, and it is
-the part that spreads over cores. Compressed and small traces are read in this process."""
+the part that spreads over cores. A large gzipped trace, or one in object storage, can only be
+read front to back: it is read here and parsed on the workers as it streams (`pipeline`).
+Small traces are read in this process."""
 
 from __future__ import annotations
 
@@ -16,10 +18,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainadvisor.analyze.columns import Pieces, Table, TableReader, join
+from trainadvisor.analyze.pipeline import read_piped
+from trainadvisor.analyze.sources import Location, is_url, size_bytes
 from trainadvisor.analyze.stream import read_range, read_trace, split_points
 
 T = TypeVar("T")
 PARALLEL_MIN_BYTES = 96 << 20  # below this, starting workers costs more than they save
+# The same for a gzipped trace's size on disk (traces compress about 10 times; 4 MB of
+# gzipped HTA trace takes 1 s in one process): streamed to the workers from this size on.
+PIPED_MIN_GZIP_BYTES = 8 << 20
 
 
 def cores() -> int:
@@ -33,29 +40,57 @@ def on_workers(workers: int, function: Callable[..., T], *arguments: list[Any]) 
     """`function` over the arguments on `workers` processes (forked on Linux, so they start at
     once); None when a worker was killed (out of memory, say): the caller then does the work
     in this process."""
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     try:
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(workers, mp_context=_context()) as pool:
             return list(pool.map(function, *arguments))
     except BrokenProcessPool:
         return None
 
 
-def read_table(path: Path, workers: int | None = None) -> tuple[Table, dict[str, Any]]:
-    """The trace's columns and its top-level keys (with `_events`, the events read)."""
+def _context() -> Any:
+    return multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+
+
+def read_table(
+    location: Location, workers: int | None = None, piped_min_gzip_bytes: int | None = None
+) -> tuple[Table, dict[str, Any]]:
+    """The trace's columns and its top-level keys (with `_events`, the events read).
+    `location`: a path or a URL (`sources`); `piped_min_gzip_bytes`: the size from which a
+    gzipped trace is streamed to workers (PIPED_MIN_GZIP_BYTES)."""
     workers = workers or min(cores(), 8)
-    split = None
-    if workers > 1 and path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES:
-        split = split_points(path, workers)
-    if split is not None:
-        read = _read_in_parts(path, *split)
-        if read is not None:
-            return read
+    read = None
+    if workers > 1 and _piped(location, piped_min_gzip_bytes):
+        read = read_piped(location, workers, _context())
+        _return_freed_memory()
+    elif workers > 1 and isinstance(location, Path) and _large(location):
+        split = split_points(location, workers)
+        read = _read_in_parts(location, *split) if split is not None else None
+    if read is not None:
+        return read
     reader = TableReader()
-    meta = read_trace(path, reader)
+    meta = read_trace(location, reader)
     table = reader.table()
     _return_freed_memory()
     return table, meta
+
+
+def _large(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size >= PARALLEL_MIN_BYTES
+
+
+def _piped(location: Location, min_gzip_bytes: int | None) -> bool:
+    """Whether the trace is read as a stream parsed on workers: a large gzipped file, or a
+    large object in storage (compressed or not: a URL is read front to back either way)."""
+    if min_gzip_bytes is None:
+        min_gzip_bytes = PIPED_MIN_GZIP_BYTES
+    if is_url(location):
+        gzipped = str(location).split("?")[0].endswith(".gz")
+        return size_bytes(location) >= (min_gzip_bytes if gzipped else PARALLEL_MIN_BYTES)
+    path = Path(location)
+    if not path.is_file() or path.stat().st_size < min_gzip_bytes:
+        return False
+    with open(path, "rb") as probe:
+        return probe.read(2) == b"\x1f\x8b"
 
 
 def _read_in_parts(path: Path, cuts: list[int], meta: dict[str, Any]) -> tuple[Table, dict[str, Any]] | None:

@@ -5,23 +5,22 @@ at `}, {` boundaries and each chunk is decoded with msgspec into small typed str
 only the fields the analysis uses; a cut that falls inside a string or a nested object makes the
 chunk fail to parse, and the chunk is then extended, so a successful parse is always a correct
 cut. The events of a chunk are handed to a callback and dropped: memory stays at a few blocks
-plus whatever the callback keeps."""
+plus whatever the callback keeps. The bytes come from `sources` (a file or a URL, inflated where
+gzipped); `pipeline` reads a large gzipped trace with the pieces below parsed on workers."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
-import typing
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
 
-from trainadvisor.analyze.bounds import Capped, expansion_limit_bytes, refuse_special, too_expanded
+from trainadvisor.analyze.kineto_json import LONE_SURROGATE_HINT, kineto_json, kineto_spelling, lenient_loads
+from trainadvisor.analyze.sources import READ_ERRORS, Location, open_trace, shown
 from trainadvisor.errors import UsageError
 
 BLOCK_BYTES = 4 << 20
@@ -130,15 +129,15 @@ def _loose(items: Any) -> list[Event]:
 def _decode(raw: bytes) -> list[Event]:
     """Events of a chunk; msgspec.DecodeError when the chunk is not a JSON array of events.
     Strict JSON is read by msgspec alone; what Kineto writes that JSON has not (see
-    `_kineto_json`) is read by a slower path, taken only where msgspec stopped on it."""
+    `kineto_json`) is read by a slower path, taken only where msgspec stopped on it."""
     try:
         return _decode_events(raw)
     except RecursionError:
         raise _TooDeep() from None
     except msgspec.ValidationError:
-        return _loose(_items(raw, lenient=_LONE_SURROGATE_HINT.search(raw) is not None))
+        return _loose(_items(raw, lenient=LONE_SURROGATE_HINT.search(raw) is not None))
     except msgspec.DecodeError as exc:
-        if not _kineto_spelling(raw, str(exc)):
+        if not kineto_spelling(raw, str(exc)):
             raise  # a wrong cut, or a damaged file
         return _loose(_items(raw, lenient=True))
     except UnicodeDecodeError:  # a name cut inside a character, say
@@ -147,9 +146,9 @@ def _decode(raw: bytes) -> list[Event]:
 
 def _items(raw: bytes, lenient: bool) -> list[Any]:
     """The JSON array `raw`, decoded by Python's json (which reads NaN and Infinity);
-    `lenient`: after `_kineto_json`. msgspec.DecodeError when it is not a JSON array."""
+    `lenient`: after `kineto_json`. msgspec.DecodeError when it is not a JSON array."""
     try:
-        items = json.loads(_kineto_json(raw.decode("utf-8", "replace")) if lenient else raw)
+        items = json.loads(kineto_json(raw.decode("utf-8", "replace")) if lenient else raw)
     except RecursionError:
         raise _TooDeep() from None
     except ValueError as exc:
@@ -161,77 +160,18 @@ def _items(raw: bytes, lenient: bool) -> list[Any]:
     return items
 
 
-# ---- what Kineto writes that JSON has not ----
-# C++'s `inf`, `-inf`, `nan` for an undefined number (pytorch/kineto#105), JavaScript's NaN and
-# Infinity, and names escaped as found (half of a surrogate pair, `"\ud800"`), which msgspec
-# rejects; Python's json reads NaN and Infinity and keeps a lone surrogate, which no report
-# could then write.
-
-_AT_BYTE = re.compile(r"\(byte (\d+)\)")
-_LONE_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]")  # a surrogate escape, paired or not
-_STRING = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")')  # captured: a split keeps the strings
-_SURROGATE_ESCAPE = re.compile(r"(\\+)u([dD][89a-fA-F][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?")
-
-
-def _kineto_spelling(raw: bytes, message: str) -> bool:
-    """Whether msgspec stopped on a word for a number (`inf`, `NaN`) or a lone surrogate
-    escape (some of which it calls "truncated": the chunk must then hold one), not on a wrong
-    cut."""
-    if "surrogate" in message:
-        return True
-    at = _AT_BYTE.search(message)
-    if at is not None:
-        return raw[int(at.group(1)) : int(at.group(1)) + 1] in (b"i", b"I", b"n", b"N")
-    return "truncated" in message and _LONE_SURROGATE_HINT.search(raw) is not None
-
-
-def _kineto_json(text: str) -> str:
-    """`text` with C's `inf`, `-inf`, `nan`, `-nan` spelled as Python's json reads them
-    (Infinity, NaN) and lone surrogate escapes replaced by U+FFFD; strings are otherwise kept
-    as written. The text outside strings, and the strings, are each rewritten as one text
-    joined by NUL (which JSON has nowhere unescaped), so that the work is done in C, not in
-    Python per string."""
-    if "\x00" in text:
-        return text  # no JSON: left to fail as it is
-    parts = _STRING.split(text)  # outside, string, outside, ..., outside
-    # Outside strings, JSON's only words are true, false and null: the words replaced are whole.
-    outside = "\x00".join(parts[0::2]).replace("Infinity", "inf").replace("NaN", "nan")
-    outside = outside.replace("-nan", "nan").replace("inf", "Infinity").replace("nan", "NaN")
-    parts[0::2] = outside.split("\x00")
-    if "\\u" in text:
-        parts[1::2] = _SURROGATE_ESCAPE.sub(_paired_or_replaced, "\x00".join(parts[1::2])).split("\x00")
-    return "".join(parts)
-
-
-def _paired_or_replaced(found: re.Match[str]) -> str:
-    backslashes, first, low = found.groups()
-    if len(backslashes) % 2 == 0:  # an escaped backslash, then the text `ud800`: no escape
-        return f"{backslashes}u{first}" + ("\\ufffd" if low else "")
-    if low and first[1] in "89abAB":  # a high surrogate, then a low one: a pair
-        return found.group(0)
-    return backslashes[:-1] + "\\ufffd" + ("\\ufffd" if low else "")
-
-
-def _lenient_loads(raw: bytes) -> Any:
-    """The JSON document `raw`, spelled as Kineto writes it (`_kineto_json`)."""
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return json.loads(_kineto_json(raw.decode("utf-8", "replace")))
-
-
 class _TooDeep(Exception):
     """An event nested deeper than a decoder's recursion limit (a hostile file)."""
 
 
-def _refused(path: Path, what: str, offset: int) -> UsageError:
+def _refused(path: Location, what: str, offset: int) -> UsageError:
     return UsageError(
         f"{path}: {what} at byte {offset}; torch.profiler writes no such trace: the file is damaged "
         "or was not made by a profiler, and is not read further"
     )
 
 
-def _too_deep(path: Path) -> UsageError:
+def _too_deep(path: Location) -> UsageError:
     return UsageError(
         f"{path}: an event nested deeper than any trace's (thousands of arrays or objects in one "
         "another); the file is damaged or was not made by a profiler, and is not read further"
@@ -243,77 +183,128 @@ def _blocks(stream: IO[bytes]) -> Iterator[bytes]:
         yield block
 
 
-def _open(path: Path) -> IO[bytes]:
-    if not path.exists():
-        raise UsageError(f"{path}: no such trace file")
-    if path.is_dir():
-        raise UsageError(f"{path}: a folder, not a trace file")
-    refuse_special(path)
-    with open(path, "rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
-    if not gzipped:
-        return open(path, "rb")
-    limit_bytes = expansion_limit_bytes(path.stat().st_size)
-    verdict = "a compression bomb or a damaged file, not read further; if it is genuine, decompress it "
-    refusal = too_expanded(path, "decompresses", limit_bytes, verdict + "(gunzip) and pass the .json")
-    return typing.cast(IO[bytes], Capped(gzip.open(path, "rb"), limit_bytes, refusal))
-
-
-def read_trace(path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
-    """Feed every event of the trace to `on_events` in chunks; return the trace's other
-    top-level keys (deviceProperties, distributedInfo, ...)."""
+def read_trace(location: Location, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
+    """Feed every event of the trace (a path or a URL, `sources`) to `on_events` in chunks;
+    return the trace's other top-level keys (deviceProperties, distributedInfo, ...)."""
+    where = shown(location)
     try:
-        with _open(path) as stream:
-            return _read(stream, on_events, path)
+        with open_trace(location) as stream:
+            return _read(stream, on_events, where)
     except _TooDeep:
-        raise _too_deep(path) from None
-    except (OSError, EOFError, zlib.error) as exc:
-        raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
+        raise _too_deep(where) from None
+    except READ_ERRORS as exc:
+        raise unreadable(where, exc) from None
 
 
-def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: Path) -> dict[str, Any]:
+def unreadable(where: str, exc: BaseException) -> UsageError:
+    return UsageError(f"{where}: cannot read the trace ({exc}); is the file complete?")
+
+
+def _read(stream: IO[bytes], on_events: Callable[[list[Event]], None], path: str) -> dict[str, Any]:
     blocks = _blocks(stream)
+    found = _array_start(blocks, path)
+    if isinstance(found, bytes):
+        return _whole_document(found, path, on_events)
+    head, rest, offset = found
+    return _events_to_end(blocks, rest, on_events, path, head, offset)
+
+
+def _array_start(blocks: Iterator[bytes], path: str) -> tuple[bytes, bytes, int] | bytes:
+    """(the keys before the event array, what follows its `[` in the blocks read, the offset of
+    that), or the whole document where it ends before any such array."""
     buffer = b""
     for block in blocks:
         buffer += block
         if buffer.lstrip()[:1] == b"[":  # a bare event array
             rest = buffer.lstrip()[1:]
-            return _events_to_end(blocks, rest, on_events, path, b"", len(buffer) - len(rest))
+            return b"", rest, len(buffer) - len(rest)
         match = _ARRAY_START.search(buffer)
         if match:
-            head, rest = buffer[: match.start()], buffer[match.end() :]
-            return _events_to_end(blocks, rest, on_events, path, head, match.end())
+            return buffer[: match.start()], buffer[match.end() :], match.end()
         if len(buffer) > HEAD_BYTES:
             raise UsageError(
                 f'{path}: no "traceEvents" list in its first {HEAD_BYTES >> 20} MB; not a profiler '
                 "trace (write traces with torch.profiler's export_chrome_trace or tensorboard_trace_handler)"
             )
-    return _whole_document(buffer, path, on_events)
+    return buffer
 
 
 def _events_to_end(
     blocks: Iterator[bytes],
     buffer: bytes,
     on_events: Callable[[list[Event]], None],
-    path: Path,
+    path: Location,
     head: bytes,
     offset: int,
 ) -> dict[str, Any]:
     """The events from `buffer` (at byte `offset` of the file) and `blocks` to the end of the
     array, and the keys after it."""
     buffer, events = _whole_events(blocks, buffer, on_events, path, offset)
+    last = read_piece(buffer, True, on_events)
+    if last is None:
+        raise UsageError(f"{path}: the trace's event list is cut off or malformed; is the file complete?")
+    meta = metadata(head, last[1])
+    meta["_events"] = events + last[0]
+    return meta
+
+
+# ---- a stream cut into pieces here, parsed in other processes (`pipeline`) ----
+
+
+def start_events(
+    stream: IO[bytes], path: str, on_events: Callable[[list[Event]], None], enough: Callable[[], bool]
+) -> tuple[bytes, bytes, int] | None:
+    """Read the trace's first events as `read_trace` does (the same blocks, the same cuts),
+    feeding them to `on_events` until `enough()`: (the keys before the event array, the bytes
+    read and not yet decoded, from an event's start, the events fed). None for a document
+    without an event array, or too short to be worth cutting: `read_trace` reads it whole."""
+    blocks = _blocks(stream)
+    found = _array_start(blocks, path)
+    if isinstance(found, bytes):
+        return None
+    head, rest, offset = found
+    try:
+        buffer, events = _whole_events(blocks, rest, on_events, path, offset, enough)
+    except _TooDeep:
+        raise _too_deep(path) from None
+    return head, buffer, events
+
+
+def cut_after_event(buffer: bytes) -> int | None:
+    """Where `buffer` (events, from an event's start) may be cut after a whole event: after the
+    event that ends at one of its last `}, {` boundaries and decodes alone as an event (a
+    boundary inside a string never does: its slice would end inside that string). None where
+    no boundary near the end is one."""
+    boundaries = [*_boundaries(buffer, 9), (-1, len(buffer) - len(buffer.lstrip()))]
+    for (end, _), (_, start) in zip(boundaries, boundaries[1:]):
+        try:
+            event = msgspec.json.decode(buffer[start : end + 1])
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if isinstance(event, dict) and "ph" in event:
+            return end + 1
+    return None
+
+
+def read_piece(
+    piece: bytes, final: bool, on_events: Callable[[list[Event]], None]
+) -> tuple[int, bytes] | None:
+    """Feed the events of a piece cut by `cut_after_event`, or with `final` of the stream's end
+    (its last events, `]` and the keys after the array) to `on_events`: (the events fed, the
+    text after the array). None where the piece does not parse (a wrong cut, a damaged file)."""
+    if not final:
+        try:
+            return _feed(_decode(b"[" + piece + b"]"), on_events), b""
+        except msgspec.DecodeError:
+            return None
+    events = 0
     while True:  # leave only the last event for the final cut, which tries `]` by `]`
-        buffer, decoded = _drain(buffer, final=False)
+        piece, decoded = _drain(piece, final=False)
         if not decoded:
             break
         events += _feed(decoded, on_events)
-    tail, decoded = _drain(buffer, final=True)
-    if decoded is None:
-        raise UsageError(f"{path}: the trace's event list is cut off or malformed; is the file complete?")
-    events += _feed(decoded, on_events)
-    meta = _metadata(head, tail)
-    meta["_events"] = events
-    return meta
+    tail, decoded = _drain(piece, final=True)
+    return None if decoded is None else (events + _feed(decoded, on_events), tail)
 
 
 # ---- reading an uncompressed trace in parts, one per worker process ----
@@ -337,7 +328,7 @@ def split_points(path: Path, parts: int) -> tuple[list[int], dict[str, Any]] | N
         if cut is None or cut <= cuts[-1]:
             return None
         cuts.append(cut)
-    return [*cuts, size], _metadata(head[: match.start()], b"")
+    return [*cuts, size], metadata(head[: match.start()], b"")
 
 
 def _event_start(path: Path, offset: int) -> int | None:
@@ -382,7 +373,7 @@ def _bounded(stream: IO[bytes], length: int) -> Iterator[bytes]:
 
 
 def _events_within(
-    blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Path, offset: int
+    blocks: Iterator[bytes], on_events: Callable[[list[Event]], None], path: Location, offset: int
 ) -> dict[str, Any]:
     buffer, events = _whole_events(blocks, b"", on_events, path, offset)
     rest = buffer.rstrip().rstrip(b",")
@@ -395,11 +386,17 @@ def _events_within(
 
 
 def _whole_events(
-    blocks: Iterator[bytes], buffer: bytes, on_events: Callable[[list[Event]], None], path: Path, offset: int
+    blocks: Iterator[bytes],
+    buffer: bytes,
+    on_events: Callable[[list[Event]], None],
+    path: Location,
+    offset: int,
+    enough: Callable[[], bool] = lambda: False,
 ) -> tuple[bytes, int]:
     """Feed the events that end before each block's clean cut; return what is left undecoded
-    after the last block, and how many events were fed. `offset`: where `buffer` starts in the
-    file; an event that does not end within MAX_EVENT_BYTES of it is refused."""
+    after the last block (or once `enough()`), and how many events were fed. `offset`: where
+    `buffer` starts in the file; an event that does not end within MAX_EVENT_BYTES of it is
+    refused."""
     events = 0
     for block in blocks:
         buffer += block
@@ -409,6 +406,8 @@ def _whole_events(
         if len(buffer) > MAX_EVENT_BYTES:
             raise _refused(path, f"an event larger than {MAX_EVENT_BYTES >> 20} MB", offset)
         events += _feed(decoded or [], on_events)
+        if enough():
+            break
     return buffer, events
 
 
@@ -426,7 +425,7 @@ def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
         # log arrays there, full of `]`): the `]` after the last whole event ends the array.
         end = _array_end(buffer)
         if end is None:  # the standard scanner stops at Kineto's `inf`: read it as Kineto wrote it
-            buffer = _kineto_json(buffer.decode("utf-8", "replace")).encode()
+            buffer = kineto_json(buffer.decode("utf-8", "replace")).encode()
             end = _array_end(buffer)
         if end is None:
             return b"", None
@@ -469,6 +468,11 @@ def _array_end(buffer: bytes) -> int | None:
 def _last_cuts(buffer: bytes, count: int) -> Iterator[int]:
     """Positions of the last `count` `}, {` boundaries, from the end backwards (the position of
     the `}`), found without scanning the whole buffer."""
+    return (close for close, _ in _boundaries(buffer, count))
+
+
+def _boundaries(buffer: bytes, count: int) -> Iterator[tuple[int, int]]:
+    """The last `count` `}, {` boundaries, from the end backwards: (the `}`, the `{`)."""
     end = len(buffer)
     while count and end > 0:
         brace = buffer.rfind(b"{", 0, end)
@@ -476,16 +480,17 @@ def _last_cuts(buffer: bytes, count: int) -> Iterator[int]:
             return
         match = _CUT.search(buffer, max(0, brace - 256), brace)
         if match is not None:
-            yield match.start()
+            yield match.start(), brace
             count -= 1
         end = brace
 
 
-def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:
+def metadata(head: bytes, tail: bytes) -> dict[str, Any]:
+    """The document's keys other than its events: those before the event array and after it."""
     meta: dict[str, Any] = {}
     for text in (head + b'"traceEvents": []}', b"{" + tail.lstrip().lstrip(b",")):
         try:
-            part = _lenient_loads(text)
+            part = lenient_loads(text)
         except (ValueError, RecursionError):
             continue
         if isinstance(part, dict):
@@ -494,10 +499,10 @@ def _metadata(head: bytes, tail: bytes) -> dict[str, Any]:
     return meta
 
 
-def _whole_document(raw: bytes, path: Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
+def _whole_document(raw: bytes, path: Location, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
     """A trace without a `"traceEvents": [` head: a bare event array, or not a trace at all."""
     try:
-        document = _lenient_loads(raw)
+        document = lenient_loads(raw)
     except RecursionError:
         raise _TooDeep() from None
     except ValueError as exc:

@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trainadvisor.errors import TrainAdvisorError
+
+if TYPE_CHECKING:
+    import torch
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -110,7 +111,7 @@ def _peak_dtype(torch_name: str, tf32_enabled: bool) -> str:
 
 
 def measure_cpu_peak(
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     seconds: float = 0.5,
     size: int = 1024,
     *,
@@ -118,7 +119,11 @@ def measure_cpu_peak(
 ) -> Peak:
     """This CPU's matmul peak: `size` x `size` torch.mm, warmed up once, then repeated until
     `seconds` have passed; the best rate (2 * size^3 FLOPs per mm) wins, as a datasheet peak is a
-    best case too. Runs on torch's threads as they are set (torch.get_num_threads())."""
+    best case too. Runs on torch's threads as they are set (torch.get_num_threads()); float32
+    by default. torch is imported here, not with the module: `analyze` reads peaks without it."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     if seconds <= 0 or size <= 0:
         raise ValueError(f"measure_cpu_peak needs seconds > 0 and size > 0, not {seconds} and {size}")
     a = torch.randn(size, size).to(dtype)

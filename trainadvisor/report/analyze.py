@@ -3,11 +3,14 @@ then one line per finding and the notes, wrapped to a terminal's width."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainadvisor._serial import from_plain
 from trainadvisor.analyze.facts import HOST_ITEM
-from trainadvisor.analyze.rank_table import RankRow, RankTable, table_lines
+from trainadvisor.analyze.rank_overview import RankOverview
+from trainadvisor.analyze.rank_table import RankTable, table_lines
 from trainadvisor.analyze.summary import percentile
 from trainadvisor.records import Report
 from trainadvisor.report.render import LABELS, _wrap
@@ -81,8 +84,53 @@ def _block(a: Any) -> list[str]:
 
 
 def _ranks(plain: dict[str, Any]) -> list[str]:
-    table = RankTable(**{**plain, "rows": [RankRow(**row) for row in plain["rows"]]})
-    return [f"{len(table.rows)} ranks, per step in ms:", *table_lines(table)]
+    table: RankTable = from_plain(RankTable, plain)
+    if table.overview is None:
+        return [f"{len(table.rows)} ranks, per step in ms:", *table_lines(table)]
+    return _overview(table, table.overview)
+
+
+def _overview(table: RankTable, o: RankOverview) -> list[str]:
+    """Many ranks: their distribution, the worst and best, the wait in collectives, groups."""
+    lines = [f"{len(table.rows)} ranks, per step in ms (every rank's row is in report.json):"]
+    lines.append("            step  compute  comm.   wait   data  overlap")
+    for d in o.distribution:
+        overlap = f"{d.overlap_pct:7.0f}%" if d.overlap_pct is not None else "     n/a"
+        lines.append(
+            f"  {d.label:>6} {d.step_ms:7.1f} {d.compute_ms:8.1f} {d.communication_ms:6.1f} "
+            f"{d.wait_ms:6.1f} {d.data_ms:6.1f} {overlap}"
+        )
+    by_rank = {r.rank: r for r in table.rows}
+    by_comm = o.key == "communication"
+    for title, ranks in (
+        (
+            "worst: "
+            + ("the others wait for them (least time in collectives)" if by_comm else "the longest steps"),
+            o.worst,
+        ),
+        ("best: " + ("the most time waiting in collectives" if by_comm else "the shortest steps"), o.best),
+    ):
+        if ranks:
+            lines += [f"  {title}", *table_lines(replace(table, rows=[by_rank[r] for r in ranks]))]
+    if o.collective_wait_ms is not None:
+        w = o.collective_wait_ms
+        lines += _wrap(
+            f"  collectives: the ranks wait {w['median']:.1f} ms per step for the last to arrive at "
+            f"the median, {w['p90']:.1f} ms at p90, {w['max']:.1f} ms at most"
+        )
+    lines.append(
+        f"  groups of alike ranks ({'time in collectives' if by_comm else 'step time'} and findings):"
+    )
+    for g in o.groups:
+        key = "comm." if by_comm else "step"
+        found = "; " + ", ".join(g.findings) if g.findings else ""
+        lines += _wrap(
+            f"    {g.label} ({len(g.ranks)}): {key} {g.key_ms_min:.1f}-{g.key_ms_max:.1f} ms, step "
+            f"{g.step_ms_min:.1f}-{g.step_ms_max:.1f} ms{found}"
+        )
+    if o.groups_left:
+        lines.append(f"    ... and {o.groups_left} more groups ({o.ranks_left} ranks)")
+    return lines
 
 
 def analysis_summary(report: Report, analyses: list[Any], out_dir: Path) -> str:
