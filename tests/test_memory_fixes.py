@@ -42,17 +42,14 @@ def test_the_repeated_blocks_are_the_module_list_holding_most_parameters() -> No
     assert repeated_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) is None
 
 
-def _peak_and_losses(checkpointed: bool) -> tuple[int, list[float], list[torch.Tensor]]:
-    torch.manual_seed(0)
-    net = _example_module().Net(64, 6)
-    undo = checkpoint_blocks(net, "blocks") if checkpointed else None
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
-    x, y = torch.randn(256, 64), torch.randn(256, 1)
-    losses = []
-    peak = 0
-    for i in range(3):
+def train_counting_the_last(
+    net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, steps: int = 3
+) -> tuple[dict[str, Any], list[float]]:
+    """`steps` steps of MSE training, the last one's memory measured: its facts, and the losses."""
+    losses, memory = [], StepMemory()
+    for i in range(steps):
         memory = StepMemory()
-        if i == 2:
+        if i == steps - 1:
             memory.start(optimizer, None)
         loss = torch.nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad(set_to_none=True)
@@ -60,7 +57,17 @@ def _peak_and_losses(checkpointed: bool) -> tuple[int, list[float], list[torch.T
         optimizer.step()
         memory.stop()
         losses.append(loss.item())
-        peak = memory.facts().get("peak_bytes", peak)
+    return memory.facts(), losses
+
+
+def _peak_and_losses(checkpointed: bool) -> tuple[int, list[float], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    net = _example_module().Net(64, 6)
+    undo = checkpoint_blocks(net, "blocks") if checkpointed else None
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 64), torch.randn(256, 1)
+    facts, losses = train_counting_the_last(net, optimizer, x, y)
+    peak = facts["peak_bytes"]
     if undo is not None:
         undo()
         assert "forward" not in net.blocks[0].__dict__

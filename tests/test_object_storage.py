@@ -186,27 +186,9 @@ def test_a_large_object_is_parsed_on_workers_as_it_streams(s3: tuple[str, _Reque
     )
     local, local_meta = read_table(trace, 1)
     assert remote_meta == local_meta and remote_meta["_events"] == 216092
-    _same_table(remote, local)
+    from test_gzip_pipeline import same_table
 
-
-def _same_table(a: Any, b: Any) -> None:
-    """Two tables with the same rows (names and threads compared as values: their codes
-    follow the order each reader met them)."""
-    import numpy as np
-
-    for field, value in vars(a).items():
-        other = getattr(b, field)
-        if field in ("names", "tids"):
-            assert sorted(map(str, value)) == sorted(map(str, other)), field
-        elif field in ("name", "tid"):
-            table = "names" if field == "name" else "tids"
-            assert [getattr(a, table)[i] for i in value.tolist()] == [
-                getattr(b, table)[i] for i in other.tolist()
-            ]
-        elif isinstance(value, np.ndarray):
-            assert value.dtype == other.dtype and np.array_equal(value, other), field
-        else:
-            assert value == other, field
+    same_table(remote, local)
 
 
 @pytest.mark.parametrize(

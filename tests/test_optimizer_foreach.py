@@ -15,7 +15,6 @@ from trainadvisor.frameworks import vocab
 from trainadvisor.frameworks.change import fix_change
 from trainadvisor.measure.gpu import optimizer_facts
 from trainadvisor.measure.hooks import Patches
-from trainadvisor.memory.step import StepMemory
 from trainadvisor.records import Finding, Overrides, RawRun, Trial
 from trainadvisor.resources import rules_dir
 
@@ -36,16 +35,10 @@ def _step_peak(switched: bool) -> tuple[int, list[torch.Tensor], Any]:
     finally:
         patches.undo()
     x, y = torch.randn(1, 256), torch.randn(1, 256)
-    for i in range(3):
-        memory = StepMemory()
-        if i == 2:
-            memory.start(optimizer, None)
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        memory.stop()
-    return memory.facts()["peak_bytes"], [p.detach().clone() for p in net.parameters()], optimizer
+    from test_memory_fixes import train_counting_the_last
+
+    facts, _ = train_counting_the_last(net, optimizer, x, y)
+    return facts["peak_bytes"], [p.detach().clone() for p in net.parameters()], optimizer
 
 
 def test_one_tensor_at_a_time_the_step_peak_is_lower_and_the_update_the_same() -> None:
