@@ -29,6 +29,10 @@ DATA = ROOT / "tests" / "data"
 # Timed windows of half a second instead of the default second: for the tests that check what a
 # run records and decides, on gains that dwarf the noise (tests/test_gpu_speed.py times windows).
 SHORT = ("--min-time", "0.5s")
+# A warm-up that waits at most 3 s for step time to settle instead of a minute: for the tests that
+# check what a run decides on gains that dwarf any drift, where a test beside them (pytest -n) can
+# keep a loop and its DataLoader workers from settling for long (an unsettled window is only noted).
+SETTLE_CAP = ("--max-warmup", "3s")
 
 # Traces recorded by others live beside the checkout, not in it (see ../shared/README.md).
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
@@ -36,6 +40,21 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
 # The first runs of trainadvisor on an H100: reports, traces and raw GPU artifacts.
 GPU_RUNS = ROOT.parent / "shared" / "gpu-runs" / "h100-2026-11-24"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "long_run: an end-to-end test of half a minute or more (profile runs with their fixes' trials), "
+        "started before the others",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # pytest -n (--dist loadgroup) hands tests out in the order collected, groups first: with the
+    # longest started first, the short ones even out the workers' ends (a long test collected last
+    # kept one worker busy for a minute and more after the other had finished)
+    items.sort(key=lambda item: item.get_closest_marker("long_run") is None)
 
 
 def _shared(path: Path, what: str) -> Path:
@@ -90,25 +109,40 @@ def processes_running(fragment: str | Path, within: str | Path) -> list[str]:
     return found
 
 
+def _shared_profile(
+    factory: pytest.TempPathFactory, name: str, *args: str | Path
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """A `profile` run shared by the tests that read it: each test marks itself
+    `@pytest.mark.xdist_group(<the fixture's name>)`, so that under pytest -n one worker runs it once."""
+    work = factory.mktemp(name)
+    out = work / "report"
+    return run_cli("profile", "--warmup", "3", "--steps", "10", *SHORT, "--out", out, *args, cwd=work), out
+
+
 @pytest.fixture(scope="session")
 def slow_input_report(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """One full `profile` run of the slow-input example, shared by the tests that read it."""
-    work = tmp_path_factory.mktemp("slow")
-    out = work / "report"
-    result = run_cli(
-        "profile",
-        "--warmup",
-        "3",
-        "--steps",
-        "10",
-        *SHORT,
-        "--out",
-        out,
-        EXAMPLES / "slow_input_mnist.py",
-        "--samples",
-        "100000",  # long enough for every window, traces included (runs stop after their window)
-        cwd=work,
-    )
-    return result, out
+    # --samples: long enough for every window, traces included (runs stop after their window)
+    return _shared_profile(tmp_path_factory, "slow", EXAMPLES / "slow_input_mnist.py", "--samples", "100000")
+
+
+@pytest.fixture(scope="session")
+def loader_variants_report(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One full `profile` run of tests/scripts/loader_variants.py (DataLoaders built anew every
+    epoch, so the workers' trials restart the script), shared by the tests that read it."""
+    # a loader rebuilt every 12 steps with 8 workers settles slowly: what is tested is where the fix
+    # goes and how its trials run, not how long a trial waits to settle
+    return _shared_profile(tmp_path_factory, "variants", *SETTLE_CAP, SCRIPTS / "loader_variants.py")
+
+
+@pytest.fixture(scope="session")
+def iterable_unsharded_report(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One full `profile` run of tests/scripts/iterable_unsharded.py (an IterableDataset whose
+    workers repeat each other's samples), shared by the tests that read it."""
+    return _shared_profile(tmp_path_factory, "iterable", SCRIPTS / "iterable_unsharded.py")

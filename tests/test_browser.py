@@ -21,6 +21,9 @@ from trainadvisor.report.render import load_report, write_report
 from trainadvisor.resources import templates_dir
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+# `page_of_report` starts a browser once per process that asks for it: one group, so that under
+# pytest -n one worker starts it, not each worker its own
+pytestmark = pytest.mark.xdist_group("browser")
 ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",

@@ -253,6 +253,7 @@ print(model._compiled_call_impl is None)
     assert done.stdout.split() == ["True", "True", "1", "True"]
 
 
+@pytest.mark.long_run
 def test_compile_fix_end_to_end(tmp_path: Path) -> None:
     """profile on a compute-bound CPU loop: the step's FLOPs counted exactly (2 blocks of a
     64x64 Linear and the 64x10 head, batch 512: forward 2*512*64*(2*64+10), the backward twice

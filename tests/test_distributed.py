@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import EXAMPLES, load_report, processes_running, run_cli
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
@@ -60,6 +61,7 @@ def test_a_hung_rank_ends_the_run_at_the_timeout_and_is_named(tmp_path: Path) ->
     ) in result.stderr
 
 
+@pytest.mark.long_run
 def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
     result, out = _profile(tmp_path, "--latency-ms", "0.5", "--batch-size", "32", options=())
     assert result.returncode == 0, result.stderr

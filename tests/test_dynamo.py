@@ -38,6 +38,9 @@ RUNS = {
     "plain": ["hand_sgd.py"],  # never compiles
 }
 RULES = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
+# `runs` compiles five scripts once per process that asks for it: one group, so that under pytest -n
+# one worker runs them all, not each worker its own copy
+pytestmark = pytest.mark.xdist_group("dynamo_runs")
 
 
 def _line(script: str, text: str) -> int:

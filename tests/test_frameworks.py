@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, SHORT, run_cli
+from conftest import EXAMPLES, SETTLE_CAP, SHORT, run_cli
 
 from trainadvisor import engine
 from trainadvisor.frameworks.change import fix_change
@@ -33,6 +33,7 @@ def _profile(tmp_path: Path, *args: str) -> dict[str, Any]:
         "--steps",
         "10",
         *SHORT,
+        *SETTLE_CAP,
         "--out",
         out,
         *args,
@@ -62,6 +63,7 @@ HF_FIELDS = {
 }
 
 
+@pytest.mark.long_run
 def test_hugging_face_trainer_gets_its_training_arguments_changed(tmp_path: Path) -> None:
     report = _profile(tmp_path, "hf_trainer_slow_data.py", *SLOW_HF)
     outcome = _workers(report)
@@ -91,6 +93,7 @@ def test_hugging_face_trainer_gets_its_training_arguments_changed(tmp_path: Path
     ]
 
 
+@pytest.mark.long_run
 def test_hf_argument_parser_flags_are_named_instead_of_a_diff(tmp_path: Path) -> None:
     flags = ["--output_dir", str(tmp_path / "o"), "--max_steps", "400", "--report_to", "none"]
     report = _profile(
@@ -111,6 +114,7 @@ def test_hf_argument_parser_flags_are_named_instead_of_a_diff(tmp_path: Path) ->
     assert f"`{wanted}`" in report_md
 
 
+@pytest.mark.long_run
 def test_lightning_data_module_loader_is_changed_where_the_user_built_it(tmp_path: Path) -> None:
     report = _profile(tmp_path, "lightning_slow_data.py", "--steps", "300", "--latency-ms", "5")
     outcome = _workers(report)

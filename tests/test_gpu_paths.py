@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import EXAMPLES, ROOT, SCRIPTS, SHORT, load_report, run_cli
+from conftest import EXAMPLES, ROOT, SCRIPTS, SETTLE_CAP, SHORT, load_report, run_cli
 
 from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
 from trainadvisor.analyze.summary import summarize
@@ -466,16 +466,20 @@ def test_a_script_on_the_new_tf32_api_is_profiled_unharmed(tmp_path: Path) -> No
     assert (runtime["tf32_api"], runtime["float32_matmul_precision"]) == ("new", "high")
 
 
+@pytest.mark.long_run
 def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     tmp_path: Path, fake_gpu: Path
 ) -> None:
     """The whole command where a GPU is believed: the baseline's seeded steps run twice to set
     the loss tolerance above the GPU's noise (none here: the arithmetic runs on the CPU), the
     workers fix's trials pin memory and copy without blocking (the patch that crashed every CUDA
-    run), NVML samples the GPU the script named, and the report shows both clocks."""
+    run), NVML samples the GPU the script named, and the report shows both clocks. The workers fix
+    alone (--fix): the larger batches the fake A100's free memory proposes, each a fresh run, are
+    tested in tests/test_memory_fixes.py."""
     result = run_cli(
-        "profile", "--warmup", "3", "--steps", "10", *SHORT, "--out", tmp_path / "r",
-        EXAMPLES / "slow_input_mnist.py", "--samples", "20000", "--latency-ms", "0.5", "--device", "cpu",
+        "profile", "--fix", "dataloader-workers", "--warmup", "3", "--steps", "10", *SHORT, *SETTLE_CAP,
+        "--out", tmp_path / "r", EXAMPLES / "slow_input_mnist.py", "--samples", "20000",
+        "--latency-ms", "0.5", "--device", "cpu",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

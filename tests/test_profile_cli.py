@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, SHORT, load_report, processes_running, run_cli
+from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, load_report, processes_running, run_cli
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
@@ -221,19 +221,11 @@ def test_too_few_steps_for_the_warmup(tmp_path: Path) -> None:
     assert "ran only 5 step(s), too few to time any after a warm-up of at least 20" in result.stderr
 
 
-def test_unsharded_iterable_dataset_fix_is_refused(tmp_path: Path) -> None:
-    out = tmp_path / "r"
-    result = run_cli(
-        "profile",
-        "--warmup",
-        "2",
-        "--steps",
-        "10",
-        "--out",
-        out,
-        SCRIPTS / "iterable_unsharded.py",
-        cwd=tmp_path,
-    )
+@pytest.mark.xdist_group("iterable_unsharded_report")  # one run of it, on one worker
+def test_unsharded_iterable_dataset_fix_is_refused(
+    iterable_unsharded_report: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    result, out = iterable_unsharded_report
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     assert report["findings"][0]["rule"] == "data-stall"
@@ -323,22 +315,11 @@ def test_help_teaches() -> None:
         assert words in result.stdout
 
 
-def test_loader_variants_get_the_fix_at_their_call_site(tmp_path: Path) -> None:
-    out = tmp_path / "r"
-    result = run_cli(
-        "profile",
-        "--warmup",
-        "3",
-        "--steps",
-        "10",
-        *SHORT,
-        "--max-warmup",  # a loader rebuilt every 12 steps with 8 workers settles slowly: what
-        "3s",  # is tested is where the fix goes, not how long a trial waits to settle
-        "--out",
-        out,
-        SCRIPTS / "loader_variants.py",
-        cwd=tmp_path,
-    )
+@pytest.mark.xdist_group("loader_variants_report")  # one run of it, on one worker
+def test_loader_variants_get_the_fix_at_their_call_site(
+    loader_variants_report: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    result, out = loader_variants_report
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     loaders = report["baseline"]["raw"]["loaders"]
@@ -364,6 +345,7 @@ def test_random_augmentation_compares_the_mean_loss(tmp_path: Path) -> None:
         "--steps",
         "10",
         *SHORT,
+        *SETTLE_CAP,
         "--out",
         out,
         SCRIPTS / "random_augment.py",

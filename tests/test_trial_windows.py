@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, SHORT, load_report, run_cli
+from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, load_report, run_cli
 
 # Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
 # that count where a script's end falls among the windows
@@ -66,6 +66,7 @@ def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
     assert "[" in result.stderr and "elapsed, about" in result.stderr  # the progress line
 
 
+@pytest.mark.long_run
 def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Path) -> None:
     """Reads serialised by one lock: workers cannot help, but every later window is faster.
     Judged against the first baseline window alone, the first trial would have passed."""
@@ -80,8 +81,12 @@ def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Pat
     assert "drift" in outcome["reason"] or "not a reliable gain" in outcome["reason"], outcome["reason"]
 
 
-def test_a_loader_built_every_epoch_restarts_the_script_per_trial(tmp_path: Path) -> None:
-    report = _profile(tmp_path, SCRIPTS / "loader_per_epoch.py")
+@pytest.mark.xdist_group("loader_variants_report")  # one run of it, on one worker
+def test_a_loader_built_every_epoch_restarts_the_script_per_trial(
+    loader_variants_report: tuple[Any, Path],
+) -> None:
+    """tests/scripts/loader_variants.py builds its DataLoader anew every epoch of 12 steps."""
+    report = load_report(loader_variants_report[1])
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "restart"
     assert "is built anew every epoch" in outcome["mode_reason"]
@@ -89,13 +94,17 @@ def test_a_loader_built_every_epoch_restarts_the_script_per_trial(tmp_path: Path
     assert f"dataloader-workers ({outcome['mode_reason']})" in " ".join(report["details"])
 
 
-def test_an_iterable_dataset_restarts_the_script_per_trial(tmp_path: Path) -> None:
-    report = _profile(tmp_path, SCRIPTS / "iterable_unsharded.py")
+@pytest.mark.xdist_group("iterable_unsharded_report")  # one run of it, on one worker
+def test_an_iterable_dataset_restarts_the_script_per_trial(
+    iterable_unsharded_report: tuple[Any, Path],
+) -> None:
+    report = load_report(iterable_unsharded_report[1])
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "restart" and "is an IterableDataset" in outcome["mode_reason"]
     assert outcome["status"] == "changed_training"  # as before: the fresh runs see the repeats
 
 
+@pytest.mark.long_run
 def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: Path) -> None:
     """30 steps in all: the baseline takes 24, the first trial window needs 3 + 2 + 10 more. The
     window the script's end cut short says how long the script is: the fresh runs fit into it."""
@@ -125,18 +134,23 @@ def test_a_script_that_ends_during_the_trials_keeps_the_windows_measured(tmp_pat
     ) in report["notes"]
 
 
+@pytest.mark.long_run
 def test_a_short_script_keeps_the_gain_its_trials_measured(tmp_path: Path) -> None:
     """The first H100 runs: a 200-step script measured 12.3x and kept nothing, its windows counted
     in steps outrunning it. Here 200 steps of slow input: the confirmation run is fitted into them
     (or measured on what fitted), and the fix is kept."""
-    report = _profile(tmp_path, EXAMPLES / "slow_input_mnist.py", "--samples", "12800", "--latency-ms", "0.5")
+    script = (EXAMPLES / "slow_input_mnist.py", "--samples", "12800", "--latency-ms", "0.5")
+    report = _profile(tmp_path, *SETTLE_CAP, *script)
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["status"] == "kept", outcome["reason"]
     assert report["after"]["raw"]["steps_seen"] <= 200 and report["speedup"] > 3.0
 
 
+@pytest.mark.long_run
 def test_restart_mode_when_asked(tmp_path: Path) -> None:
-    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode)
+    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode).
+    # Reads of 16 ms a batch (0.25 ms a sample) against a few ms of compute: a few workers keep up,
+    # so the search stops at 8 instead of doubling to 32 workers, each count a fresh run.
     report = _profile(
         tmp_path,
         "--trials",
@@ -146,6 +160,8 @@ def test_restart_mode_when_asked(tmp_path: Path) -> None:
         EXAMPLES / "slow_input_mnist.py",
         "--samples",
         "20000",
+        "--latency-ms",
+        "0.25",
     )
     outcome = _outcome(report, "dataloader-workers")
     assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
