@@ -227,14 +227,16 @@ def test_os_exit_0_inside_the_window_is_the_script_ending(tmp_path: Path) -> Non
 
 
 def test_sigkill_after_the_window_keeps_the_window_and_says_so(tmp_path: Path) -> None:
-    """--run-to-end: the window (steps 2-7) was written whole; the script died in step 12."""
+    """--run-to-end: the window (steps 2-7, then step 8 whose memory was measured, untimed) was
+    written whole; the script died in step 12."""
     raw = measure(_dies(tmp_path, "--after", "12", "--kill", stop_after_window=False))
     assert (raw.status, raw.exit_code, raw.steps_seen) == ("window_complete", -9, 12)
     assert raw.error == (
         "the script was killed by signal SIGKILL after 12 steps, after its window was measured (the "
         "kernel's out-of-memory killer sends SIGKILL: check the machine's memory)"
     )
-    assert [s.index for s in raw.steps] == [2, 3, 4, 5, 6, 7]
+    assert [s.index for s in raw.steps] == [2, 3, 4, 5, 6, 7, 8]
+    assert [s.index for s in raw.steps if not s.profiled] == [2, 3, 4, 5, 6, 7]
 
 
 def test_the_report_of_a_script_killed_in_its_window_shows_its_steps(tmp_path: Path, tree: Tree) -> None:

@@ -82,7 +82,7 @@ def test_the_h100_out_of_memory_is_read_at_its_failing_point() -> None:
     )
     [finding] = engine.evaluate(RULES, table)
     assert (finding.rule, finding.severity) == ("out-of-memory", "high")
-    assert finding.fixes == ["activation-checkpointing", "grad-accumulation", "amp"]
+    assert finding.fixes == ["activation-checkpointing", "grad-accumulation", "amp", "optimizer-foreach"]
 
 
 def test_the_optimizer_s_storages_say_what_a_site_holds() -> None:
@@ -242,8 +242,9 @@ def test_profile_diagnoses_an_out_of_memory_and_recommends_the_fix_that_lets_it_
     assert "It died of out-of-memory: the diagnosis, and the fixes tried, are in" in result.stderr
     assert result.stdout.startswith("trainadvisor: The script died of out-of-memory (high)")
     report = load_report(out)
-    # the baseline's, then the trial's: recorded through the warm-up, stopped as timing began
-    assert _history_calls(fake_h100) == ["all", None, "all", None]
+    # the baseline's, then amp's and optimizer-foreach's trials: recorded through the warm-up,
+    # stopped as timing began
+    assert _history_calls(fake_h100) == ["all", None] * 3
     finding = report["findings"][0]
     assert finding["rule"] == "out-of-memory"
     assert finding["message"] == (

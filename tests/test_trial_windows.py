@@ -148,9 +148,7 @@ def test_a_short_script_keeps_the_gain_its_trials_measured(tmp_path: Path) -> No
 
 @pytest.mark.long_run
 def test_restart_mode_when_asked(tmp_path: Path) -> None:
-    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode).
-    # Reads of 16 ms a batch (0.25 ms a sample) against a few ms of compute: a few workers keep up,
-    # so the search stops at 8 instead of doubling to 32 workers, each count a fresh run.
+    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode)
     report = _profile(
         tmp_path,
         "--trials",
@@ -160,8 +158,6 @@ def test_restart_mode_when_asked(tmp_path: Path) -> None:
         EXAMPLES / "slow_input_mnist.py",
         "--samples",
         "20000",
-        "--latency-ms",
-        "0.25",
     )
     outcome = _outcome(report, "dataloader-workers")
     assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
@@ -192,5 +188,5 @@ def test_an_unknown_fix_is_refused_with_the_known_ones(tmp_path: Path) -> None:
     result = run_cli("profile", "--fix", "workers", EXAMPLES / "slow_input_mnist.py", cwd=tmp_path)
     assert result.returncode == 2
     assert (
-        "--fix workers: no such fix; the fixes are amp, batch-size, compile, cudnn-benchmark" in result.stderr
+        "--fix workers: no such fix; the fixes are activation-checkpointing, amp, batch-size" in result.stderr
     )
