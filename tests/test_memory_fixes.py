@@ -126,7 +126,6 @@ def test_over_the_budget_the_fastest_candidate_that_fits_is_chosen_and_its_cost_
 
 
 SCRIPT = """\
-import pytest
 import torch
 
 def main():
