@@ -330,7 +330,6 @@ class Window:
         if self.memory is not None:
             self.memory.stop()
             self.facts.runtime["memory"] = self.memory.facts()
-            self.facts.runtime.update(self.memory.blocks)  # what activation checkpointing wraps
             self.memory = None
         if self.flops is not None:
             self.flops.stop()

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from trainadvisor.memory.blocks import find_trained, repeated_blocks
 from trainadvisor.memory.live import LiveStorages
 
 
@@ -58,8 +57,6 @@ class StepMemory:
         self._hooks: Any = None
         self._live: LiveStorages | None = None
         self.result: dict[str, Any] = {}
-        self.blocks: dict[str, Any] = {}  # the trained module's repeated blocks (`memory.blocks`)
-        self._finder: Any = None
 
     def start(self, optimizer: torch.optim.Optimizer | None, device: int | None) -> None:
         if optimizer is None:
@@ -77,18 +74,10 @@ class StepMemory:
                     self._live.track(tensor, named)
             self._live.__enter__()
             self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack(params), lambda t: t)
-            elements = {id(p): p.numel() for g in optimizer.param_groups for p in g["params"]}
-            self._finder = find_trained(lambda: elements, self._found)
             self._hooks.__enter__()
         except Exception as exc:
             self.status = f"not measured: {type(exc).__name__}: {exc}"
             self._leave()
-
-    def _found(self, model: torch.nn.Module) -> None:
-        try:
-            self.blocks = repeated_blocks(model) or {}
-        except Exception:  # a model whose modules cannot be walked: no blocks to checkpoint
-            self.blocks = {}
 
     def _pack(self, params: set[int]) -> Any:
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -100,9 +89,6 @@ class StepMemory:
 
     def _leave(self) -> bool:
         ok = True
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
         for mode in (self._hooks, self._live):
             if mode is None:
                 continue
