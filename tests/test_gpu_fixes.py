@@ -20,7 +20,8 @@ from trainadvisor.analyze.summary import attach_trace
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.profile.judge import loss_check
-from trainadvisor.records import LoaderInfo, Overrides, RawRun, Trial
+from trainadvisor.profile.trials import in_batches
+from trainadvisor.records import LoaderInfo, Overrides, RawRun, RunLength, Trial
 
 GPU = {
     "cuda_used": True, "dataloader_call_site": "train.py:12", "batch_size": 32, "pin_memory": False,
@@ -102,6 +103,36 @@ def test_batch_size_search_doubles_while_it_pays_and_stops_at_oom_or_memory() ->
         "batch_size=128 (from 32): scale the learning rate by 4 (linear rule, SGD) or 2 "
         "(square-root rule, Adam) and warm it up"
     )
+
+
+def test_against_a_budget_a_batch_whose_peak_was_not_measured_is_not_taken_to_fit() -> None:
+    fix = BatchSize()
+    budget = {**GPU, "memory_budget_bytes": 10**9, "samples_per_s": 1000.0}
+    fits = _trial(64, 1500.0, peak_pct=50.0)  # reserved 500 MB of the 1 GB budget
+    assert fix.choose([fits], budget) is fits
+    assert fix.next_candidate(budget, [fits]).label == "batch_size=128"  # type: ignore[union-attr]
+    unmeasured = _trial(64, 1500.0)
+    assert unmeasured.raw is not None
+    unmeasured.raw.runtime = {}  # its run ended before the step that measures memory
+    assert fix.choose([unmeasured], budget) is None
+    assert fix.next_candidate(budget, [unmeasured]) is None
+    assert (
+        fix.search_note([unmeasured], budget)
+        == "batch_size=64's peak was not measured (its run ended before the step that measures it)"
+    )
+
+
+def test_a_run_in_larger_batches_is_fitted_into_the_fewer_steps_the_script_then_takes() -> None:
+    known = RunLength(512, "a run of the script ended after 512 steps", 512)
+    assert in_batches(known, 4.0) == RunLength(
+        128, "a run of the script ended after 512 steps, in batches 4 times as large", 128
+    )
+    assert in_batches(known, 3.0).total_steps == 170  # rounded down: a window fitted into it fits
+    assert in_batches(known, 0.5).total_steps == 1024
+    assert in_batches(RunLength(None, "not known", 30), 2.0) == RunLength(
+        None, "not known, in batches 2 times as large", 15
+    )
+    assert in_batches(None, 2.0) is None
 
 
 def test_pin_memory_pins_the_loader_that_fed_the_steps_and_copies_without_blocking() -> None:

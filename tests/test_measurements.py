@@ -204,6 +204,29 @@ def test_worker_search_doubles_while_it_gains_then_tries_prefetch() -> None:
     assert fix.next_candidate(values, [trial(2, None, status="refused")]) is None
 
 
+def test_max_workers_caps_the_doubling_whatever_the_workers_wait() -> None:
+    fix = DataLoaderWorkers()
+    values = {
+        "dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0,
+        "worker_cap": 4,
+    }  # fmt: skip
+    assert fix.expected_trials(values) == 3  # 2, 4, and 4 with a deeper prefetch
+    assert fix.next_candidate(values, [trial(2, 20.0)]).label == "num_workers=4"
+    done = [trial(2, 20.0), trial(4, 40.0)]  # still doubling its gain: the cap stops it
+    assert fix.next_candidate(values, done).label == "num_workers=4, prefetch_factor=4"
+    assert fix.search_note(done, values) == "stopped at 4 workers: 8 is past --max-workers 4"
+    many = {**values, "num_workers": 16}  # fewer than the script's own are tried, more are not
+    assert [fix.next_candidate(many, done[:i]).label for i in range(2)] == ["num_workers=8", "num_workers=0"]
+    tried = [trial(8, 10.5), trial(0, 9.0)]
+    assert fix.next_candidate(many, tried).label == "num_workers=8, prefetch_factor=4"
+    assert fix.search_note(tried, many) == (
+        "fewer than the script's 16 workers tried (8, 0); more were not tried: 32 is past --max-workers 4"
+    )
+    assert fix.search_note([trial(2, 20.0), trial(4, 40.0)], {**values, "worker_cap": None}) == (
+        "more tried up to 4"
+    )
+
+
 def test_worker_choice_prefers_the_simpler_setting_within_noise() -> None:
     fix = DataLoaderWorkers()
     trials = [trial(2, 20.0), trial(4, 35.0), trial(4, 36.0, prefetch=4)]

@@ -91,6 +91,14 @@ def main() -> None:
     "the allocator may use.",
     "memory_budget_bytes",
 )
+@click.option(
+    "--max-workers",
+    "max_workers",
+    type=click.IntRange(min=1),
+    help="The most DataLoader workers the search may try above the script's own count (the processes "
+    "a job may start on a shared node). Default: it doubles up to four per core, and on to 64 "
+    "while the workers mostly wait (storage or network latency) and their memory fits.",
+)
 @out_option("Report folder: report.html, report.md, report.json and the raw traces.")
 @rules_option
 @click.option(
@@ -166,6 +174,7 @@ def profile_command(
     min_time_s: float,
     max_warmup_s: float,
     memory_budget_bytes: int | None,
+    max_workers: int | None,
     out_dir: Path,
     rule_dirs: tuple[Path, ...],
     run_to_end: bool,
@@ -227,6 +236,7 @@ def profile_command(
         min_time_s=min_time_s,
         max_warmup_s=max_warmup_s,
         memory_budget_bytes=memory_budget_bytes,
+        max_workers=max_workers,
     )
     _run(lambda: _profile(options))
 

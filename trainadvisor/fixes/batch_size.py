@@ -19,7 +19,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import (
     KEEP_MIN_SPEEDUP,
     MEAN_LOSS_TOLERANCE_REL,
@@ -35,6 +34,11 @@ from trainadvisor.records import Overrides, Trial
 STEP_GAIN = 1.10
 MAX_FACTOR = 16
 MEMORY_CEILING_PCT = 90.0
+
+
+def _fits(peak: int | None, budget: int) -> bool:
+    """Measured to fit the budget (a peak not measured is not known to fit)."""
+    return peak is not None and peak <= budget
 
 
 def _peak_reserved_pct(trial: Trial) -> float | None:
@@ -86,8 +90,8 @@ class BatchSize(Fix):
         if 2 * size > MAX_FACTOR * base:
             return None
         budget, peak = values.get("memory_budget_bytes"), trial_peak(last)
-        if budget is not None and peak is not None:  # memory-aware: on while it fits
-            return self._setting(values, 2 * size) if peak <= budget else None
+        if budget is not None:  # memory-aware: on while it is measured to fit
+            return self._setting(values, 2 * size) if peak is not None and peak <= budget else None
         if last.samples_per_s < STEP_GAIN * max(earlier):
             return None
         if pct is not None and pct > MEMORY_CEILING_PCT:
@@ -114,6 +118,10 @@ class BatchSize(Fix):
         if over:
             size, t = min(over, key=lambda st: st[0])
             said.append(f"batch_size={size} needs {scaled(trial_peak(t) or 0, 'B', 'kMGT')}")
+        unknown = [self._size(t) for t in trials if t.status == "measured" and trial_peak(t) is None]
+        if unknown:
+            why = "its run ended before the step that measures it"
+            said.append(f"batch_size={min(unknown)}'s peak was not measured ({why})")
         failed = [self._size(t) for t in trials if t.status != "measured"]
         if failed:
             said.append(f"batch_size={min(failed)} did not run ({trials[-1].reason or trials[-1].status})")
@@ -124,7 +132,7 @@ class BatchSize(Fix):
         measured = [
             t for t in trials
             if t.status == "measured" and t.samples_per_s
-            and (budget is None or (trial_peak(t) or 0) <= budget)
+            and (budget is None or _fits(trial_peak(t), budget))
         ]  # fmt: skip
         if not measured:
             return None
@@ -133,6 +141,8 @@ class BatchSize(Fix):
         return best if (best.samples_per_s or 0.0) >= KEEP_MIN_SPEEDUP * baseline else None
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.loader_change(source, script, overrides)
 
     def describe(self, trial: Trial, values: dict[str, Any]) -> str:

@@ -17,11 +17,8 @@ last bits and the difference grows as training goes on: losses must agree within
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import libcst as cst
 
 from trainadvisor.fixes.common import Fix, Setting, overrides
 from trainadvisor.memory.blocks import on_trained_module
@@ -165,98 +162,9 @@ def install_compile(recorder: Any, mode: str, backend: str | None = None) -> Non
 def compile_change(source: str, mode: str) -> str | None:
     """`model = torch.compile(model)` after the statement that builds the model (`after_model`)."""
     options = "" if mode == "default" else f', mode="{mode}"'
+    from trainadvisor.fixes.codechange import after_model  # libcst: not in the measured run
+
     code = after_model(source, lambda name: [f"{name} = torch.compile({name}{options})"])
     if code is None:
         return None
     return code if "import torch\n" in code else "import torch\n" + code
-
-
-def after_model(source: str, lines: Callable[[str], list[str]]) -> str | None:
-    """`source` with the statements `lines(name)` after the statement that builds the model:
-    the name whose `.parameters()` an optimizer is built from (the statement of the same block
-    that last assigns it before that), or, in a Lightning script, the module given to
-    `trainer.fit` (just before that call). None where neither is found."""
-    editor = _AfterModel(lines)
-    changed = cst.parse_module(source).visit(editor)
-    return changed.code if editor.done else None
-
-
-class _AfterModel(cst.CSTTransformer):
-    def __init__(self, lines: Callable[[str], list[str]]) -> None:
-        super().__init__()
-        self.lines, self.done = lines, False
-
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        return updated.with_changes(body=self._edited(list(updated.body)))
-
-    def leave_IndentedBlock(
-        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        return updated.with_changes(body=self._edited(list(updated.body)))
-
-    def _edited(self, body: list[Any]) -> list[Any]:
-        if self.done:
-            return body
-        for at, statement in enumerate(body):
-            trained = _called_on(statement, "parameters", nested=True)
-            if trained is not None:
-                where = max((i for i in range(at) if trained in _assigned(body[i])), default=None)
-                if where is not None:
-                    return self._insert(body, where + 1, trained)
-            fitted = _called_on(statement, "fit", nested=False)
-            if fitted is not None and any(fitted in _assigned(s) for s in body[:at]):
-                return self._insert(body, at, fitted)
-        return body
-
-    def _insert(self, body: list[Any], at: int, name: str) -> list[Any]:
-        self.done = True
-        statements = [cst.parse_statement(line) for line in self.lines(name)]
-        return [*body[:at], *statements, *body[at:]]
-
-
-def _called_on(statement: cst.CSTNode, method: str, nested: bool) -> str | None:
-    """The name `X` of the first `X.<method>(...)` call in `statement` (`nested`: only as an
-    argument of another call, as `AdamW(model.parameters())`); for `fit`, its first argument."""
-    for call in _calls(statement):
-        if not isinstance(call.func, cst.Attribute) or call.func.attr.value != method:
-            continue
-        if method == "fit":
-            first = call.args[0].value if call.args else None
-            return first.value if isinstance(first, cst.Name) else None
-        if isinstance(call.func.value, cst.Name) and (not nested or _inside_call(statement, call)):
-            return call.func.value.value
-    return None
-
-
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(Visitor())
-    return found
-
-
-def _inside_call(statement: cst.CSTNode, inner: cst.Call) -> bool:
-    return any(
-        inner is not outer and any(inner in _calls(arg) for arg in outer.args) for outer in _calls(statement)
-    )
-
-
-def _assigned(statement: cst.CSTNode) -> set[str]:
-    """The names a simple statement assigns (`model = ...`, `model: Net = ...`)."""
-    names: set[str] = set()
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return names
-    for small in statement.body:
-        targets = (
-            [t.target for t in small.targets]
-            if isinstance(small, cst.Assign)
-            else [small.target]
-            if isinstance(small, cst.AnnAssign)
-            else []
-        )
-        names.update(t.value for t in targets if isinstance(t, cst.Name))
-    return names

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import GpuFlag, Setting, overrides
 from trainadvisor.records import Overrides
 
@@ -33,4 +32,6 @@ class CudnnBenchmark(GpuFlag):
             recorder.on_uninstall(gpu.switch_flags(cudnn_benchmark=True))
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.after_imports(source, ["torch.backends.cudnn.benchmark = True"])

@@ -1,21 +1,22 @@
-"""Fix `dataloader-workers`: load batches in worker processes, with the worker count measured
-in both directions.
+"""Fix `dataloader-workers`: load batches in worker processes, with the worker count measured in
+both directions.
 
 Fewer first, where the script has workers: half its count (while that is some), then none
 (`num_workers=0` loads in the training process: no worker start, no copy between processes; on a
 machine with fewer free cores than busy workers it is often the fastest). Then more: the search
 doubles `num_workers` from twice the script's count (2 from none) while each step up gains at
 least `STEP_GAIN` over the best before it, up to `max_workers` (four per core, at least 8, at
-most 32). It does not go up where fewer workers already gained `STEP_GAIN` over the script's own
-count: the workers were short of cores, and more would share them further. Loading bound by CPU
-stops near the core count; loading bound by storage or network latency keeps scaling far past
-it: when the last trial's workers were mostly waiting (each busy less than `WAITING_BUSY` of a
-core, from the sampled CPU of the worker processes), the doubling goes on up to `HARD_CAP`, as
-long as the workers' sampled memory (RSS) for twice as many fits in half of the memory
-available. The report says what was tried and why the search stopped. Every candidate with
-workers keeps them alive across epochs (`persistent_workers=True`); the best count (when it has
-workers) is then tried with `prefetch_factor=4`. On a CUDA run every candidate also pins memory
-and makes the host-to-device copies of pinned batches non-blocking."""
+most 32) and never past `--max-workers` where it is given. It does not go up where fewer workers
+already gained `STEP_GAIN` over the script's own count: the workers were short of cores, and
+more would share them further. Loading bound by CPU stops near the core count; loading bound by
+storage or network latency keeps scaling far past it: when the last trial's workers were mostly
+waiting (each busy less than `WAITING_BUSY` of a core, from the sampled CPU of the worker
+processes), the doubling goes on up to `HARD_CAP`, as long as the workers' sampled memory (RSS)
+for twice as many fits in half of the memory available. The report says what was tried and why
+the search stopped. Every candidate with workers keeps them alive across epochs
+(`persistent_workers=True`); the best count (when it has workers) is then tried with
+`prefetch_factor=4`. On a CUDA run every candidate also pins memory and makes the host-to-device
+copies of pinned batches non-blocking."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
 from trainadvisor.records import FixOutcome, Overrides, Trial
 
@@ -58,11 +58,21 @@ def _worker_load(trial: Trial) -> tuple[float, float] | None:
     return busy, rss
 
 
+def worker_cap(values: dict[str, Any]) -> tuple[int, str]:
+    """The most workers the search may try, and what sets it: --max-workers, else HARD_CAP."""
+    given = values.get("worker_cap")
+    if given:
+        return int(given), f"--max-workers {int(given)}"
+    return HARD_CAP, f"the hard cap of {HARD_CAP} workers"
+
+
 def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int | None, str]:
     """After a trial that gained: the next worker count to try, or None and why the search
     stops there."""
-    ceiling = max_workers(values.get("cpu_count", 1))
-    if workers * 2 <= ceiling:
+    cap, capped_by = worker_cap(values)
+    if workers * 2 > cap:
+        return None, f"stopped at {workers} workers: {workers * 2} is past {capped_by}"
+    if workers * 2 <= max_workers(values.get("cpu_count", 1)):
         return workers * 2, ""
     load = _worker_load(last)
     if load is None:
@@ -72,11 +82,6 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
         return None, (
             f"stopped at {workers} workers, four per core: each was busy {100 * busy:.0f}% of a "
             "core (loading bound by CPU)"
-        )
-    if workers * 2 > HARD_CAP:
-        return (
-            None,
-            f"stopped at the hard cap of {HARD_CAP} workers (each was busy {100 * busy:.0f}% of a core)",
         )
     available = float(values.get("memory_available_bytes") or 0.0)
     if available and rss * workers * 2 > MEMORY_SHARE * available:
@@ -101,7 +106,7 @@ class DataLoaderWorkers(LoaderSetting):
         current = int(values.get("num_workers") or 0)
         workers, ceiling, count = (
             max(2, 2 * current),
-            max_workers(int(values.get("cpu_count") or 1)),
+            min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0]),
             len(fewer(current)) + 1,
         )
         while workers * 2 <= ceiling:
@@ -138,7 +143,7 @@ class DataLoaderWorkers(LoaderSetting):
         if len(trials) < len(below):  # each fewer count is tried, whatever the one before gave
             return self._setting(values, below[len(trials)], None)
         if len(trials) == len(below):  # the first count above the script's
-            if self._fewer_won(values, trials) or max(2, 2 * current) > HARD_CAP:
+            if self._fewer_won(values, trials) or max(2, 2 * current) > worker_cap(values)[0]:
                 return self._deeper(values, trials)
             return self._setting(values, max(2, 2 * current), None)
         last = trials[-1]
@@ -196,8 +201,8 @@ class DataLoaderWorkers(LoaderSetting):
             parts.append(self._doubling(values, trials)[1] or f"more tried up to {self._workers(plain[-1])}")
         elif len(plain) == len(below) and self._fewer_won(values, trials):
             parts.append("more were not tried: fewer gained over the script's own count")
-        elif len(plain) == len(below) and 2 * current > HARD_CAP:
-            parts.append(f"more were not tried: {2 * current} is past the hard cap of {HARD_CAP}")
+        elif len(plain) == len(below) and max(2, 2 * current) > worker_cap(values)[0]:
+            parts.append(f"more were not tried: {max(2, 2 * current)} is past {worker_cap(values)[1]}")
         return "; ".join(part for part in parts if part) or None
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
@@ -216,6 +221,8 @@ class DataLoaderWorkers(LoaderSetting):
         return best
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.loader_change(source, script, overrides)
 
     def describe(self, trial: Trial, values: dict[str, Any]) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import NO_GPU, Setting, Switch, overrides
 from trainadvisor.records import Overrides
 
@@ -59,4 +58,6 @@ class FusedOptimizer(Switch):
             recorder.patch(cls, "__init__", init)
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.edit_calls(source, set(FUSABLE), None, {"fused": True}, conflicts=_CHOSEN)

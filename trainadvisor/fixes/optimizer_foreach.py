@@ -18,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import LOSS_TOLERANCE_REL, MemoryFix, Setting, overrides
 from trainadvisor.records import Overrides, Trial
 
@@ -86,6 +85,8 @@ class OptimizerForeach(MemoryFix):
         if not overrides.runtime.get("optimizer_foreach_off"):
             return None
         # an explicit foreach=True is replaced; a call that chose fused is left as it is
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.edit_calls(source, set(FOREACH), None, {"foreach": False}, conflicts=("fused",))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import NO_GPU, LoaderSetting, Setting, Switch, overrides
 from trainadvisor.records import Overrides
 
@@ -32,4 +31,6 @@ class PinMemory(LoaderSetting, Switch):
         return Setting("pin_memory=True, non_blocking=True host-to-device copies", pinned)
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.loader_change(source, script, overrides)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.fixes import codechange
 from trainadvisor.fixes.common import GpuFlag, Setting, overrides
 from trainadvisor.records import Overrides
 
@@ -37,6 +36,8 @@ class Tf32(GpuFlag):
             recorder.on_uninstall(gpu.switch_flags(tf32=True))
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
+        from trainadvisor.fixes import codechange  # libcst: not in the measured run
+
         return codechange.after_imports(source, tf32_lines(source))
 
 

@@ -202,6 +202,13 @@ def _prepare_files(spec: RunSpec) -> _Files:
     )
 
 
+def measures_memory(profile: bool, overrides: Overrides) -> bool:
+    """Whether a run measures one untimed step's memory after its timed ones: a trial does (its
+    peak), unless its model is compiled (a dispatch mode around compiled code would recompile
+    it); a traced run has the profiler's memory instead."""
+    return not profile and "compile" not in overrides.runtime
+
+
 def _command(spec: RunSpec, files: _Files) -> list[str]:
     """`python -m trainadvisor.measure.child CONFIG SCRIPT ARGS`, through torchrun when asked
     (torchrun's own process then starts the ranks, each running the child module)."""
@@ -222,9 +229,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         heartbeat_file=str(files.heartbeat.resolve()),
         stacks_file=str(files.stacks.resolve()),
         size=spec.size,
-        # a trial's peak memory (a compiled model's is left alone: a dispatch mode around
-        # compiled code would recompile it)
-        memory_step=not spec.profile and "compile" not in spec.overrides.runtime,
+        memory_step=measures_memory(spec.profile, spec.overrides),
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)

@@ -332,6 +332,8 @@ def _why_restart(options: ProfileOptions) -> str | None:
 
 def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started: float) -> Tuning:
     values = {**diagnosed.diagnosis.values, "memory_available_bytes": psutil.virtual_memory().available}
+    if options.max_workers is not None:
+        values["worker_cap"] = options.max_workers  # --max-workers
     plan = diagnosed.plan
     tuning = Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
     tuning.learn(diagnosed.baseline.raw)

@@ -12,7 +12,7 @@ from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.ranks import rank_stats
 from trainadvisor.analyze.summary import attach_trace, summarize
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
-from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
+from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure, measures_memory
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.profile.judge import usable
 from trainadvisor.records import Overrides, RawRun, Run, RunLength
@@ -39,6 +39,7 @@ class ProfileOptions:
     min_time_s: float = MIN_TIME_S  # every timed window lasts at least this long (--min-time)
     max_warmup_s: float = MAX_WARMUP_S  # a warm-up that has not settled ends here (--max-warmup)
     memory_budget_bytes: int | None = None  # --memory-budget; None: on a GPU, what the allocator may use
+    max_workers: int | None = None  # --max-workers: the most DataLoader workers a trial may start
     # Where the runs write their traces and logs until a report is published (the writer's
     # staging folder, `report.folder`); None: into out_dir itself.
     stage_dir: Path | None = None
@@ -81,6 +82,8 @@ def reproduce_command(options: ProfileOptions) -> list[str]:
         command += ["--max-warmup", f"{options.max_warmup_s:g}s"]
     if options.memory_budget_bytes is not None:
         command += ["--memory-budget", str(options.memory_budget_bytes)]
+    if options.max_workers is not None:
+        command += ["--max-workers", str(options.max_workers)]
     return [*command, *options.torchrun, str(options.script), *mask_arguments(options.args)[0]]
 
 
@@ -163,7 +166,7 @@ def trial_spec(
 ) -> RunSpec:
     """A fresh run of the script that tries a fix: traced by nothing, one untimed step after
     its timed ones measures its memory (none for a compiled model: see `measure.runner`)."""
-    memory_step = 0 if "compile" in overrides.runtime else 1
+    memory_step = 1 if measures_memory(False, overrides) else 0
     return fresh_spec(options, label, overrides, length, memory_step, **changes)
 
 
@@ -191,14 +194,19 @@ def measure_fitted(
     first: Callable[[RunSpec], Run] = measure_run,
 ) -> Run:
     """A fresh run with its window fitted into the steps the script is known to have. A script
-    of unknown length that ends before its window timed enough steps has just told its length:
-    the run is measured once more, fitted into it."""
+    of unknown length that ends before its window timed enough steps, or before the step after
+    them that measures its memory, has just told its length: the run is measured once more,
+    fitted into it."""
     known = length()
-    run = first(spec_of(known))
+    spec = spec_of(known)
+    run = first(spec)
     learn(run.raw)
     now = length()
     learnt = (known is None or known.total_steps is None) and now is not None and now.total_steps
-    if not usable(run.raw) and run.raw.status == "script_ended" and learnt:
+    incomplete = not usable(run.raw) or (
+        measures_memory(spec.profile, spec.overrides) and "memory" not in run.raw.runtime
+    )
+    if incomplete and run.raw.status == "script_ended" and learnt:
         run = measure_run(spec_of(now))
         learn(run.raw)
     return run

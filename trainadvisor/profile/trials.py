@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from trainadvisor import fixes
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.length import run_length
+from trainadvisor.analyze.summary import main_loader, summarize
 from trainadvisor.fixes.common import trial_peak
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun
@@ -117,13 +118,55 @@ def restarts(
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
         quiet = {"profile": False, "show_output": False, "timeout_s": timeout_s}
+        own_length, own_learn = length, learn
+        per_step = _batch_ratio(baseline, candidate.overrides)
+        if per_step is not None:  # its steps are not the script's: its length is its own
+            own = _OwnLength(in_batches(length(), per_step))
+            own_length, own_learn = own.get, own.learn
         run = measure_fitted(
-            lambda known: trial_spec(options, label, candidate.overrides, known, **quiet), length, learn
+            lambda known: trial_spec(options, label, candidate.overrides, known, **quiet),
+            own_length,
+            own_learn,
         )
         status, reason = judge_trial(baseline.raw, run.raw, tolerance(fix, noise_rel))
         return Measured(run, run.raw, status, reason)  # type: ignore[arg-type]
 
     return measure_candidate
+
+
+def _batch_ratio(baseline: Run, overrides: Overrides) -> float | None:
+    """The candidate's batch over the baseline's, where the candidate changes the batch size
+    (the script then takes fewer or more steps); None where its steps are the script's."""
+    size = overrides.loader().get("batch_size")
+    loader = main_loader(baseline.raw)
+    if size is None or loader is None or not loader.batch_size or int(size) == loader.batch_size:
+        return None
+    return int(size) / loader.batch_size
+
+
+def in_batches(length: RunLength | None, ratio: float) -> RunLength | None:
+    """The script's length in the steps of a run whose batches hold `ratio` times the
+    baseline's samples (the same data in fewer, larger batches: rounded down, so a window fitted
+    into it fits the run)."""
+    if length is None:
+        return None
+    total = None if length.total_steps is None else max(1, math.floor(length.total_steps / ratio))
+    seen = math.floor(length.seen_steps / ratio)
+    return RunLength(total, f"{length.source}, in batches {ratio:g} times as large", seen)
+
+
+class _OwnLength:
+    """The length of a run whose steps are not the script's (another batch size), learnt from
+    its own runs and kept from the script's."""
+
+    def __init__(self, length: RunLength | None) -> None:
+        self.length = length
+
+    def get(self) -> RunLength | None:
+        return self.length
+
+    def learn(self, raw: RawRun) -> None:
+        self.length = run_length(raw, self.length)
 
 
 def windows(live: LiveRun, options: ProfileOptions, baseline: Run, budget: Budget) -> Measurer:

@@ -4,6 +4,7 @@ the short terminal diagnosis. Pure: a Report in, text out."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -294,7 +295,10 @@ def memory_lines(run: Run, width: float = 560.0, height: float = 80.0) -> dict[s
 # ---- rendering ----
 
 
+@functools.lru_cache(maxsize=4)
 def _environment(templates: Path) -> jinja2.Environment:
+    """One environment a templates folder: a run writes its report several times as its stages
+    finish, and compiling the templates anew each time cost a third of a second a report."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         autoescape=jinja2.select_autoescape(["html", "html.j2"], default_for_string=False),
