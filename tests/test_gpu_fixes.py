@@ -20,7 +20,7 @@ from trainadvisor.analyze.summary import attach_trace
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.profile.judge import loss_check
-from trainadvisor.profile.trials import in_batches
+from trainadvisor.profile.trials import in_batches, samples_ratio
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, RunLength, Trial
 
 GPU = {
@@ -133,6 +133,12 @@ def test_a_run_in_larger_batches_is_fitted_into_the_fewer_steps_the_script_then_
         None, "not known, in batches 2 times as large", 15
     )
     assert in_batches(None, 2.0) is None
+    baseline = _trial(32, 100.0).raw  # batches of 32 (the loader's own)
+    assert baseline is not None
+    assert samples_ratio(baseline, Overrides({"train.py:12": {"batch_size": 128}})) == 4.0
+    accumulated = Overrides({"train.py:12": {"batch_size": 16}}, runtime={"grad_accumulation": 2})
+    assert samples_ratio(baseline, accumulated) is None  # two micro-batches of 16: one step of 32
+    assert samples_ratio(baseline, Overrides({"train.py:12": {"num_workers": 4}})) is None
 
 
 def test_pin_memory_pins_the_loader_that_fed_the_steps_and_copies_without_blocking() -> None:

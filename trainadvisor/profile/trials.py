@@ -119,7 +119,7 @@ def restarts(
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
         quiet = {"profile": False, "show_output": False, "timeout_s": timeout_s}
         own_length, own_learn = length, learn
-        per_step = _batch_ratio(baseline, candidate.overrides)
+        per_step = samples_ratio(baseline.raw, candidate.overrides)
         if per_step is not None:  # its steps are not the script's: its length is its own
             own = _OwnLength(in_batches(length(), per_step))
             own_length, own_learn = own.get, own.learn
@@ -134,14 +134,16 @@ def restarts(
     return measure_candidate
 
 
-def _batch_ratio(baseline: Run, overrides: Overrides) -> float | None:
-    """The candidate's batch over the baseline's, where the candidate changes the batch size
-    (the script then takes fewer or more steps); None where its steps are the script's."""
+def samples_ratio(baseline: RawRun, overrides: Overrides) -> float | None:
+    """The samples of the candidate's step over the baseline's, where the candidate changes
+    them (a larger batch: the script then takes fewer steps); None where its steps are the
+    script's (gradients accumulated over k micro-batches of 1/k of the batch are one step)."""
     size = overrides.loader().get("batch_size")
-    loader = main_loader(baseline.raw)
-    if size is None or loader is None or not loader.batch_size or int(size) == loader.batch_size:
+    loader = main_loader(baseline)
+    if size is None or loader is None or not loader.batch_size:
         return None
-    return int(size) / loader.batch_size
+    per_step = int(size) * int(overrides.runtime.get("grad_accumulation") or 1)
+    return None if per_step == loader.batch_size else per_step / loader.batch_size
 
 
 def in_batches(length: RunLength | None, ratio: float) -> RunLength | None:
