@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, load_report, processes_running, run_cli
+from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, processes_running, run_cli
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
@@ -346,6 +346,7 @@ def test_random_augmentation_compares_the_mean_loss(tmp_path: Path) -> None:
         "10",
         *SHORT,
         *SETTLE_CAP,
+        *WORKER_CAP,
         "--out",
         out,
         SCRIPTS / "random_augment.py",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, load_report, run_cli
+from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, run_cli
 
 # Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
 # that count where a script's end falls among the windows
@@ -16,7 +16,8 @@ EXACT = ("--max-warmup", "0", "--min-time", "0")
 
 def _profile(tmp_path: Path, *args: str | Path) -> dict[str, Any]:
     out = tmp_path / "r"
-    result = run_cli("profile", "--warmup", "3", "--steps", "10", *SHORT, "--out", out, *args, cwd=tmp_path)
+    command = ("profile", "--warmup", "3", "--steps", "10", *SHORT, *WORKER_CAP, "--out", out, *args)
+    result = run_cli(*command, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return load_report(out)
 
