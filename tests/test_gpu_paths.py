@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import EXAMPLES, ROOT, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, run_cli
+from conftest import EXAMPLES, ROOT, SCRIPTS, SETTLE_CAP, SHORT, load_report, run_cli
 
 from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
 from trainadvisor.analyze.summary import summarize
@@ -478,7 +478,7 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     tested in tests/test_memory_fixes.py."""
     result = run_cli(
         "profile", "--fix", "dataloader-workers", "--warmup", "3", "--steps", "10", *SHORT, *SETTLE_CAP,
-        *WORKER_CAP, "--out", tmp_path / "r", EXAMPLES / "slow_input_mnist.py", "--samples", "20000",
+        "--max-workers", "4", "--out", tmp_path / "r", EXAMPLES / "slow_input_mnist.py", "--samples", "20000",
         "--latency-ms", "0.5", "--device", "cpu",
         cwd=tmp_path,
     )  # fmt: skip

@@ -156,6 +156,8 @@ def test_restart_mode_when_asked(tmp_path: Path) -> None:
         "restart",
         "--max-warmup",
         "1s",
+        "--max-workers",
+        "2",  # each candidate a fresh run: two are enough to show the mode
         EXAMPLES / "slow_input_mnist.py",
         "--samples",
         "20000",
