@@ -91,7 +91,7 @@ class BatchSize(Fix):
             return None
         budget, peak = values.get("memory_budget_bytes"), trial_peak(last)
         if budget is not None:  # memory-aware: on while it is measured to fit
-            return self._setting(values, 2 * size) if peak is not None and peak <= budget else None
+            return self._setting(values, 2 * size) if _fits(peak, budget) else None
         if last.samples_per_s < STEP_GAIN * max(earlier):
             return None
         if pct is not None and pct > MEMORY_CEILING_PCT:
