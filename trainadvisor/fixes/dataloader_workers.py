@@ -48,6 +48,11 @@ def fewer(current: int) -> list[int]:
     return list(dict.fromkeys(count for count in (current // 2, 0) if count < current))
 
 
+def first_more(current: int) -> int:
+    """The first count tried above the script's own: twice it, 2 from none."""
+    return max(2, 2 * current)
+
+
 def _worker_load(trial: Trial) -> tuple[float, float] | None:
     """(share of a core each worker was busy, RSS bytes per worker) in the trial's window."""
     samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.workers and h.t_ms >= 0]
@@ -105,7 +110,7 @@ class DataLoaderWorkers(LoaderSetting):
         """The fewer counts, the doublings up to four workers per core, and the deeper prefetch."""
         current = int(values.get("num_workers") or 0)
         workers, ceiling, count = (
-            max(2, 2 * current),
+            first_more(current),
             min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0]),
             len(fewer(current)) + 1,
         )
@@ -143,9 +148,9 @@ class DataLoaderWorkers(LoaderSetting):
         if len(trials) < len(below):  # each fewer count is tried, whatever the one before gave
             return self._setting(values, below[len(trials)], None)
         if len(trials) == len(below):  # the first count above the script's
-            if self._fewer_won(values, trials) or max(2, 2 * current) > worker_cap(values)[0]:
+            if self._fewer_won(values, trials) or first_more(current) > worker_cap(values)[0]:
                 return self._deeper(values, trials)
-            return self._setting(values, max(2, 2 * current), None)
+            return self._setting(values, first_more(current), None)
         last = trials[-1]
         if last.status != "measured" or self._prefetch(last):
             return None  # refused, failed or changed training: more workers will not do better
@@ -201,8 +206,8 @@ class DataLoaderWorkers(LoaderSetting):
             parts.append(self._doubling(values, trials)[1] or f"more tried up to {self._workers(plain[-1])}")
         elif len(plain) == len(below) and self._fewer_won(values, trials):
             parts.append("more were not tried: fewer gained over the script's own count")
-        elif len(plain) == len(below) and max(2, 2 * current) > worker_cap(values)[0]:
-            parts.append(f"more were not tried: {max(2, 2 * current)} is past {worker_cap(values)[1]}")
+        elif len(plain) == len(below) and first_more(current) > worker_cap(values)[0]:
+            parts.append(f"more were not tried: {first_more(current)} is past {worker_cap(values)[1]}")
         return "; ".join(part for part in parts if part) or None
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
