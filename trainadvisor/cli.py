@@ -91,13 +91,14 @@ def main() -> None:
     "the allocator may use.",
     "memory_budget_bytes",
 )
-@click.option(
+@option(
     "--max-workers",
-    "max_workers",
-    type=click.IntRange(min=1),
-    help="The most DataLoader workers the search may try above the script's own count (the processes "
+    None,
+    click.IntRange(min=1),
+    "The most DataLoader workers the search may try above the script's own count (the processes "
     "a job may start on a shared node). Default: it doubles up to four per core, and on to 64 "
     "while the workers mostly wait (storage or network latency) and their memory fits.",
+    "max_workers",
 )
 @out_option("Report folder: report.html, report.md, report.json and the raw traces.")
 @rules_option
