@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import IO
 
 from trainadvisor.analyze.bounds import Capped, Readable, expansion_limit_bytes, too_expanded
+from trainadvisor.analyze.sources import ARCHIVE_SUFFIXES, TRACE_SUFFIXES
 from trainadvisor.errors import UsageError
 
-ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
-TRACE_SUFFIXES = (".json", ".json.gz")
 _UNSAFE = re.compile(r"[^\w.-]+")
 _REFUSED = (
     "a compression bomb or a damaged archive, not unpacked further; if it is genuine, unpack it "

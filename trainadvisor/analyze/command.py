@@ -19,14 +19,13 @@ from trainadvisor.analyze.kineto import TraceAnalysis
 from trainadvisor.analyze.measures import trace_measurements
 from trainadvisor.analyze.rank_overview import ranges
 from trainadvisor.analyze.rank_table import RankTable, rank_table, rank_values
-from trainadvisor.analyze.sources import Location, is_url, list_urls
+from trainadvisor.analyze.sources import TRACE_SUFFIXES, Location, is_url, list_urls
 from trainadvisor.analyze.sources import shown as shown_url
 from trainadvisor.analyze.summary import stats, window_throughputs
 from trainadvisor.engine import Rule
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 SHOWN_UP_TO = 3  # traces a title or a note names one by one
 
 

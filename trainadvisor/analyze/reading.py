@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from trainadvisor.analyze.columns import Pieces, Table, TableReader, join
 from trainadvisor.analyze.pipeline import read_piped
-from trainadvisor.analyze.sources import Location, is_url, size_bytes
+from trainadvisor.analyze.sources import Location, file_name, is_url, size_bytes
 from trainadvisor.analyze.stream import read_range, read_trace, split_points
 
 T = TypeVar("T")
@@ -84,8 +84,8 @@ def _piped(location: Location, min_gzip_bytes: int | None) -> bool:
     if min_gzip_bytes is None:
         min_gzip_bytes = PIPED_MIN_GZIP_BYTES
     if is_url(location):
-        gzipped = str(location).split("?")[0].endswith(".gz")
-        return size_bytes(location) >= (min_gzip_bytes if gzipped else PARALLEL_MIN_BYTES)
+        gzipped = file_name(location).endswith(".gz")
+        return size_bytes(str(location)) >= (min_gzip_bytes if gzipped else PARALLEL_MIN_BYTES)
     path = Path(location)
     if not path.is_file() or path.stat().st_size < min_gzip_bytes:
         return False

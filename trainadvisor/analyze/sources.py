@@ -32,7 +32,7 @@ except ImportError:  # a platform without its wheel: the standard library's
 
 Location = Path | str  # a local path, or a URL
 TRACE_SUFFIXES = (".json", ".json.gz")
-_ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")  # as `archives` reads them
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")  # what `archives` unpacks
 # What a damaged or cut-off compressed trace raises while it is read.
 READ_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, *_inflate_errors)
 RANGE_BYTES = 8 << 20  # one ranged read of an object in storage
@@ -62,7 +62,7 @@ def file_name(location: Location) -> str:
 def list_urls(url: str) -> list[str]:
     """The trace files (*.json, *.json.gz) under the URL's prefix, recursively, in the order
     a folder's are listed; the URL itself where it names one object."""
-    if file_name(url).endswith(_ARCHIVE_SUFFIXES):
+    if file_name(url).endswith(ARCHIVE_SUFFIXES):
         raise UsageError(
             f"{shown(url)}: archives are unpacked from disk only: download it and pass the file, or "
             "store its traces under a prefix and pass that"
@@ -81,15 +81,13 @@ def list_urls(url: str) -> list[str]:
     return sorted(traces, key=lambda u: u.split("/"))  # as Path sorts a folder's files
 
 
-def size_bytes(location: Location) -> int:
-    """The trace's size where it is stored (compressed, if it is)."""
-    if not is_url(location):
-        return Path(location).stat().st_size
-    fs, path = _filesystem(str(location))
+def size_bytes(url: str) -> int:
+    """The size of a trace in storage (compressed, if it is)."""
+    fs, path = _filesystem(url)
     try:
         return int(fs.size(path))
     except Exception as exc:
-        raise _store_error(str(location), exc) from None
+        raise _store_error(url, exc) from None
 
 
 def open_trace(location: Location) -> IO[bytes]:
