@@ -277,13 +277,19 @@ def cut_after_event(buffer: bytes) -> int | None:
     no boundary near the end is one."""
     boundaries = [*_boundaries(buffer, 9), (-1, len(buffer) - len(buffer.lstrip()))]
     for (end, _), (_, start) in zip(boundaries, boundaries[1:]):
-        try:
-            event = msgspec.json.decode(buffer[start : end + 1])
-        except (msgspec.DecodeError, RecursionError):
-            continue
-        if isinstance(event, dict) and "ph" in event:
+        if _event_at(buffer[start : end + 1]) is not None:
             return end + 1
     return None
+
+
+def _event_at(raw: bytes) -> dict[str, Any] | None:
+    """`raw` decoded as one trace event (an object with "ph"); None where it is not one (a slice
+    cut at a boundary inside a string or a nested object)."""
+    try:
+        event = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return event if isinstance(event, dict) and "ph" in event else None
 
 
 def read_piece(
@@ -342,11 +348,8 @@ def _event_start(path: Path, offset: int) -> int | None:
         following = _BOUNDARY.search(window, found.end())
         if following is None:
             return None
-        try:
-            event = msgspec.json.decode(window[start : following.start() + 1])
-        except (msgspec.DecodeError, RecursionError):
-            continue  # the boundary was inside a string or a nested object
-        if isinstance(event, dict) and "ph" in event and ("ts" in event or "name" in event):
+        event = _event_at(window[start : following.start() + 1])
+        if event is not None and ("ts" in event or "name" in event):
             return offset + start
     return None
 
@@ -363,7 +366,7 @@ def read_range(path: Path, start: int, end: int, on_events: Callable[[list[Event
     except _TooDeep:
         raise _too_deep(path) from None
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read the trace ({exc}); is the file complete?") from None
+        raise unreadable(str(path), exc) from None
 
 
 def _bounded(stream: IO[bytes], length: int) -> Iterator[bytes]:
@@ -433,7 +436,7 @@ def _drain(buffer: bytes, final: bool) -> tuple[bytes, list[Event] | None]:
             return buffer[end + 1 :], _decode(b"[" + buffer[:end] + b"]")
         except msgspec.DecodeError:
             return b"", None
-    for cut in _last_cuts(buffer, 8):
+    for cut, _ in _boundaries(buffer, 8):
         try:
             return buffer[cut + 1 :].lstrip().lstrip(b","), _decode(b"[" + buffer[: cut + 1] + b"]")
         except msgspec.DecodeError:
@@ -463,12 +466,6 @@ def _array_end(buffer: bytes) -> int | None:
             return None
         except RecursionError:
             raise _TooDeep() from None
-
-
-def _last_cuts(buffer: bytes, count: int) -> Iterator[int]:
-    """Positions of the last `count` `}, {` boundaries, from the end backwards (the position of
-    the `}`), found without scanning the whole buffer."""
-    return (close for close, _ in _boundaries(buffer, count))
 
 
 def _boundaries(buffer: bytes, count: int) -> Iterator[tuple[int, int]]:
