@@ -62,7 +62,12 @@ def test_advise_on_a_lightning_training_step_counts_lightnings_own_work_as_no_da
     class Module(lightning.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+            # large enough that the step dwarfs collating a batch of 16 from memory, so that a
+            # loaded machine stays far from data-stall's 20% (a smaller net read 9% quiet, once
+            # over 20% under a full suite)
+            self.net = nn.Sequential(
+                nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4)
+            )
 
         @advise(warmup=3, steps=10, out=out, **EXACT)
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
