@@ -265,6 +265,21 @@ def test_a_window_the_scripts_end_cuts_short_keeps_what_it_timed() -> None:
     assert round(window.shape.timed_s, 6) == 0.036
 
 
+def test_a_memory_step_the_scripts_end_cuts_short_is_not_taken_for_a_step() -> None:
+    """The script ended inside the untimed step after the timed ones: what its memory counter
+    saw is part of a step, so the run records that nothing was measured (a trial whose peak was
+    a part step's once read 3.3 MB for a 24 MB step, and a batch size passed for fitting)."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=3, memory_step=True), clock.clock())
+    _steps(window, clock, [3.0] * 4)
+    assert window.phase == "traced" and window.memory is not None
+    assert window.stop_profiler() is None  # the script ended here
+    assert window.facts.runtime["memory"] == {
+        "status": "not measured: the script ended inside the counted step"
+    }
+    assert window.memory is None
+
+
 def test_the_loss_is_copied_at_backward_so_a_buffer_overwritten_later_is_read_as_it_was() -> None:
     """Under CUDA graphs (torch.compile's reduce-overhead mode) the loss is a static buffer the
     next replay overwrites; a view of it would read the last value for every step."""

@@ -324,16 +324,19 @@ class Window:
     def _counting(self) -> bool:
         return self.flops is not None or self.memory is not None
 
-    def _stop_counting(self) -> None:
-        """The counted step ended (or the script did inside it): leave its modes, innermost
-        first, and record what they measured."""
+    def _stop_counting(self, whole: bool = True) -> None:
+        """The counted step ended (or, not `whole`, the script did inside it): leave its modes,
+        innermost first, and record what they measured; of a step cut short, that nothing was
+        measured (its peak and FLOPs would be a part of a step's, taken for a step's)."""
+        cut = "not measured: the script ended inside the counted step"
         if self.memory is not None:
             self.memory.stop()
-            self.facts.runtime["memory"] = self.memory.facts()
+            self.facts.runtime["memory"] = self.memory.facts() if whole else {"status": cut}
             self.memory = None
         if self.flops is not None:
             self.flops.stop()
-            self.facts.runtime.update(self.flops.facts())
+            self.facts.runtime.update(self.flops.facts() if whole else {"flops_status": cut})
+            self.flops = None
 
     def _open(self, now: float, end: str) -> None:
         block_ms = list(self.blocks.block_ms) if self.blocks is not None else []
@@ -369,7 +372,7 @@ class Window:
         """The profiler, stopped (None when the window traced nothing); the caller exports it."""
         profiler, self.profiler = self.profiler, None
         if self._counting():  # the script ended inside the counted step: leave its modes
-            self._stop_counting()
+            self._stop_counting(whole=False)
         if profiler is not None:
             profiler.stop()
         return profiler

@@ -203,9 +203,8 @@ def measure_fitted(
     learn(run.raw)
     now = length()
     learnt = (known is None or known.total_steps is None) and now is not None and now.total_steps
-    incomplete = not usable(run.raw) or (
-        measures_memory(spec.profile, spec.overrides) and "memory" not in run.raw.runtime
-    )
+    measured = (run.raw.runtime.get("memory") or {}).get("peak_bytes") is not None
+    incomplete = not usable(run.raw) or (measures_memory(spec.profile, spec.overrides) and not measured)
     if incomplete and run.raw.status == "script_ended" and learnt:
         run = measure_run(spec_of(now))
         learn(run.raw)
