@@ -4,6 +4,7 @@ tree, and a note in the report when a window was disturbed."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import namedtuple
@@ -20,7 +21,7 @@ from trainadvisor.analyze.disturbance import (
     disturbed_cores,
     other_cores,
 )
-from trainadvisor.measure import sampling
+from trainadvisor.measure import proctable, sampling
 from trainadvisor.records import HostSample
 
 
@@ -96,11 +97,14 @@ class _World:
         return [*cls.own, *([_BRIEF] if cls.brief[cls.tick] is not None else [])]
 
 
+# each process's parent: trainadvisor (this process) started the script and the confirmation run
+_PARENT = {_OWN: 1, _TREE: _OWN, 1002: _TREE, _PRESTARTED: _OWN, _BRIEF: _TREE, _STRANGER: 1}
+
+
 class _FakeProcess:
     def __init__(self, pid: int | None = None) -> None:
         self.pid = _OWN if pid is None else pid
         self._read = False
-        self.info = {"name": "stress" if self.pid == _STRANGER else "python", "cpu_times": self.cpu_times()}
 
     def cpu_percent(self, interval: Any = None) -> float:
         first, self._read = not self._read, True
@@ -121,15 +125,26 @@ class _FakeProcess:
     def oneshot(self) -> Any:
         return nullcontext()
 
-    def children(self, recursive: bool = False) -> list[_FakeProcess]:
-        kids = {
-            _TREE: [1002, *([_BRIEF] if _BRIEF in _World.alive() else [])],
-            _OWN: [p for p in _World.alive() if p != _OWN],
-        }.get(self.pid, [])
-        return [_FakeProcess(pid) for pid in kids]
+
+def _proc_table(proc: Path) -> None:
+    """The world at its tick as Linux shows it: /proc/<pid>/stat, one line a process (its name in
+    parentheses, CPU in clock ticks: utime, stime, cutime, cstime)."""
+    shutil.rmtree(proc, ignore_errors=True)
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    for pid in [*_World.alive(), _STRANGER]:
+        times = [round(value * ticks_per_s) for value in _FakeProcess(pid).cpu_times()]
+        name = "a (busy) job" if pid == _STRANGER else "python"  # a name may hold ") "
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(
+            f"{pid} ({name}) S {_PARENT[pid]} {pid} {pid} 0 -1 4194304 0 0 0 0 "
+            f"{' '.join(map(str, times))} 20 0 1 0 100 0 0\n"
+        )
+    (proc / "self").mkdir()  # not a process: skipped
 
 
-def test_the_sampler_counts_only_other_processes_cpu_and_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """trainadvisor's tree is this process and everything it started, counted in CPU seconds
     from tick to tick: a worker that starts and ends between ticks is counted (through the CPU
     seconds its parent records once it has waited for it), not passed off as another's."""
@@ -139,15 +154,12 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(monkeypatch:
         "cpu_times",
         lambda: _Times(_World.busy_s[_World.tick], 0, 0, 50.0, 2.0, 0, 0, 0, 3.0, 0),
     )
-    monkeypatch.setattr(
-        sampling.psutil,
-        "process_iter",
-        lambda _fields: [_FakeProcess(p) for p in [*_World.alive(), _STRANGER]],
-    )
-    sampler = sampling.Sampler(_TREE, clock=lambda: 100.0 + _World.tick)
+    proc = tmp_path / "proc"
+    sampler = sampling.Sampler(_TREE, clock=lambda: 100.0 + _World.tick, proc=proc)
     ticks = []
     for tick in range(3):
         _World.tick = tick
+        _proc_table(proc)
         ticks.append(sampler._host_tick())
     first, second, third = (t[1] for t in ticks if t is not None)
     assert first.other_cpu_pct == 0.0  # the first tick only starts the interval
@@ -158,7 +170,8 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(monkeypatch:
     assert second.other_processes == {}  # the first reading of every process only starts its interval
     # 2.0 busy s, less ours: 0.05 + the script 0.7 and the brief worker's last 0.15 + 0.3 + 0.1
     assert third.other_cpu_pct == pytest.approx(70.0)
-    assert third.other_processes == {"stress (pid 4242)": 0.7}
+    assert third.other_processes == {"a (busy) job (pid 4242)": 0.7}
+    assert (second.workers, third.workers) == (2, 1)  # the script's worker, and the brief one
 
 
 def test_a_busy_loop_beside_the_baseline_is_noted(tmp_path: Path) -> None:
@@ -177,3 +190,24 @@ def test_a_busy_loop_beside_the_baseline_is_noted(tmp_path: Path) -> None:
     notes = load_report(out)["notes"]
     [note] = [n for n in notes if n.startswith("Other processes used")]
     assert "during the baseline window" in note and f"(pid {busy.pid})" in note, notes
+
+
+def test_the_process_table_is_read_in_one_pass_from_proc_or_psutil(tmp_path: Path) -> None:
+    """The real /proc, and psutil where there is none: this process under its parent, with the
+    CPU it has spent; the same tree both ways."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for table in (proctable.read_table(), proctable.read_table(tmp_path / "no-proc")):
+            assert table.parent[os.getpid()] == os.getppid()
+            assert table.tree(os.getpid()) == [os.getpid(), child.pid]
+            assert table.own_s[os.getpid()] > 0.0 and table.name[child.pid].startswith("python")
+    finally:
+        child.kill()
+        child.wait()
+    assert proctable.read_table().tree(child.pid) == []  # ended: no tree
+
+
+def test_a_stat_line_is_read_after_the_last_parenthesis() -> None:
+    line = b"77 (x) (y) z) R 12 77 77 0 -1 0 0 0 0 0 150 50 7 3 20 0 1 0 5 0 0\n"
+    assert proctable._parse_stat(line) == ("x) (y) z", 12, 200, 10)
+    assert proctable._parse_stat(b"77 (cut short) R 12 77") is None

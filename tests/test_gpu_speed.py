@@ -78,9 +78,14 @@ def test_a_loop_that_never_settles_is_measured_at_the_cap_and_the_report_says_so
         SCRIPTS / "settling.py", "--swing-s", "0.5",
     )  # fmt: skip
     shape = report["baseline"]["raw"]["shape"]
-    assert shape["warmup_end"] == "time cap" and 2.0 <= shape["warmup_s"] < 3.0
+    # past the cap, not before it; by how much is the machine's: the cap is checked once the
+    # first --warmup steps are done (3.9 s in all when a loaded machine made those slow)
+    assert shape["warmup_end"] == "time cap" and shape["warmup_s"] >= 2.0 and shape["slid_steps"] == 0
     [note] = [n for n in report["notes"] if n.startswith("Step time had not settled")]
-    assert "the baseline window after 2 s (the longest warm-up allowed, --max-warmup)" in note
+    assert (
+        f"the baseline window after {shape['warmup_s']:.1f} s (the longest warm-up allowed, "
+        "--max-warmup, had passed)" in note
+    )
     assert "--max-warmup 2s" in " ".join(report["command"])
 
 

@@ -73,7 +73,9 @@ def unsettled_note(windows: dict[str, RawRun | None]) -> str | None:
         if shape is None or shape.warmup_end not in ("time cap", "step cap"):
             continue
         why = (
-            f"after {shape.warmup_s:.0f} s (the longest warm-up allowed, --max-warmup)"
+            # one decimal: the cap is checked as each step ends, once the first --warmup steps
+            # are done, so 2.6 s under a cap of 2 s would have read "3 s"
+            f"after {shape.warmup_s:.1f} s (the longest warm-up allowed, --max-warmup, had passed)"
             if shape.warmup_end == "time cap"
             else f"after {shape.warmup_steps} steps (the script had no more to spare)"
         )

@@ -9,11 +9,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from trainadvisor.measure.nvml import NvmlSampler, Stamped
+from trainadvisor.measure.proctable import PROC, ProcessTable, read_table
 from trainadvisor.records import GpuSample, HostSample
 
 # The GPUs the training processes train on, as they name them: label -> device identity.
@@ -31,6 +33,7 @@ class Sampler:
     gpu: list[Stamped[GpuSample]] = field(default_factory=list)
     nvml_status: str = "not sampled: the run used no NVIDIA GPU"
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)  # seconds
+    proc: Path = field(default=PROC, repr=False)  # where the process table is read (`proctable`)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -88,50 +91,45 @@ class Sampler:
         return self._procs[pid]
 
     def _host_tick(self) -> Stamped[HostSample] | None:
+        table = read_table(self.proc)  # once a tick: the script's tree, ours, the others'
         try:
             main = self._process(self.pid)
             with main.oneshot():
                 main_cpu, main_rss = main.cpu_percent(None), main.memory_info().rss
-            children = main.children(recursive=True)
         except psutil.Error:
             return None
+        children = table.tree(self.pid)[1:]
         workers_cpu, workers_rss = 0.0, 0
-        for child in children:
+        for pid in children:
             try:
-                proc = self._process(child.pid)
+                proc = self._process(pid)
                 workers_cpu += proc.cpu_percent(None)
                 workers_rss += proc.memory_info().rss
             except psutil.Error:
                 continue
-        other_cpu, strangers = self._others()
+        other_cpu, strangers = self._others(table)
         return time.time(), HostSample(
             0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers
         )
 
-    def _others(self) -> tuple[float, dict[str, float]]:
+    def _others(self, table: ProcessTable) -> tuple[float, dict[str, float]]:
         """The CPU the machine spent since the last tick outside trainadvisor's own process tree
         (this process, the profiled script and its workers, a confirmation run started beside the
         baseline), in percent of one core; and, where that is half a core or more, the processes
         that spent it. The first tick only starts the interval (0.0)."""
         now_s, busy_s = self.clock(), _busy_cpu_s()
-        ours_s = self._ours.spent_s()
+        ours_s = self._ours.spent_s(table)
         last, self._last_busy = self._last_busy, (now_s, busy_s)
         if last is None or now_s <= last[0]:
             return 0.0, {}
         other_pct = max(0.0, 100.0 * (busy_s - last[1] - ours_s) / (now_s - last[0]))
-        strangers = self._strangers.busiest(now_s) if other_pct >= NAME_FROM_PCT else {}
+        strangers = self._strangers.busiest(now_s, table) if other_pct >= NAME_FROM_PCT else {}
         return other_pct, strangers
 
 
 # From this share of one core spent outside trainadvisor's processes, the sampler names the
 # processes that spent it (`Strangers`): half a core is where a window counts as disturbed.
 NAME_FROM_PCT = 50.0
-
-
-def _spent_s(proc: psutil.Process) -> float:
-    """CPU seconds a process has spent, with those of its children it has waited for."""
-    times = proc.cpu_times()
-    return times.user + times.system + times.children_user + times.children_system
 
 
 class TreeCpu:
@@ -145,20 +143,13 @@ class TreeCpu:
         self.root = root
         self._last: dict[int, float] = {}
 
-    def spent_s(self) -> float:
+    def spent_s(self, table: ProcessTable) -> float:
         """CPU seconds the tree spent since the last call (0.0 at the first)."""
         first = not self._last
-        now: dict[int, float] = {}
-        try:
-            root = psutil.Process(self.root)
-            members = [root, *root.children(recursive=True)]
-        except psutil.Error:
+        members = table.tree(self.root)
+        if not members:
             return 0.0
-        for proc in members:
-            try:
-                now[proc.pid] = _spent_s(proc)
-            except psutil.Error:
-                continue
+        now = {pid: table.own_s[pid] + table.reaped_s[pid] for pid in members}
         gone = sum(spent for pid, spent in self._last.items() if pid not in now)
         grown = sum(spent - self._last.get(pid, 0.0) for pid, spent in now.items())
         self._last = now
@@ -167,8 +158,8 @@ class TreeCpu:
 
 class Strangers:
     """The processes outside trainadvisor's tree that spent the most CPU between two readings of
-    every process on the machine (at most one reading a second: reading them all costs a few
-    milliseconds). Processes of another container or of the host are not visible here."""
+    the process table at least a second apart (shorter spans would name a process for a burst).
+    Processes of another container or of the host are not visible here."""
 
     def __init__(self, every_s: float = 1.0) -> None:
         self.every_s = every_s
@@ -176,17 +167,13 @@ class Strangers:
         self._read_at: float | None = None
         self._named: dict[str, float] = {}
 
-    def busiest(self, now_s: float, top: int = 3) -> dict[str, float]:
+    def busiest(self, now_s: float, table: ProcessTable, top: int = 3) -> dict[str, float]:
         """ "name (pid N)" -> cores, of the busiest processes since the last reading."""
         if self._read_at is not None and now_s - self._read_at < self.every_s:
             return self._named
-        ours = _own_tree()
-        spent: dict[int, tuple[str, float]] = {}
-        for proc in psutil.process_iter(["name", "cpu_times"]):
-            times = proc.info.get("cpu_times")
-            if proc.pid in ours or times is None:
-                continue
-            spent[proc.pid] = (str(proc.info.get("name") or "?"), times.user + times.system)
+        ours = set(table.tree(os.getpid()))
+        # a process's own CPU only: its children's, once waited for, were counted while they ran
+        spent = {pid: (table.name[pid], cpu) for pid, cpu in table.own_s.items() if pid not in ours}
         named: dict[str, float] = {}
         if self._read_at is not None:
             seconds = now_s - self._read_at
@@ -199,14 +186,6 @@ class Strangers:
         self._last = {pid: cpu for pid, (_, cpu) in spent.items()}
         self._read_at, self._named = now_s, named
         return named
-
-
-def _own_tree() -> set[int]:
-    try:
-        me = psutil.Process(os.getpid())
-        return {me.pid, *(child.pid for child in me.children(recursive=True))}
-    except psutil.Error:
-        return {os.getpid()}
 
 
 def _busy_cpu_s() -> float:
