@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import psutil
@@ -28,17 +29,22 @@ class ProcessTable:
     own_s: dict[int, float] = field(default_factory=dict)
     reaped_s: dict[int, float] = field(default_factory=dict)
 
+    @cached_property
+    def _children(self) -> dict[int, list[int]]:
+        """pid -> its children's pids, built once for the two or three trees a tick walks."""
+        children: dict[int, list[int]] = {}
+        for pid, parent in sorted(self.parent.items()):
+            children.setdefault(parent, []).append(pid)
+        return children
+
     def tree(self, root: int) -> list[int]:
         """`root` and its descendants at this reading, parents before their children; empty
         where `root` is not in the table (it has ended)."""
         if root not in self.parent:
             return []
-        children: dict[int, list[int]] = {}
-        for pid, parent in self.parent.items():
-            children.setdefault(parent, []).append(pid)
         found, seen = [root], {root}
         for pid in found:  # grows as it is walked
-            for child in sorted(children.get(pid, [])):
+            for child in self._children.get(pid, []):
                 if child not in seen:  # a parent of its own (pid 0 in some tables)
                     seen.add(child)
                     found.append(child)
