@@ -129,8 +129,12 @@ def slow_input_report(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """One full `profile` run of the slow-input example, shared by the tests that read it."""
-    # --samples: long enough for every window, traces included (runs stop after their window)
-    return _shared_profile(tmp_path_factory, "slow", EXAMPLES / "slow_input_mnist.py", "--samples", "100000")
+    # --samples: long enough for every window, traces included (runs stop after their window, so
+    # the length is spent only where a window needs it); 100,000 samples (1,563 steps) once fell
+    # short in CI, where the confirmation run's warm-up on a loaded machine took 1,475 steps and
+    # the script ended before the traced ones
+    samples = ("--samples", "400000")
+    return _shared_profile(tmp_path_factory, "slow", EXAMPLES / "slow_input_mnist.py", *samples)
 
 
 @pytest.fixture(scope="session")
