@@ -363,3 +363,26 @@ def test_attention_on_a_cpu_is_counted_as_torch_counts_flash_attention() -> None
     flops.stop()
     assert flops.facts()["flops_per_step"] == 65536.0 + 163840.0
     assert flops.facts()["flops_by_dtype"] == {"torch.float32": 229376.0}
+
+
+def test_a_baseline_the_scripts_end_cut_inside_the_profilers_warmup_step_is_measured_again(
+    tmp_path: Path,
+) -> None:
+    """The defect CI met on a loaded machine: the script ended right after the profiler's
+    warm-up step, so its trace held only the script's end under one step marker; read as an
+    inference loop, every training rule was silenced. A count warm-up and no time floor put
+    the end there every time (5 warm-up + 20 timed + the profiler's warm-up step = 26): the
+    first run keeps no trace, and the baseline is measured again, fitted into the 26 steps."""
+    from conftest import SCRIPTS, load_report, run_cli
+
+    out = tmp_path / "r"
+    flags = ("--no-fix", "--max-warmup", "0", "--min-time", "0", "--out", out)
+    script = (SCRIPTS / "elementwise_mlp.py", "--steps", "26", "--blocks", "1")
+    done = run_cli("profile", *flags, *script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "before the window had traced any of them; measuring the baseline again" in done.stderr
+    report = load_report(out)
+    raw = report["baseline"]["raw"]
+    assert raw["status"] == "window_complete" and raw["steps_seen"] == 26 and raw["trace_file"]
+    assert sum(step["profiled"] for step in raw["steps"]) == 11
+    assert report["baseline"]["trace"]["training_loop"] is True

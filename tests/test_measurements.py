@@ -267,3 +267,16 @@ def test_merge_overrides() -> None:
     assert merged == Overrides(
         {"0": {"num_workers": 4, "pin_memory": True}, "1": {"num_workers": 2}}, True, {"tf32": True}
     )
+
+
+def test_a_run_whose_optimizer_stepped_is_a_training_loop_whatever_its_trace_says() -> None:
+    """A trace that holds no optimizer step or backward (the script ended inside it) reads as
+    inference, which silences every training rule; the run's own hooks saw the optimizer step
+    in the window, and that decides. Without them (a trace analysed alone) the trace decides."""
+    inference_trace = {"training_loop": False, "inference_loop": True}
+    for optimizers, training in ((1, True), (0, False)):
+        run = summarize(raw([10.0] * 5))
+        run.raw.runtime["optimizers"] = optimizers
+        run.trace = dict(inference_trace)
+        values = named_measurements(run)
+        assert (values["training_loop"], values["inference_loop"]) == (training, not training)

@@ -264,3 +264,26 @@ def test_fp32_ffma_gemms_on_an_a100_are_flagged(tmp_path: Path) -> None:
     rules = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
     finding = engine.evaluate_rule(rules["no-mixed-precision"], trace_measurements(analysis))
     assert finding is not None and finding.severity == "high"
+
+
+def test_a_marker_the_scripts_end_cut_is_left_out_where_the_run_says_so(tmp_path: Path) -> None:
+    """A profiled run's script ended inside its third traced step: the trace's ProfilerStep#3
+    holds only the script's last moments (a DataLoader's epoch start, 80 us). Told that two
+    steps were recorded whole, the analysis leaves it out; a trace handed over alone keeps it."""
+    events = []
+    for number, start in ((1, 0), (2, 1000)):
+        events += [
+            _event(f"ProfilerStep#{number}", "user_annotation", start, 1000),
+            _event("aten::mm", "cpu_op", start + 100, 600),
+            _event("autograd::engine::evaluate_function: MmBackward0", "cpu_op", start + 720, 200),
+        ]
+    events += [_event("ProfilerStep#3", "user_annotation", 2000, 80)]
+    events += [_event("aten::randperm", "cpu_op", 2010, 50)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    alone, told = analyze_trace(path), analyze_trace(path, last_step=2)
+    assert [s.number for s in alone.steps] == [1, 2, 3] and alone.step_method == "3 ProfilerStep#N markers"
+    assert [s.number for s in told.steps] == [1, 2]
+    left_out = "(ProfilerStep#3 left out: the script ended inside it)"
+    assert told.step_method == f"2 ProfilerStep#N markers {left_out}"
+    assert [s.dur_us for s in told.steps] == [1000, 1000] and told.loop == "training"

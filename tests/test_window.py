@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from trainadvisor.advising.advisor import Advisor
@@ -354,3 +355,18 @@ def test_the_timed_steps_start_over_at_most_twice() -> None:
         step_ms *= 1.02
         _steps(window, clock, [step_ms])
     assert (window.slides, window.shape.slid_steps, len(window.records)) == (2, 10, 10)
+
+
+@pytest.mark.parametrize("steps_after_timed, kept", [(1, False), (2, True)])
+def test_a_trace_the_scripts_end_left_without_a_whole_step_is_dropped(
+    steps_after_timed: int, kept: bool
+) -> None:
+    """The script ended inside the profiler's warm-up step or right after it: the trace would
+    hold only its last moments under a step marker (a training loop read as inference once, its
+    training rules silenced), so there is none; one recorded step later, there is one."""
+    clock, profiler = FakeClock(), FakeProfiler(5, False)
+    plan = WindowPlan(warmup=1, steps=2, profile_steps=5)
+    window = Window(plan, clock.clock(), profiler=lambda *_: profiler)
+    _steps(window, clock, [3.0] * (1 + 2 + steps_after_timed))
+    assert window.phase == "traced" and window.traced_whole() == steps_after_timed - 1
+    assert (window.stop_profiler() is profiler, profiler.stopped) == (kept, True)

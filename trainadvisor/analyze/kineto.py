@@ -36,24 +36,30 @@ SHORT_KERNEL_US = device.SHORT_KERNEL_US
 
 
 def analyze_trace(
-    path: Location, source_dirs: tuple[Path, ...] = (), workers: int | None = None
+    path: Location,
+    source_dirs: tuple[Path, ...] = (),
+    workers: int | None = None,
+    last_step: int | None = None,
 ) -> TraceAnalysis:
     """Measure one trace file: a path, or a URL of object storage (`sources`; its name in the
     analysis holds no credentials). The cyclic garbage collector is paused meanwhile: reading
     allocates millions of short-lived acyclic objects, and collecting over them repeatedly
-    would cost about a third of the time."""
+    would cost about a third of the time. `last_step`: the last ProfilerStep#N the run that
+    wrote the trace recorded whole (`analyze.steps.find_steps`)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(path, source_dirs, workers)
+        return _analyze(path, source_dirs, workers, last_step)
     finally:
         if enabled:
             gc.enable()
 
 
-def _analyze(path: Location, source_dirs: tuple[Path, ...], workers: int | None) -> TraceAnalysis:
+def _analyze(
+    path: Location, source_dirs: tuple[Path, ...], workers: int | None, last_step: int | None
+) -> TraceAnalysis:
     t, meta = read_table(path, workers)
-    steps = find_steps(t)
+    steps = find_steps(t, last_step)
     if not steps.spans:
         steps = _device_window(t, path)
     roles = _role_rows(t)

@@ -50,11 +50,23 @@ class Steps:
         return self.all_spans[1:] if self.warmup is not None else self.all_spans
 
 
-def find_steps(t: Table) -> Steps:
+def find_steps(t: Table, last_step: int | None = None) -> Steps:
+    """The trace's steps: its ProfilerStep#N markers, else the iterations its events show.
+    `last_step`: the last marker the run recorded whole (a profiled run's own count, where the
+    script ended inside its traced steps: the marker after it holds only the script's end)."""
     host = t.rows(*HOST_KINDS)
     if not len(host):
         return Steps([], False, "no host events: the device's work is one window")
     markers = _markers(t, host, t.name[host])
+    cut = [m for m in markers if last_step is not None and m[0] > last_step]
+    if not cut or len(cut) == len(markers):
+        return _steps_of(t, host, markers)
+    found = _steps_of(t, host, [m for m in markers if m not in cut])
+    shown = ", ".join(f"ProfilerStep#{n}" for n, _, _ in cut)
+    return replace(found, method=f"{found.method} ({shown} left out: the script ended inside it)")
+
+
+def _steps_of(t: Table, host: np.ndarray, markers: list[tuple[int, float, float]]) -> Steps:
     # A marker of no length (Kineto writes some: a step ended as it began, or a `dur` of `inf`
     # read as none) holds no work and would divide by zero: it is skipped, and the report says so.
     empty = [number for number, start, end in markers if end <= start]

@@ -11,6 +11,7 @@ from trainadvisor.analyze.energy import run_energy
 from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
 from trainadvisor.analyze.ranks import rank_measurements
+from trainadvisor.analyze.shapes import traced_whole
 from trainadvisor.compute.mfu import utilization
 from trainadvisor.frameworks.vocab import loop_call
 from trainadvisor.memory.peak import memory_measurements, step_memory
@@ -69,7 +70,7 @@ def attach_trace(raw: RawRun, out_dir: Path, script: Path | None = None) -> dict
     if not raw.trace_file:
         return {}
     sources = (script.resolve().parent,) if script else ()
-    analysis = analyze_trace(out_dir / raw.trace_file, sources)
+    analysis = analyze_trace(out_dir / raw.trace_file, sources, last_step=traced_whole(raw) or None)
     # ProfilerStep#N is the N-th step since the profiler started (#0: its warmup step, not
     # recorded); a trace without step markers is one window and is copied onto no step.
     profiled = [s for s in raw.steps if s.profiled]
@@ -199,6 +200,10 @@ def named_measurements(run: Run) -> dict[str, Any]:
     raw = run.raw
     table: dict[str, Any] = dict(run.trace)
     table.update(runtime_measurements(raw.runtime))
+    if raw.runtime.get("optimizers") or (raw.step_source == "backward" and raw.steps):
+        # The run's own hooks saw its optimizer step (or its backward passes end its steps) in
+        # the window: a training loop, whatever a trace that holds none of them would say.
+        table.update(training_loop=True, inference_loop=False)
     table["input_shapes_fixed"] = input_shapes_fixed(raw)
     table.update(rank_measurements(run.ranks))
     table.update({

@@ -369,13 +369,24 @@ class Window:
     # ---- after the window ----
 
     def stop_profiler(self) -> Any:
-        """The profiler, stopped (None when the window traced nothing); the caller exports it."""
+        """The profiler, stopped (None when the window traced nothing); the caller exports it.
+        Where the script ended before the profiler recorded one whole step (inside its warm-up
+        step, or the first recorded one) the trace would hold only the script's last moments
+        under a step marker, read as a step of the loop: it is dropped, and None returned."""
         profiler, self.profiler = self.profiler, None
         if self._counting():  # the script ended inside the counted step: leave its modes
             self._stop_counting(whole=False)
         if profiler is not None:
             profiler.stop()
+            if self.phase == "traced" and self.traced_whole() == 0:
+                return None
         return profiler
+
+    def traced_whole(self) -> int:
+        """Steps the profiler recorded whole (its warm-up step is not recorded)."""
+        if not self.plan.profile_steps:
+            return 0
+        return max(0, len(self.records) - self.shape_timed_steps - PROFILER_WARMUP_STEPS)
 
     def read_back(self) -> list[float | None]:
         """The losses as numbers (one host sync for all steps, after the window: the loop itself

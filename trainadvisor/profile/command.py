@@ -15,7 +15,7 @@ import psutil
 from trainadvisor import engine, fixes
 from trainadvisor.analyze.disturbance import disturbance_notes
 from trainadvisor.analyze.length import run_length
-from trainadvisor.analyze.shapes import baseline_note, window_notes
+from trainadvisor.analyze.shapes import baseline_note, traced_whole, window_notes
 from trainadvisor.analyze.summary import attach_trace, input_note, named_measurements
 from trainadvisor.errors import NoStepsError, Terminated, UsageError
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
@@ -78,11 +78,11 @@ def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
 
 def _too_short(raw: RawRun) -> bool:
     """The script ended by itself before the baseline's window timed enough steps, or before
-    its traced steps: then no step was traced, nor its FLOPs and memory counted (the script's
-    end can fall there where the warm-up settled late, on a loaded machine)."""
+    the profiler recorded a whole step: then no step was traced (the script's end can fall there
+    where the warm-up settled late, on a loaded machine)."""
     if raw.status != "script_ended" or not raw.steps_seen:
         return False
-    return not usable(raw) or (raw.profile_steps > 0 and not any(step.profiled for step in raw.steps))
+    return not usable(raw) or (raw.profile_steps > 0 and not traced_whole(raw))
 
 
 def _fitted_baseline(

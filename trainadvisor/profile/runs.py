@@ -10,6 +10,7 @@ from typing import Any
 
 from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.ranks import rank_stats
+from trainadvisor.analyze.shapes import traced_whole
 from trainadvisor.analyze.summary import attach_trace, summarize
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure, measures_memory
@@ -222,7 +223,7 @@ def run_of(raw: RawRun, spec: RunSpec) -> Run:
         communication = {}
         for rank in raw.ranks:
             if rank.trace_file and (spec.out_dir / rank.trace_file).is_file():
-                analysis = analyze_trace(spec.out_dir / rank.trace_file)
+                analysis = analyze_trace(spec.out_dir / rank.trace_file, last_step=traced_whole(rank) or None)
                 share = analysis.breakdown_pct.get("communication") if analysis.kernels else None
                 communication[rank.rank or 0] = (share, analysis.communication_overlap_pct)
         run.ranks = rank_stats(raw, communication)
