@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections import namedtuple
 from contextlib import nullcontext
 from pathlib import Path
@@ -126,12 +128,15 @@ class _FakeProcess:
         return nullcontext()
 
 
-def _proc_table(proc: Path) -> None:
+def _proc_table(proc: Path, children_lists: bool) -> None:
     """The world at its tick as Linux shows it: /proc/<pid>/stat, one line a process (its name in
-    parentheses, CPU in clock ticks: utime, stime, cutime, cstime)."""
+    parentheses, CPU in clock ticks: utime, stime, cutime, cstime); where the kernel keeps them,
+    the children each thread started (/proc/<pid>/task/<tid>/children: here a second thread of
+    trainadvisor's started the confirmation run)."""
     shutil.rmtree(proc, ignore_errors=True)
     ticks_per_s = os.sysconf("SC_CLK_TCK")
-    for pid in [*_World.alive(), _STRANGER]:
+    alive = [*_World.alive(), _STRANGER]
+    for pid in alive:
         times = [round(value * ticks_per_s) for value in _FakeProcess(pid).cpu_times()]
         name = "a (busy) job" if pid == _STRANGER else "python"  # a name may hold ") "
         (proc / str(pid)).mkdir(parents=True)
@@ -139,15 +144,29 @@ def _proc_table(proc: Path) -> None:
             f"{pid} ({name}) S {_PARENT[pid]} {pid} {pid} 0 -1 4194304 0 0 0 0 "
             f"{' '.join(map(str, times))} 20 0 1 0 100 0 0\n"
         )
+        if children_lists:
+            children = [child for child in alive if _PARENT[child] == pid]
+            by_thread = {
+                pid: [child for child in children if child != _PRESTARTED],
+                pid + 50_000: [child for child in children if child == _PRESTARTED],
+            }
+            for tid, started in by_thread.items():
+                (proc / str(pid) / "task" / str(tid)).mkdir(parents=True)
+                (proc / str(pid) / "task" / str(tid) / "children").write_text(
+                    "".join(f"{c} " for c in started)
+                )
     (proc / "self").mkdir()  # not a process: skipped
 
 
+@pytest.mark.parametrize("children_lists", [True, False])
 def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, children_lists: bool
 ) -> None:
     """trainadvisor's tree is this process and everything it started, counted in CPU seconds
     from tick to tick: a worker that starts and ends between ticks is counted (through the CPU
-    seconds its parent records once it has waited for it), not passed off as another's."""
+    seconds its parent records once it has waited for it), not passed off as another's. The
+    same figures whether the tree is read alone (the kernel lists each thread's children) or
+    found in the whole table; the whole table is read only to name the others, once a second."""
     monkeypatch.setattr(sampling.psutil, "Process", _FakeProcess)
     monkeypatch.setattr(
         sampling.psutil,
@@ -155,11 +174,14 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
         lambda: _Times(_World.busy_s[_World.tick], 0, 0, 50.0, 2.0, 0, 0, 0, 3.0, 0),
     )
     proc = tmp_path / "proc"
+    whole_reads = []
+    read_table = sampling.read_table
+    monkeypatch.setattr(sampling, "read_table", lambda at: whole_reads.append(at) or read_table(at))
     sampler = sampling.Sampler(_TREE, clock=lambda: 100.0 + _World.tick, proc=proc)
     ticks = []
     for tick in range(3):
         _World.tick = tick
-        _proc_table(proc)
+        _proc_table(proc, children_lists)
         ticks.append(sampler._host_tick())
     first, second, third = (t[1] for t in ticks if t is not None)
     assert first.other_cpu_pct == 0.0  # the first tick only starts the interval
@@ -172,6 +194,8 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
     assert third.other_cpu_pct == pytest.approx(70.0)
     assert third.other_processes == {"a (busy) job (pid 4242)": 0.7}
     assert (second.workers, third.workers) == (2, 1)  # the script's worker, and the brief one
+    # to name the others at the second and third ticks; and, without the lists, every tick
+    assert len(whole_reads) == (2 if children_lists else 5)
 
 
 def test_a_busy_loop_beside_the_baseline_is_noted(tmp_path: Path) -> None:
@@ -205,6 +229,38 @@ def test_the_process_table_is_read_in_one_pass_from_proc_or_psutil(tmp_path: Pat
         child.kill()
         child.wait()
     assert proctable.read_table().tree(child.pid) == []  # ended: no tree
+
+
+_SLEEP = "import time; time.sleep(30)"
+_PARENT_OF_ONE = (
+    f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {_SLEEP!r}]); {_SLEEP}"
+)
+
+
+def test_a_tree_is_read_alone_through_each_threads_children() -> None:
+    """On this machine's /proc: a child this process started from a second thread, and that
+    child's own child, found as the whole table finds them; no lists where there is no /proc."""
+    started: list[subprocess.Popen[bytes]] = []
+    spawn = threading.Thread(
+        target=lambda: started.append(subprocess.Popen([sys.executable, "-c", _PARENT_OF_ONE]))
+    )
+    spawn.start()
+    spawn.join()
+    [child] = started
+    try:
+        deadline = time.monotonic() + 30
+        while len(proctable.read_table().tree(child.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alone, whole = proctable.read_tree([os.getpid()]), proctable.read_table()
+        assert alone is not None, "this kernel keeps no children lists"
+        assert alone.tree(child.pid) == whole.tree(child.pid) and len(whole.tree(child.pid)) == 2
+        assert set(alone.tree(child.pid)) <= set(alone.tree(os.getpid()))
+        assert alone.own_s[child.pid] == pytest.approx(whole.own_s[child.pid], abs=0.5)
+    finally:
+        for pid in proctable.read_table().tree(child.pid)[::-1]:
+            os.kill(pid, 9)
+        child.wait()
+    assert proctable.read_tree([os.getpid()], Path("/nonexistent")) is None
 
 
 def test_a_stat_line_is_read_after_the_last_parenthesis() -> None:

@@ -5,7 +5,10 @@ tree, and everything else), and psutil answers each with a scan of its own: `chi
 the stat file of every process on the machine to find the parents, and a busy machine was read
 three times a tick. On a shared node of a few hundred processes, or in a test suite, that cost
 a tenth of a core for sampling alone. Here one pass over `/proc/<pid>/stat` (Linux) gives all
-three; elsewhere one `psutil.process_iter` does."""
+three; elsewhere one `psutil.process_iter` does. Where the kernel lists each thread's children
+(`/proc/<pid>/task/<tid>/children`), trainadvisor's own tree is read alone (`read_tree`): a few
+files a tick however many processes the machine runs; the whole table is then read only to name
+the processes that keep the machine busy."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 import psutil
 
 PROC = Path("/proc")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # Linux's clock ticks
 
 
 @dataclass(frozen=True)
@@ -56,22 +60,62 @@ def read_table(proc: Path = PROC) -> ProcessTable:
     is left out."""
     if not proc.is_dir():
         return _from_psutil()
-    ticks_per_s = os.sysconf("SC_CLK_TCK")
-    table = ProcessTable()
-    folder = str(proc)
+    table, folder = ProcessTable(), str(proc)
     for entry in os.listdir(folder):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{folder}/{entry}/stat", "rb") as file:
-                parsed = _parse_stat(file.read())
-        except OSError:  # gone, or not ours to read
-            continue
-        if parsed is not None:
-            pid = int(entry)
-            table.name[pid], table.parent[pid], own, reaped = parsed
-            table.own_s[pid], table.reaped_s[pid] = own / ticks_per_s, reaped / ticks_per_s
+        if entry.isdigit():
+            _add(table, folder, int(entry))
     return table
+
+
+def read_tree(roots: list[int], proc: Path = PROC) -> ProcessTable | None:
+    """The `roots` and their descendants alone, found through the children each of their
+    threads started (`/proc/<pid>/task/<tid>/children`); None where the kernel keeps no such
+    lists (built without CONFIG_PROC_CHILDREN, or no /proc): read the whole table there. A root
+    that has ended is not in it."""
+    folder = str(proc)
+    if not os.path.exists(f"{folder}/{os.getpid()}/task/{os.getpid()}/children"):
+        return None
+    table, found = ProcessTable(), list(roots)
+    seen = set(found)
+    for pid in found:  # grows as it is walked
+        if not _add(table, folder, pid):
+            continue  # ended meanwhile: its children are left to the next reading
+        for child in _children_of(folder, pid):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+    return table
+
+
+def _children_of(folder: str, pid: int) -> list[int]:
+    """The children every thread of `pid` started (a thread or process that ended meanwhile
+    lists none)."""
+    children: list[int] = []
+    try:
+        threads = os.listdir(f"{folder}/{pid}/task")
+    except OSError:
+        return children
+    for tid in threads:
+        try:
+            with open(f"{folder}/{pid}/task/{tid}/children", "rb") as file:
+                children.extend(int(word) for word in file.read().split())
+        except (OSError, ValueError):
+            continue
+    return children
+
+
+def _add(table: ProcessTable, folder: str, pid: int) -> bool:
+    """`pid`'s stat line into the table; False where it is gone, or not ours to read."""
+    try:
+        with open(f"{folder}/{pid}/stat", "rb") as file:
+            parsed = _parse_stat(file.read())
+    except OSError:
+        return False
+    if parsed is None:
+        return False
+    table.name[pid], table.parent[pid], own, reaped = parsed
+    table.own_s[pid], table.reaped_s[pid] = own / _TICKS_PER_S, reaped / _TICKS_PER_S
+    return True
 
 
 def _parse_stat(line: bytes) -> tuple[str, int, int, int] | None:

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from trainadvisor.measure.nvml import NvmlSampler, Stamped
-from trainadvisor.measure.proctable import PROC, ProcessTable, read_table
+from trainadvisor.measure.proctable import PROC, ProcessTable, read_table, read_tree
 from trainadvisor.records import GpuSample, HostSample
 
 # The GPUs the training processes train on, as they name them: label -> device identity.
@@ -91,7 +91,7 @@ class Sampler:
         return self._procs[pid]
 
     def _host_tick(self) -> Stamped[HostSample] | None:
-        table = read_table(self.proc)  # once a tick: the script's tree, ours, the others'
+        table = self._read_ours()  # once a tick: the script's tree and ours
         try:
             main = self._process(self.pid)
             with main.oneshot():
@@ -112,6 +112,12 @@ class Sampler:
             0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers
         )
 
+    def _read_ours(self) -> ProcessTable:
+        """trainadvisor's tree and the script's (in it, where trainadvisor started the script):
+        those alone where the kernel lists each thread's children, else the whole table."""
+        ours = read_tree([os.getpid(), self.pid], self.proc)
+        return ours if ours is not None else read_table(self.proc)
+
     def _others(self, table: ProcessTable) -> tuple[float, dict[str, float]]:
         """The CPU the machine spent since the last tick outside trainadvisor's own process tree
         (this process, the profiled script and its workers, a confirmation run started beside the
@@ -123,7 +129,11 @@ class Sampler:
         if last is None or now_s <= last[0]:
             return 0.0, {}
         other_pct = max(0.0, 100.0 * (busy_s - last[1] - ours_s) / (now_s - last[0]))
-        strangers = self._strangers.busiest(now_s, table) if other_pct >= NAME_FROM_PCT else {}
+        strangers = (
+            self._strangers.busiest(now_s, lambda: read_table(self.proc))
+            if other_pct >= NAME_FROM_PCT
+            else {}
+        )
         return other_pct, strangers
 
 
@@ -167,10 +177,12 @@ class Strangers:
         self._read_at: float | None = None
         self._named: dict[str, float] = {}
 
-    def busiest(self, now_s: float, table: ProcessTable, top: int = 3) -> dict[str, float]:
-        """ "name (pid N)" -> cores, of the busiest processes since the last reading."""
+    def busiest(self, now_s: float, read: Callable[[], ProcessTable], top: int = 3) -> dict[str, float]:
+        """ "name (pid N)" -> cores, of the busiest processes since the last reading of the
+        whole process table (`read`, at most once every `every_s`)."""
         if self._read_at is not None and now_s - self._read_at < self.every_s:
             return self._named
+        table = read()
         ours = set(table.tree(os.getpid()))
         # a process's own CPU only: its children's, once waited for, were counted while they ran
         spent = {pid: (table.name[pid], cpu) for pid, cpu in table.own_s.items() if pid not in ours}
