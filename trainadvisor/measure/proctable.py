@@ -75,7 +75,7 @@ def read_tree(roots: list[int], proc: Path = PROC) -> ProcessTable | None:
     folder = str(proc)
     if not os.path.exists(f"{folder}/{os.getpid()}/task/{os.getpid()}/children"):
         return None
-    table, found = ProcessTable(), list(roots)
+    table, found = ProcessTable(), list(dict.fromkeys(roots))  # under @advise: one root twice
     seen = set(found)
     for pid in found:  # grows as it is walked
         if not _add(table, folder, pid):

@@ -194,7 +194,6 @@ def _profile(job: _Job) -> Report:
     live, prestarted = None, None
     try:
         if why_restart is None:  # kept alive after its window, for trial windows
-            prestarted = _prestart(options)
             live = LiveRun(replace(spec, session_dir=spec.out_dir / ".work" / "session"))
         baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
         fitted = _fitted_baseline(options, spec, baseline, echo) if _too_short(baseline.raw) else None
@@ -212,7 +211,8 @@ def _profile(job: _Job) -> Report:
                 live = None
             return _after_oom(job, diagnosed)
         if blocked is None and options.apply_fixes:
-            return _measure_fixes(job, diagnosed, live, why_restart, _confirmable(diagnosed, prestarted))
+            prestarted = _prestart(options, diagnosed) if live is not None else None
+            return _measure_fixes(job, diagnosed, live, why_restart, prestarted)
         if live is not None:  # diagnosis only: no fix outcome to report
             live.close()
         diagnosed = _with_sites(options, job.rules, diagnosed, echo)
@@ -284,13 +284,18 @@ def _after_oom(job: _Job, diagnosed: _Diagnosed) -> Report:
     return final
 
 
-def _prestart(options: ProfileOptions) -> Prestarted | None:
-    """The confirmation run, started with the baseline so that the script's set-up (imports,
-    loading, building the model) overlaps the baseline and the trials instead of coming after
-    them. It runs at the lowest CPU priority, waits at its first DataLoader for the settings to
-    confirm, and steps aside (exits) if memory runs short. Not on a machine with a GPU: a second
-    process there would hold GPU memory beside the trials."""
-    if _gpu_here():
+def _prestart(options: ProfileOptions, diagnosed: _Diagnosed) -> Prestarted | None:
+    """The confirmation run, started before the trials where it can confirm what they may
+    choose, so that the script's set-up (imports, loading, building the model) overlaps them
+    instead of coming after them: where every fix the diagnosis plans is a DataLoader setting
+    (applied when the first loader is built). It runs at the lowest CPU priority, waits at its
+    first DataLoader for the settings to confirm, and steps aside (exits) if memory runs short.
+    Not started before the baseline is diagnosed: a script that fails, or whose diagnosis plans
+    other fixes, would pay its set-up twice. Not on a machine with a GPU: a second process there
+    would hold GPU memory beside the trials."""
+    applicable = [p for p in diagnosed.plan if p.applicable]
+    loaders_only = applicable and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
+    if not loaders_only or diagnosed.diagnosis.values.get("cuda_used") or _gpu_here():
         return None
     spec = spec_for(options, "after", show_output=False)
     return Prestarted(replace(spec, gate_file=spec.out_dir / ".work" / "after.gate.json"))
@@ -300,21 +305,6 @@ def _gpu_here() -> bool:
     """Whether this machine has an NVIDIA or AMD GPU driver loaded (its device files)."""
     dev = Path("/dev")
     return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
-
-
-def _confirmable(diagnosed: _Diagnosed, prestarted: Prestarted | None) -> Prestarted | None:
-    """The started confirmation run, where it can confirm what the trials may choose: only
-    DataLoader settings (applied when the first loader is built) on a run without a GPU."""
-    applicable = [p for p in diagnosed.plan if p.applicable]
-    usable = (
-        not diagnosed.diagnosis.values.get("cuda_used")
-        and applicable
-        and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
-    )
-    if prestarted is not None and not usable:
-        prestarted.cancel()
-        return None
-    return prestarted
 
 
 def _why_restart(options: ProfileOptions) -> str | None:
