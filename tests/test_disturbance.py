@@ -263,6 +263,31 @@ def test_a_tree_is_read_alone_through_each_threads_children() -> None:
     assert proctable.read_tree([os.getpid()], Path("/nonexistent")) is None
 
 
+def _fake_proc(proc: Path, parents: dict[int, int], listed: dict[int, list[int]]) -> None:
+    """A /proc of `parents` (pid -> parent), each process's main thread listing `listed[pid]`."""
+    for pid, parent in parents.items():
+        (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(
+            f"{pid} (p) S {parent} 0 0 0 -1 0 0 0 0 0 {pid} 0 0 0 20 0 1 0\n"
+        )
+        (proc / str(pid) / "task" / str(pid) / "children").write_text(
+            "".join(f"{c} " for c in listed.get(pid, []))
+        )
+
+
+def test_a_live_child_the_kernels_list_skipped_is_read_directly(tmp_path: Path) -> None:
+    """proc(5): a children list may skip a live child while a sibling is reaped. Of the last
+    reading's members, 12 (and its child 13, listed by 12) is still there under our root: read
+    directly. 14 has ended; 15 was reparented to init: neither is ours any more."""
+    me = os.getpid()
+    parents = {me: 1, 10: me, 11: 10, 12: 10, 13: 12, 15: 1}
+    _fake_proc(tmp_path, parents, {me: [10], 10: [11], 12: [13]})  # 12 skipped in 10's list
+    assert set(proctable.read_tree([10], tmp_path).parent) == {10, 11}  # nothing known: as listed
+    table = proctable.read_tree([10], tmp_path, known=[10, 11, 12, 13, 14, 15])
+    assert table is not None and table.tree(10) == [10, 11, 12, 13]
+    assert table.own_s[13] == 13 / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_stat_line_is_read_after_the_last_parenthesis() -> None:
     line = b"77 (x) (y) z) R 12 77 77 0 -1 0 0 0 0 0 150 50 7 3 20 0 1 0 5 0 0\n"
     assert proctable._parse_stat(line) == ("x) (y) z", 12, 200, 10)

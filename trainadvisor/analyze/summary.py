@@ -200,9 +200,13 @@ def named_measurements(run: Run) -> dict[str, Any]:
     raw = run.raw
     table: dict[str, Any] = dict(run.trace)
     table.update(runtime_measurements(raw.runtime))
-    if raw.runtime.get("optimizers") or (raw.step_source == "backward" and raw.steps):
-        # The run's own hooks saw its optimizer step (or its backward passes end its steps) in
-        # the window: a training loop, whatever a trace that holds none of them would say.
+    if (raw.step_source == "optimizer" and raw.runtime.get("optimizers")) or (
+        raw.step_source == "backward" and raw.steps
+    ):
+        # The run's own hooks ended its steps at its optimizer's step (or at backward passes):
+        # a training loop, whatever a trace that holds none of them (one the script's end cut)
+        # would say. Not where a step is a decorated function's (@advise): an inference
+        # function called between training steps would see their optimizer step too.
         table.update(training_loop=True, inference_loop=False)
     table["input_shapes_fixed"] = input_shapes_fixed(raw)
     table.update(rank_measurements(run.ranks))

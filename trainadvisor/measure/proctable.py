@@ -13,6 +13,7 @@ the processes that keep the machine busy."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -67,16 +68,30 @@ def read_table(proc: Path = PROC) -> ProcessTable:
     return table
 
 
-def read_tree(roots: list[int], proc: Path = PROC) -> ProcessTable | None:
+def read_tree(roots: list[int], proc: Path = PROC, known: Iterable[int] = ()) -> ProcessTable | None:
     """The `roots` and their descendants alone, found through the children each of their
     threads started (`/proc/<pid>/task/<tid>/children`); None where the kernel keeps no such
     lists (built without CONFIG_PROC_CHILDREN, or no /proc): read the whole table there. A root
-    that has ended is not in it."""
+    that has ended is not in it. `known`: the tree's members at the last reading. The lists may
+    skip a live child while a sibling is reaped (proc(5)); one still running under a parent in
+    the tree is read directly, with its descendants, not taken for ended (its CPU would count
+    as another process's for a tick, and as new at the next)."""
     folder = str(proc)
     if not os.path.exists(f"{folder}/{os.getpid()}/task/{os.getpid()}/children"):
         return None
-    table, found = ProcessTable(), list(dict.fromkeys(roots))  # under @advise: one root twice
-    seen = set(found)
+    table, seen = ProcessTable(), set[int]()
+    _walk(table, folder, list(dict.fromkeys(roots)), seen)  # under @advise: one root twice
+    for pid in known:
+        if pid not in seen:
+            probe = ProcessTable()
+            if _add(probe, folder, pid) and probe.parent[pid] in table.parent:
+                _walk(table, folder, [pid], seen)
+    return table
+
+
+def _walk(table: ProcessTable, folder: str, found: list[int], seen: set[int]) -> None:
+    """`found` and their descendants into the table."""
+    seen.update(found)
     for pid in found:  # grows as it is walked
         if not _add(table, folder, pid):
             continue  # ended meanwhile: its children are left to the next reading
@@ -84,7 +99,6 @@ def read_tree(roots: list[int], proc: Path = PROC) -> ProcessTable | None:
             if child not in seen:
                 seen.add(child)
                 found.append(child)
-    return table
 
 
 def _children_of(folder: str, pid: int) -> list[int]:

@@ -115,7 +115,7 @@ class Sampler:
     def _read_ours(self) -> ProcessTable:
         """trainadvisor's tree and the script's (in it, where trainadvisor started the script):
         those alone where the kernel lists each thread's children, else the whole table."""
-        ours = read_tree([os.getpid(), self.pid], self.proc)
+        ours = read_tree([os.getpid(), self.pid], self.proc, known=self._ours.members)
         return ours if ours is not None else read_table(self.proc)
 
     def _others(self, table: ProcessTable) -> tuple[float, dict[str, float]]:
@@ -152,6 +152,11 @@ class TreeCpu:
     def __init__(self, root: int) -> None:
         self.root = root
         self._last: dict[int, float] = {}
+
+    @property
+    def members(self) -> list[int]:
+        """The tree's processes at the last reading."""
+        return list(self._last)
 
     def spent_s(self, table: ProcessTable) -> float:
         """CPU seconds the tree spent since the last call (0.0 at the first)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -22,7 +21,7 @@ from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.live import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
 from trainadvisor.profile import rescue
-from trainadvisor.profile.confirm import confirm
+from trainadvisor.profile.confirm import confirm, start_ahead
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, usable
 from trainadvisor.profile.runs import (
     ProfileOptions,
@@ -211,7 +210,8 @@ def _profile(job: _Job) -> Report:
                 live = None
             return _after_oom(job, diagnosed)
         if blocked is None and options.apply_fixes:
-            prestarted = _prestart(options, diagnosed) if live is not None else None
+            plan, values = diagnosed.plan, diagnosed.diagnosis.values
+            prestarted = start_ahead(options, plan, values) if live is not None else None
             return _measure_fixes(job, diagnosed, live, why_restart, prestarted)
         if live is not None:  # diagnosis only: no fix outcome to report
             live.close()
@@ -238,7 +238,9 @@ def _measure_fixes(
     """Each fix's trials (in windows of the live run where they can switch there, else in
     fresh runs), then the confirmation run; the report saved after each."""
     options, started = job.options, job.started
-    tuning = _tuning(options, diagnosed, job.echo, started)
+    samples = diagnosed.baseline.raw.host_samples
+    beside = max((h.main_rss_bytes for h in samples), default=0) if prestarted is not None else 0
+    tuning = _tuning(options, diagnosed, job.echo, started, beside)
     tuning.on_progress = lambda: job.keep(
         _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
     )
@@ -284,29 +286,6 @@ def _after_oom(job: _Job, diagnosed: _Diagnosed) -> Report:
     return final
 
 
-def _prestart(options: ProfileOptions, diagnosed: _Diagnosed) -> Prestarted | None:
-    """The confirmation run, started before the trials where it can confirm what they may
-    choose, so that the script's set-up (imports, loading, building the model) overlaps them
-    instead of coming after them: where every fix the diagnosis plans is a DataLoader setting
-    (applied when the first loader is built). It runs at the lowest CPU priority, waits at its
-    first DataLoader for the settings to confirm, and steps aside (exits) if memory runs short.
-    Not started before the baseline is diagnosed: a script that fails, or whose diagnosis plans
-    other fixes, would pay its set-up twice. Not on a machine with a GPU: a second process there
-    would hold GPU memory beside the trials."""
-    applicable = [p for p in diagnosed.plan if p.applicable]
-    loaders_only = applicable and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
-    if not loaders_only or diagnosed.diagnosis.values.get("cuda_used") or _gpu_here():
-        return None
-    spec = spec_for(options, "after", show_output=False)
-    return Prestarted(replace(spec, gate_file=spec.out_dir / ".work" / "after.gate.json"))
-
-
-def _gpu_here() -> bool:
-    """Whether this machine has an NVIDIA or AMD GPU driver loaded (its device files)."""
-    dev = Path("/dev")
-    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
-
-
 def _why_restart(options: ProfileOptions) -> str | None:
     """Why no trial can run as a window of the baseline's process, or None."""
     if not options.apply_fixes:
@@ -320,8 +299,14 @@ def _why_restart(options: ProfileOptions) -> str | None:
     return None
 
 
-def _tuning(options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started: float) -> Tuning:
-    values = {**diagnosed.diagnosis.values, "memory_available_bytes": psutil.virtual_memory().available}
+def _tuning(
+    options: ProfileOptions, diagnosed: _Diagnosed, echo: Echo, started: float, beside_bytes: int = 0
+) -> Tuning:
+    """The fixes' search, over the diagnosis's measurements and the memory left: what the machine
+    has free less `beside_bytes` (a confirmation run started ahead, still setting up, will hold
+    about as much as the baseline's script did)."""
+    available = max(0, psutil.virtual_memory().available - beside_bytes)
+    values = {**diagnosed.diagnosis.values, "memory_available_bytes": available}
     if options.max_workers is not None:
         values["worker_cap"] = options.max_workers  # --max-workers
     plan = diagnosed.plan

@@ -5,6 +5,8 @@ faster and trains the same, and each kept or recommended fix given its code chan
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from trainadvisor import fixes
 from trainadvisor.compute.mfu import with_baseline_flops
@@ -12,10 +14,17 @@ from trainadvisor.frameworks.change import fix_change
 from trainadvisor.measure.live import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
-from trainadvisor.profile.runs import ProfileOptions, confirmation_spec, measure_fitted, measure_run, run_of
+from trainadvisor.profile.runs import (
+    ProfileOptions,
+    confirmation_spec,
+    measure_fitted,
+    measure_run,
+    run_of,
+    spec_for,
+)
 from trainadvisor.profile.trials import Echo, tolerance
 from trainadvisor.profile.tuning import Tuning
-from trainadvisor.records import Comparison, FixOutcome, FixStatus, RawRun, Run, merge_overrides
+from trainadvisor.records import Comparison, FixOutcome, FixStatus, PlannedFix, RawRun, Run, merge_overrides
 
 # Outcomes whose setting the report gives as a change to the script: kept, recommended (memory),
 # and measured faster but not confirmed or not applied (a gain is never left without its change)
@@ -128,3 +137,26 @@ def _final(
         change = fix_change(options.script, outcome.fix, outcome.settings, raw)
         outcome = replace(outcome, diff=change.diff, setting_change=change.setting)
     return outcome
+
+
+def start_ahead(options: ProfileOptions, plan: list[PlannedFix], values: dict[str, Any]) -> Prestarted | None:
+    """The confirmation run, started before the trials where it can confirm what they may
+    choose, so that the script's set-up (imports, loading, building the model) overlaps them
+    instead of coming after them: where every fix the diagnosis plans is a DataLoader setting
+    (applied when the first loader is built). It runs at the lowest CPU priority, waits at its
+    first DataLoader for the settings to confirm, and steps aside (exits) if memory runs short.
+    Not started before the baseline is diagnosed: a script that fails, or whose diagnosis plans
+    other fixes, would pay its set-up twice. Not on a machine with a GPU: a second process there
+    would hold GPU memory beside the trials."""
+    applicable = [p for p in plan if p.applicable]
+    loaders_only = applicable and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
+    if not loaders_only or values.get("cuda_used") or _gpu_here():
+        return None
+    spec = spec_for(options, "after", show_output=False)
+    return Prestarted(replace(spec, gate_file=spec.out_dir / ".work" / "after.gate.json"))
+
+
+def _gpu_here() -> bool:
+    """Whether this machine has an NVIDIA or AMD GPU driver loaded (its device files)."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()
