@@ -4,7 +4,7 @@ step time settled, and every window the script's end or its length cut short. Pu
 
 from __future__ import annotations
 
-from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
+from trainadvisor.measure import config
 from trainadvisor.records import FixOutcome, RawRun, Run, timed_steps
 
 # A window the script's end cut short still counts with at least this many timed steps: two
@@ -21,11 +21,8 @@ def usable(raw: RawRun) -> bool:
 
 
 def traced_whole(raw: RawRun) -> int:
-    """Steps the run's profiler recorded whole: its traced steps but the profiler's warm-up one
-    (fewer than planned where the script ended inside them; none where it traced nothing)."""
-    if not raw.profile_steps:
-        return 0
-    return max(0, sum(1 for s in raw.steps if s.profiled) - PROFILER_WARMUP_STEPS)
+    """Steps the run's profiler recorded whole (`measure.config.traced_whole`)."""
+    return config.traced_whole(raw.steps, raw.profile_steps)
 
 
 def cut_short(raw: RawRun) -> str:

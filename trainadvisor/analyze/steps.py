@@ -58,10 +58,13 @@ def find_steps(t: Table, last_step: int | None = None) -> Steps:
     if not len(host):
         return Steps([], False, "no host events: the device's work is one window")
     markers = _markers(t, host, t.name[host])
-    cut = [m for m in markers if last_step is not None and m[0] > last_step]
-    if not cut or len(cut) == len(markers):
+    if last_step is None:
         return _steps_of(t, host, markers)
-    found = _steps_of(t, host, [m for m in markers if m not in cut])
+    kept = [m for m in markers if m[0] <= last_step]
+    cut = [m for m in markers if m[0] > last_step]
+    if not kept or not cut:
+        return _steps_of(t, host, markers)
+    found = _steps_of(t, host, kept)
     shown = ", ".join(f"ProfilerStep#{n}" for n, _, _ in cut)
     return replace(found, method=f"{found.method} ({shown} left out: the script ended inside it)")
 

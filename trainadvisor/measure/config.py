@@ -9,10 +9,19 @@ from pathlib import Path
 
 from trainadvisor import _serial
 from trainadvisor.measure.settle import Settling
-from trainadvisor.records import Overrides
+from trainadvisor.records import Overrides, StepRecord
 
 # Steps the profiler runs before recording: the first traced step carries CUPTI's start-up.
 PROFILER_WARMUP_STEPS = 1
+
+
+def traced_whole(steps: list[StepRecord], profile_steps: int) -> int:
+    """Steps a window's profiler recorded whole, of its `steps`: those traced but the profiler's
+    warm-up one (fewer than `profile_steps` where the script ended inside them; none where the
+    window ran no profiler: its one untimed step is then the memory step)."""
+    if not profile_steps:
+        return 0
+    return max(0, sum(1 for step in steps if step.profiled) - PROFILER_WARMUP_STEPS)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 from trainadvisor.compute.dynamo import compile_facts
 from trainadvisor.compute.flops import StepFlops, measure_cpu_peak_facts
 from trainadvisor.measure import gpu, switches
-from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
+from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, traced_whole
 from trainadvisor.measure.settle import Blocks, Settling
 from trainadvisor.memory.step import StepMemory
 from trainadvisor.records import StepRecord, WindowShape
@@ -384,9 +384,7 @@ class Window:
 
     def traced_whole(self) -> int:
         """Steps the profiler recorded whole (its warm-up step is not recorded)."""
-        if not self.plan.profile_steps:
-            return 0
-        return max(0, len(self.records) - self.shape_timed_steps - PROFILER_WARMUP_STEPS)
+        return traced_whole(self.records, self.plan.profile_steps)
 
     def read_back(self) -> list[float | None]:
         """The losses as numbers (one host sync for all steps, after the window: the loop itself
