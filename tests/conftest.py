@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,6 +38,22 @@ SETTLE_CAP = ("--max-warmup", "3s")
 # an example's input waits on its sleeps: what is tested is the fix's path and decision, on gains
 # that 8 workers already make large, not how far latency-bound loading scales.
 WORKER_CAP = ("--max-workers", "8")
+
+# The fastest a training step of the tests' scripts can be on any machine (a GPU's included): a
+# Python loop with an optimizer step pays tens of microseconds of host work whatever the device.
+FASTEST_STEP_S = 20e-6
+
+
+def epochs_outlasting(size: Any, steps_per_epoch: int, fastest_step_s: float = FASTEST_STEP_S) -> int:
+    """Epochs of `steps_per_epoch` steps that outlast a window of this `WindowSize` at any speed:
+    its warm-up's time cap, its timed steps' floor three times over (they may slide twice), and a
+    second for the window's own steps. A run stops after its window, so the epochs left cost
+    nothing; a test whose script must outlast its windows chooses its length from them, not from
+    the speed of the machine it was written on (issue 42)."""
+    settle_s = size.settle.max_s if size.settle is not None else 0.0
+    longest_s = settle_s + 3 * size.min_time_s + 1.0
+    return max(1, math.ceil(longest_s / fastest_step_s / steps_per_epoch))
+
 
 # Traces recorded by others live beside the checkout, not in it (see ../shared/README.md).
 SHARED_TRACES = ROOT.parent / "shared" / "traces"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, ROOT, load_report
+from conftest import EXAMPLES, ROOT, epochs_outlasting, load_report
 
 from trainadvisor.analyze.energy import run_energy
 from trainadvisor.analyze.summary import summarize
@@ -223,12 +223,13 @@ def test_a_fake_gpu_run_reads_the_counter_in_trainadvisors_process(
     nvml.setenv("FAKE_NVML", json.dumps({"devices": [_device(f"GPU-{a100['uuid']}", energy_mj="power")]}))
     paths = [str(FAKES / "cuda"), str(FAKES / "nvml"), os.environ.get("PYTHONPATH", "")]
     nvml.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    # a second of warm-up steps and of timed ones: the sampler (0.1 s ticks, started once the
+    # child names its GPU) has readings around the timed steps even on a loaded machine
+    size = WindowSize(min_time_s=1.0, settle=Settling(block_s=0.5, max_s=2.0))
+    epochs = str(epochs_outlasting(size, 512))  # its 512 steps an epoch, at any speed
     spec = RunSpec(
-        "gpu", EXAMPLES / "small_batch.py", ["--epochs", "1", "--device", "cpu"], tmp_path / "out",
-        # a second of warm-up steps and of timed ones: the sampler (0.1 s ticks, started once the
-        # child names its GPU) has readings around the timed steps even on a loaded machine
-        warmup=3, steps=8, show_output=False, profile=False,
-        size=WindowSize(min_time_s=1.0, settle=Settling(block_s=0.5, max_s=2.0)),
+        "gpu", EXAMPLES / "small_batch.py", ["--epochs", epochs, "--device", "cpu"],
+        tmp_path / "out", warmup=3, steps=8, show_output=False, profile=False, size=size,
     )  # fmt: skip
     raw = measure(spec)
     assert raw.status == "window_complete", raw.error

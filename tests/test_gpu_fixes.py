@@ -203,7 +203,7 @@ def test_a_site_finding_gets_its_lines_from_a_separate_run_traced_with_stacks(tm
     out = tmp_path / "report"
     result = run_cli(
         "profile", "--no-fix", "--rules", rules, "--warmup", "3", "--steps", "6", "--out", out,
-        EXAMPLES / "host_tensors.py", "--epochs", "1", cwd=tmp_path,
+        EXAMPLES / "host_tensors.py", "--epochs", "100", cwd=tmp_path,  # steps to outlast its windows
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "tracing 3 steps with Python stacks" in result.stderr
@@ -222,7 +222,7 @@ def test_profile_on_cpu_reports_anomaly_detection_and_no_gpu_findings(tmp_path: 
     # those that a CPU run may propose beside it, compile or workers, are tested on their own)
     result = run_cli(
         "profile", "--no-fix", "--warmup", "3", "--steps", "10", "--out", out,
-        EXAMPLES / "small_batch.py", "--detect-anomaly", cwd=tmp_path,
+        EXAMPLES / "small_batch.py", "--detect-anomaly", "--epochs", "20", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = load_report(out)

@@ -478,8 +478,8 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     tested in tests/test_memory_fixes.py."""
     result = run_cli(
         "profile", "--fix", "dataloader-workers", "--warmup", "3", "--steps", "10", *SHORT, *SETTLE_CAP,
-        "--max-workers", "4", "--out", tmp_path / "r", EXAMPLES / "slow_input_mnist.py", "--samples", "20000",
-        "--latency-ms", "0.5", "--device", "cpu",
+        "--max-workers", "4", "--out", tmp_path / "r", EXAMPLES / "slow_input_mnist.py",
+        "--samples", "200000", "--latency-ms", "0.5", "--device", "cpu",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -227,7 +227,13 @@ def test_with_memory_left_over_the_largest_batch_that_fits_is_found_by_trying(tm
     from conftest import load_report, run_cli
 
     out = tmp_path / "r"
-    args = ("--epochs", "8", "--samples", "16384", *DEEP_ARGS[4:])  # steps to spare at batch 1024
+    args = (
+        "--epochs",
+        "80",
+        "--samples",
+        "16384",
+        *DEEP_ARGS[4:],
+    )  # to spare at batch 1024, any speed
     done = run_cli(
         "profile", "--fix", "batch-size", *FAST, "--memory-budget", "24MB", "--out", out, EXAMPLE, *args,
         cwd=tmp_path,

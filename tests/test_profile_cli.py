@@ -120,7 +120,7 @@ def test_compute_bound_example_is_compute_bound_with_its_mfu(tmp_path: Path) -> 
     out = tmp_path / "report"
     result = run_cli(
         "profile", "--warmup", "2", "--steps", "10", "--no-fix", "--out", out,
-        EXAMPLES / "compute_bound.py", cwd=tmp_path,
+        EXAMPLES / "compute_bound.py", "--epochs", "50", cwd=tmp_path,  # steps to outlast its windows
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = load_report(out)
