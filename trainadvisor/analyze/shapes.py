@@ -76,13 +76,16 @@ def unsettled_note(windows: dict[str, RawRun | None]) -> str | None:
     named = []
     for name, raw in windows.items():
         shape = raw.shape if raw is not None else None
-        if shape is None or shape.warmup_end not in ("time cap", "step cap"):
+        if shape is None or shape.warmup_end not in ("time cap", "settle cap", "step cap"):
             continue
         why = (
             # one decimal: the cap is checked as each step ends, once the first --warmup steps
             # are done, so 2.6 s under a cap of 2 s would have read "3 s"
             f"after {shape.warmup_s:.1f} s (the longest warm-up allowed, --max-warmup, had passed)"
             if shape.warmup_end == "time cap"
+            else f"after {shape.warmup_s:.1f} s (a trial's warm-up waits about as long as the baseline's "
+            "took to settle, not to --max-warmup)"
+            if shape.warmup_end == "settle cap"
             else f"after {shape.warmup_steps} steps (the script had no more to spare)"
         )
         blocks = f"; its last blocks took {_blocks(shape.block_ms)} ms per step" if shape.block_ms else ""

@@ -33,6 +33,9 @@ class Setting:
 
     label: str
     overrides: Overrides
+    # the steps/s its trial window must be able to reach, or it stops early (`measure.race`);
+    # None: measured to the end
+    race_below: float | None = None
 
 
 def overrides(

@@ -34,6 +34,9 @@ class WindowSize:
     min_time_s: float = 0.0
     settle: Settling | None = None
     max_steps: int | None = None
+    # a trial's race: the window stops once its steps/s, raised by the settling tolerance, is
+    # still below this (the slow windows of the best setting measured so far); None: no race
+    race_below: float | None = None
 
 
 @dataclass

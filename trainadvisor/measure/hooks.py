@@ -313,8 +313,9 @@ def window_plan(
 ) -> WindowPlan:
     """The window a config or a trial window's command asks for."""
     return WindowPlan(
-        warmup, steps, profile_steps, with_stack, size.min_time_s, size.settle, size.max_steps, memory_step
-    )
+        warmup, steps, profile_steps, with_stack, size.min_time_s, size.settle, size.max_steps, memory_step,
+        size.race_below,
+    )  # fmt: skip
 
 
 def window_run(window: Window, **fields: Any) -> RawRun:

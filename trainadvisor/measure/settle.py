@@ -40,11 +40,14 @@ class Settling:
     blocks: int = BLOCKS
     tolerance: float = TOLERANCE
     max_s: float = MAX_WARMUP_S
+    # a trial's: the blocks, once the counted warm-up steps are over (a compile, a first epoch's
+    # start), may last at most this long (`profile.pace`); None: only `max_s` caps them
+    blocks_max_s: float | None = None
 
     def for_workers(self, workers: int) -> Settling:
         """Blocks of at least two rounds of `workers` DataLoader workers' batches."""
         steps = max(self.block_steps, 2 * workers)
-        return Settling(self.block_s, steps, self.blocks, self.tolerance, self.max_s)
+        return Settling(self.block_s, steps, self.blocks, self.tolerance, self.max_s, self.blocks_max_s)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from trainadvisor.compute.dynamo import compile_facts
 from trainadvisor.compute.flops import StepFlops, measure_cpu_peak_facts
 from trainadvisor.measure import gpu, switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, traced_whole
+from trainadvisor.measure.race import lost_in_timed, lost_in_warmup
 from trainadvisor.measure.settle import Blocks, Settling
 from trainadvisor.memory.step import StepMemory
 from trainadvisor.records import StepRecord, WindowShape
@@ -53,6 +54,8 @@ class WindowPlan:
     memory_step: bool = (
         False  # without a profiler: one untimed step after the timed ones, its memory measured
     )
+    # a trial's race (`measure.race`): steps/s the window must be able to reach, or it stops
+    race_below: float | None = None
 
     @property
     def traced_steps(self) -> int:
@@ -127,6 +130,7 @@ class Window:
         self.end_unix_s: float | None = None
         self.last_mark = self.opened_at = self.clock.perf_s()
         self.blocks = Blocks(plan.settle) if plan.settle is not None else None
+        self.blocks_since: float | None = self.opened_at if plan.warmup == 0 else None
         self.shape = WindowShape(0, 0.0, "count", min_time_s=plan.min_time_s)
         self.shape_timed_steps = 0
         self.slides = 0
@@ -206,6 +210,8 @@ class Window:
         """A warm-up step ended: open the timed steps once the warm-up is complete."""
         if self.blocks is not None and self.steps_done > self.plan.warmup:
             self.blocks.add(now - self.last_mark)  # the first `warmup` steps stay out of the blocks
+        elif self.steps_done == self.plan.warmup:
+            self.blocks_since = now
         end = self._warmup_end(now)
         if end is not None:
             self._open(now, end)
@@ -219,8 +225,17 @@ class Window:
             return "count"
         if self.blocks.settled:
             return "settled"
+        if self.plan.race_below is not None and lost_in_warmup(self.blocks, self.plan.race_below):
+            return "raced"
         if now - self.opened_at >= self.blocks.settling.max_s:
             return "time cap"
+        blocks_max_s = self.blocks.settling.blocks_max_s
+        if (
+            blocks_max_s is not None
+            and self.blocks_since is not None
+            and now - self.blocks_since >= blocks_max_s
+        ):
+            return "settle cap"
         if cap is not None and self.steps_done >= cap:
             return "step cap"
         return None
@@ -230,7 +245,22 @@ class Window:
         `steps_done`-th step ending at `now`."""
         if self.plan.max_steps is not None and steps_done >= self.plan.max_steps:
             return True
+        if self._raced(now, recorded):
+            return True
         return recorded >= self.plan.steps and now - self.t0 >= self.plan.min_time_s
+
+    def _raced(self, now: float, recorded: int) -> bool:
+        """Whether the timed steps stop here, the race lost (`measure.race`): after a warm-up
+        that lost it, once one block's worth is timed; else once that much shows the window's
+        steps/s cannot reach `race_below`."""
+        settle, below = self.plan.settle, self.plan.race_below
+        if settle is None or below is None:
+            return False
+        scale = self.blocks.scale if self.blocks is not None else 1
+        enough = recorded >= scale * settle.block_steps and now - self.t0 >= scale * settle.block_s - 1e-9
+        if not enough:
+            return False
+        return self.shape.warmup_end == "raced" or lost_in_timed(recorded, now - self.t0, below, settle)
 
     def _record(self, now: float) -> None:
         pre_backward_s = self.backward_at - self.last_mark if self.backward_at is not None else None
@@ -250,7 +280,7 @@ class Window:
             self.gpu.mark()
             if not self._timed_done(now, len(self.records), self.steps_done):
                 return
-            if self._changing(now):
+            if not self._raced(now, len(self.records)) and self._changing(now):
                 self._slide()
             else:
                 self._end_timed(now)
@@ -303,9 +333,10 @@ class Window:
         self.shape.timed_s = now - self.t0
         capped = self.plan.max_steps is not None and self.steps_done >= self.plan.max_steps
         unmet = len(self.records) < self.plan.steps or self.shape.timed_s < self.plan.min_time_s
-        self.shape.timed_end = "step cap" if capped and unmet else "plan"
+        raced = unmet and self._raced(now, len(self.records))
+        self.shape.timed_end = "step cap" if capped and unmet else "raced" if raced else "plan"
         self.shape_timed_steps = len(self.records)
-        if not self.plan.traced_steps:
+        if not self.plan.traced_steps or raced:  # a lost race measures nothing more
             self._close()
             return
         self.phase = "traced"

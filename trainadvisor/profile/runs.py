@@ -104,15 +104,23 @@ def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:
     return RunSpec(label=label, **{**shared, **changes})
 
 
-def size_for(options: ProfileOptions, overrides: Overrides, max_steps: int | None = None) -> WindowSize:
+def size_for(
+    options: ProfileOptions,
+    overrides: Overrides,
+    max_steps: int | None = None,
+    settle_cap_s: float | None = None,
+    race_below: float | None = None,
+) -> WindowSize:
     """A window's time floor, its warm-up's steadiness test (blocks of at least two rounds of
-    the setting's DataLoader workers) and the steps it may use. Under torchrun a window is a
+    the setting's DataLoader workers; a trial's blocks capped at `settle_cap_s`, `pace`), the
+    steps it may use and the steps/s it races (`race_below`). Under torchrun a window is a
     count of steps: every rank must stop at the same step (the others would wait in their next
     all-reduce), and each rank would judge its own clock and blocks differently."""
     if options.torchrun:
         return WindowSize(max_steps=max_steps)
-    settle = Settling(max_s=options.max_warmup_s).for_workers(overrides.workers())
-    return WindowSize(options.min_time_s, settle if options.max_warmup_s else None, max_steps)
+    settle = Settling(max_s=options.max_warmup_s, blocks_max_s=settle_cap_s).for_workers(overrides.workers())
+    settled = settle if options.max_warmup_s else None
+    return WindowSize(options.min_time_s, settled, max_steps, race_below if settled else None)
 
 
 def fit(warmup: int, steps: int, available: int | None) -> tuple[int, int, int | None]:
@@ -151,6 +159,8 @@ def fresh_spec(
     overrides: Overrides,
     length: RunLength | None,
     traced: int,
+    settle_cap_s: float | None = None,
+    race_below: float | None = None,
     **changes: Any,
 ) -> RunSpec:
     """A fresh run of the script with `overrides`, its window fitted into the steps the script
@@ -158,26 +168,34 @@ def fresh_spec(
     warmup, steps = settle_steps(options, overrides)
     total = length.total_steps if length is not None else None
     warmup, steps, most = fit(warmup, steps, total - traced if total is not None else None)
-    size = size_for(options, overrides, most)
+    size = size_for(options, overrides, most, settle_cap_s, race_below)
     return spec_for(options, label, warmup=warmup, steps=steps, overrides=overrides, size=size, **changes)
 
 
 def trial_spec(
-    options: ProfileOptions, label: str, overrides: Overrides, length: RunLength | None = None, **changes: Any
+    options: ProfileOptions,
+    label: str,
+    overrides: Overrides,
+    length: RunLength | None = None,
+    settle_cap_s: float | None = None,
+    race_below: float | None = None,
+    **changes: Any,
 ) -> RunSpec:
     """A fresh run of the script that tries a fix: traced by nothing, one untimed step after
     its timed ones measures its memory (none for a compiled model: see `measure.runner`)."""
     memory_step = 1 if measures_memory(False, overrides) else 0
-    return fresh_spec(options, label, overrides, length, memory_step, **changes)
+    return fresh_spec(options, label, overrides, length, memory_step, settle_cap_s, race_below, **changes)
 
 
-def confirmation_spec(options: ProfileOptions, overrides: Overrides, length: RunLength | None) -> RunSpec:
+def confirmation_spec(
+    options: ProfileOptions, overrides: Overrides, length: RunLength | None, settle_cap_s: float | None = None
+) -> RunSpec:
     """The fresh run that confirms the chosen settings: the buffer the workers fill while the
     first, slow steps run is drained in its warmup (as in a trial run), its timed steps hold at
     least three throughput windows of two rounds of the workers' batches each (the spread the
     verdict is judged on), and the whole of it fits in the steps the script has."""
     traced = PROFILER_WARMUP_STEPS + PROFILE_STEPS
-    spec = fresh_spec(options, "after", overrides, length, traced, show_output=False)
+    spec = fresh_spec(options, "after", overrides, length, traced, settle_cap_s, show_output=False)
     steps = max(spec.steps, 6 * overrides.workers())
     if spec.size.max_steps is not None:
         steps = min(steps, max(2, spec.size.max_steps - spec.warmup))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from trainadvisor import fixes
@@ -19,6 +19,7 @@ from trainadvisor.fixes.common import trial_peak
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.measure.runner import measure
+from trainadvisor.profile import pace
 from trainadvisor.profile.judge import Ratio, cut_short, judge_trial, loss_check, ratio, spread, usable
 from trainadvisor.profile.runs import (
     ProfileOptions,
@@ -111,9 +112,11 @@ def restarts(
     noise_rel: float | None,
     length: Callable[[], RunLength | None],
     learn: Callable[[RawRun], None],
+    settle_cap_s: float | None = None,
 ) -> Measurer:
     """Each candidate in a fresh run of the script (fitted into the steps the script is known to
-    have, `runs.measure_fitted`), its loss checked against the baseline's."""
+    have, `runs.measure_fitted`; its warm-up's blocks capped at `settle_cap_s`, `pace`), its
+    loss checked against the baseline's."""
     timeout_s = max(60.0, 5 * baseline.raw.wall_s + options.max_warmup_s)
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
@@ -123,8 +126,9 @@ def restarts(
         if per_step is not None:  # its steps are not the script's: its length is its own
             own = _OwnLength(in_batches(length(), per_step))
             own_length, own_learn = own.get, own.learn
+        race = candidate.race_below
         run = measure_fitted(
-            lambda known: trial_spec(options, label, candidate.overrides, known, **quiet),
+            lambda known: trial_spec(options, label, candidate.overrides, known, settle_cap_s, race, **quiet),
             own_length,
             own_learn,
         )
@@ -171,15 +175,18 @@ class _OwnLength:
         self.length = run_length(raw, self.length)
 
 
-def windows(live: LiveRun, options: ProfileOptions, baseline: Run, budget: Budget) -> Measurer:
+def windows(
+    live: LiveRun, options: ProfileOptions, baseline: Run, budget: Budget, settle_cap_s: float | None = None
+) -> Measurer:
     """Each candidate in a window of the live baseline run, switched at a step boundary, fitted
-    into the steps `budget` says the window may use."""
+    into the steps `budget` says the window may use, its warm-up's blocks capped at
+    `settle_cap_s` (`pace`)."""
     step_s = (baseline.step_time_ms.median or 100.0) / 1e3
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
         overrides = candidate.overrides
         warmup, steps, most = fit(*window_steps(options, overrides), budget())
-        size = size_for(options, overrides, most)
+        size = size_for(options, overrides, most, settle_cap_s, candidate.race_below)
         # generous: a candidate may be slower than the baseline, and workers take time to start
         timeout_s = max(60.0, options.max_warmup_s + 20 * ((warmup + steps) * step_s + options.min_time_s))
         if options.timeout_s is not None:
@@ -203,27 +210,43 @@ def tune(
     measure_candidate: Measurer,
     echo: Echo,
     more: Callable[[], bool] = lambda: True,
+    references: list[Run] | None = None,
 ) -> list[Trial]:
-    """The fix's candidates, one after another, until it has none left (or `more` says stop)."""
+    """The fix's candidates, one after another, until it has none left (or `more` says stop).
+    A throughput fix's candidates race the best setting measured so far (the `references`,
+    the baseline's runs, and the trials before): a window that cannot beat it stops early."""
     trials: list[Trial] = []
     while len(trials) < MAX_TRIALS_PER_FIX and more():
         candidate = fix.next_candidate(values, trials)
         if candidate is None:
             break
+        race = _race(fix, references or [], trials)
+        if race is not None:
+            candidate = replace(candidate, race_below=race[0])
         measured = measure_candidate(fix, f"{fix.id}-{len(trials) + 1}", candidate)
         run = measured.run
+        cut = pace.race_note(measured.raw, race[0], race[1]) if race else None
         trial = Trial(
             candidate.label,
             candidate.overrides,
             measured.status,
             run.steps_per_s if run else None,
-            measured.reason,
+            "; ".join(r for r in (measured.reason, cut) if r) or None,
             measured.raw,
             run.samples_per_s if run else None,
         )
         trials.append(trial)
         echo(f"  tried {candidate.label}: {_shown(fix, trial)}")
     return trials
+
+
+def _race(fix: fixes.Fix, references: list[Run], trials: list[Trial]) -> tuple[float, str] | None:
+    """The steps/s a throughput fix's next window must be able to reach, and whose they are;
+    None for fixes judged otherwise (memory, samples per second: a larger batch is slower per
+    step by design)."""
+    if fix.goal != "throughput" or fix.metric != "steps_per_s":
+        return None
+    return pace.race_below(references, trials)
 
 
 def _shown(fix: fixes.Fix, trial: Trial) -> str:

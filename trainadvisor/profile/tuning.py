@@ -14,7 +14,7 @@ from typing import Any
 from trainadvisor import fixes
 from trainadvisor.analyze.length import run_length
 from trainadvisor.measure.live import LiveRun
-from trainadvisor.profile import attribution
+from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 from trainadvisor.profile.runs import ProfileOptions, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
@@ -79,6 +79,18 @@ class Tuning:
     length: RunLength | None = None  # how many steps the script takes, as far as it is known
     live_steps: int = 0  # steps the baseline's process has run so far
     again: Run | None = None  # the baseline's setting measured again after the trial windows
+    settle: pace.SettleCap | None = None  # the trials' longest warm-up (`pace`), set on the first
+
+    @property
+    def settle_cap_s(self) -> float | None:
+        """The trials' longest settling after their counted warm-up (None: --max-warmup alone)."""
+        if self.settle is None:
+            self.settle = pace.trial_settle_cap(self.baseline.raw, self.options.max_warmup_s)
+            if self.settle.max_s:
+                self.details.append(
+                    f"Each trial's warm-up waited for its step time to settle at most {self.settle.why}."
+                )
+        return self.settle.max_s or None
 
     # ---- budget and progress ----
 
@@ -111,7 +123,9 @@ class Tuning:
         self.tried.add(planned.fix)
         self._progress(planned, "in this process" if mode == "in_process" else "restarting the script")
         fix = fixes.REGISTRY[planned.fix]
-        trials = tune(fix, self.values, measurer, self.echo, more=self.budget_left)
+        trials = tune(
+            fix, self.values, measurer, self.echo, more=self.budget_left, references=[self.baseline]
+        )
         outcome = decide(planned, trials, self.values, [self.baseline])
         self.outcomes[index] = replace(outcome, mode=mode, mode_reason=reason)
         self.on_progress()
@@ -169,7 +183,9 @@ class Tuning:
         self.windows.append(_window("baseline", "", AS_SCRIPT, self.baseline, 0.0))
         self.live_steps = self.baseline.raw.steps_seen
         measure = self._recording(
-            windows(live, self.options, self.baseline, lambda: self.window_budget(eligible))
+            windows(
+                live, self.options, self.baseline, lambda: self.window_budget(eligible), self.settle_cap_s
+            )
         )
         for planned in eligible:
             if live.ended is not None:
@@ -275,7 +291,9 @@ class Tuning:
 
     def restarted(self, noise_rel: float | None, why: str) -> None:
         """Every applicable fix not yet tried, each candidate in a fresh run of the script."""
-        measure = restarts(self.options, self.baseline, noise_rel, lambda: self.length, self.learn)
+        measure = restarts(
+            self.options, self.baseline, noise_rel, lambda: self.length, self.learn, self.settle_cap_s
+        )
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
             if planned.fix in self.tried:

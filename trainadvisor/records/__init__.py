@@ -117,12 +117,15 @@ class WindowShape:
     warmup_s: float
     # why the warm-up ended: "settled" (consecutive blocks agreed, `measure.settle`), "count"
     # (a fixed count, no steadiness test), "time cap" (it had not settled by the longest warm-up
-    # allowed), "step cap" (the steps the script has left were needed for the timed ones)
+    # allowed), "settle cap" (a trial's: not settled within its cap from the baseline's settling,
+    # `profile.pace`), "raced" (a trial's: it lost its race, `measure.race`), "step cap" (the
+    # steps the script has left were needed for the timed ones)
     warmup_end: str
     block_ms: list[float] = field(default_factory=list)  # time per step of each warm-up block
     timed_s: float = 0.0
     # why the timed steps ended: "plan" (the minimum steps and time both reached), "step cap"
-    # (the steps the script has left), "script ended" (the script finished inside the window)
+    # (the steps the script has left), "script ended" (the script finished inside the window),
+    # "raced" (a trial's: it lost its race, `measure.race`)
     timed_end: str = "plan"
     min_time_s: float = 0.0  # the timed steps were to last at least this long
     # timed steps moved into the warm-up because the loop changed speed while they were timed

@@ -1,0 +1,135 @@
+"""Trials that race and warm-ups capped from the baseline's settling (issue 36), driven by a fake
+clock and exact step times: which window stops where, and why."""
+
+from __future__ import annotations
+
+import torch
+from test_window import FakeClock
+
+from trainadvisor.analyze.summary import summarize
+from trainadvisor.measure.settle import Settling
+from trainadvisor.measure.window import Window, WindowPlan
+from trainadvisor.profile import pace
+from trainadvisor.records import Overrides, RawRun, Run, StepRecord, Trial, WindowShape
+
+# blocks of 5 steps and 10 ms, three alike within 10% settle, at most 1 s of warm-up
+SETTLE = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=1.0)
+
+
+def _steps(window: Window, clock: FakeClock, step_ms: list[float]) -> None:
+    for ms in step_ms:
+        if window.phase == "done":
+            return
+        clock.advance(ms)
+        window.set_loss(torch.tensor(ms))
+        window.boundary()
+
+
+def test_a_window_that_cannot_reach_the_best_so_far_stops_in_its_warmup() -> None:
+    """Unsettled blocks of 2.0, 2.4 and 2.0 ms a step (500, 417, 500 steps/s) against a best of
+    1,000: even 10% faster they lose, and the loop is not speeding up; after the third block
+    the window times one block's worth (5 steps, 10 ms) and ends there, its time floor of 1 s
+    and its 20 steps unmet."""
+    clock = FakeClock()
+    window = Window(
+        WindowPlan(warmup=2, steps=20, min_time_s=1.0, settle=SETTLE, race_below=1000.0), clock.clock()
+    )
+    _steps(window, clock, [50.0, 50.0])  # the counted warm-up: not in the blocks
+    _steps(window, clock, [2.0] * 5 + [2.4] * 5 + [2.0] * 5)
+    assert window.phase == "timed" and window.shape.warmup_end == "raced"
+    _steps(window, clock, [2.0] * 10)
+    assert window.phase == "done" and len(window.records) == 5
+    assert (window.shape.timed_end, round(window.shape.timed_s, 6)) == ("raced", 0.010)
+
+
+def test_a_window_still_speeding_up_is_given_its_time() -> None:
+    """Blocks at 4, 3 and 2 ms a step: each loses to 1,000 steps/s, but the last is more than
+    10% faster than the first of the three: the loop is still speeding up, so the window goes
+    on; at 1 ms a step (1,100 steps/s even allowing 10%) it can win, and settles."""
+    clock = FakeClock()
+    window = Window(
+        WindowPlan(warmup=0, steps=4, min_time_s=0.020, settle=SETTLE, race_below=1000.0), clock.clock()
+    )
+    _steps(window, clock, [4.0] * 5 + [3.0] * 5 + [2.0] * 5)
+    assert window.phase == "warmup"
+    _steps(window, clock, [1.0] * 30)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    _steps(window, clock, [1.0] * 20)
+    assert window.phase == "done" and window.shape.timed_end == "plan" and len(window.records) == 20
+
+
+def test_a_settled_window_that_loses_while_timed_stops_after_one_block() -> None:
+    """Settled at 1 ms a step; the best so far runs 1,500 steps/s: 1,000 (1,100 allowing 10%)
+    cannot reach it. Timing stops once a block's worth (5 steps and 10 ms: 10 steps) shows it,
+    with no slide and no memory step."""
+    clock = FakeClock()
+    plan = WindowPlan(warmup=0, steps=20, min_time_s=1.0, settle=SETTLE, race_below=1500.0, memory_step=True)
+    window = Window(plan, clock.clock())
+    _steps(window, clock, [1.0] * 30)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    _steps(window, clock, [1.0] * 9)
+    assert window.phase == "timed"
+    _steps(window, clock, [1.0])
+    assert window.phase == "done" and len(window.records) == 10 and window.shape.timed_end == "raced"
+    assert window.memory is None
+
+
+def test_a_window_that_can_win_is_timed_to_its_floor() -> None:
+    clock = FakeClock()
+    window = Window(
+        WindowPlan(warmup=0, steps=4, min_time_s=0.050, settle=SETTLE, race_below=1050.0), clock.clock()
+    )
+    _steps(window, clock, [1.0] * 80)  # 1,000 steps/s; 1,100 allowing 10%: it may still win
+    assert window.phase == "done" and window.shape.timed_end == "plan" and len(window.records) == 50
+
+
+def test_a_trials_settling_is_capped_after_its_counted_warmup_not_from_its_first_step() -> None:
+    """A compile's 500 ms first steps are the counted warm-up; the blocks after them never
+    agree, and end 50 ms later (the trial's cap from the baseline's settling), not at the
+    global 2 s."""
+    clock = FakeClock()
+    capped = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=2.0, blocks_max_s=0.050)
+    window = Window(WindowPlan(warmup=2, steps=4, settle=capped), clock.clock())
+    _steps(window, clock, [500.0, 500.0])
+    _steps(window, clock, ([1.0] * 10 + [3.0] * 5) * 8)  # blocks of 1 and 3 ms a step: never settled
+    assert window.phase != "warmup" and window.shape.warmup_end == "settle cap"
+    assert 1.050 <= window.shape.warmup_s < 1.060
+
+
+def _shape(end: str, warmup_s: float) -> RawRun:
+    raw = RawRun("baseline", "window_complete", None, None, 5, 20, 0, 25, [], [], None)
+    raw.shape = WindowShape(30, warmup_s, end)
+    return raw
+
+
+def test_a_trials_warmup_cap_comes_from_the_baselines_settling() -> None:
+    assert pace.trial_settle_cap(_shape("settled", 0.4), 60.0).max_s == 3.0  # at least 3 s
+    assert pace.trial_settle_cap(_shape("settled", 2.5), 60.0).max_s == 7.5  # 3x
+    assert pace.trial_settle_cap(_shape("settled", 2.5), 5.0).max_s == 5.0  # never past --max-warmup
+    unsettled = pace.trial_settle_cap(_shape("time cap", 60.0), 60.0)
+    assert (unsettled.max_s, unsettled.why) == (10.0, "10 s: the baseline's own warm-up did not settle")
+    assert pace.trial_settle_cap(_shape("count", 0.1), 0.0).max_s == 0.0
+
+
+def _run(step_ms: list[float]) -> Run:
+    steps = [StepRecord(i, sum(step_ms[:i]), ms, 0.0) for i, ms in enumerate(step_ms)]
+    return summarize(RawRun("w", "window_complete", None, None, 5, len(steps), 0, 25, steps, [], None))
+
+
+def _trial(label: str, step_ms: list[float], end: str = "plan") -> Trial:
+    raw = _run(step_ms).raw
+    raw.shape = WindowShape(10, 1.0, "settled", timed_s=sum(step_ms) / 1e3, timed_end=end)
+    return Trial(label, Overrides(), "measured", 1e3 / (sum(step_ms) / len(step_ms)), None, raw)
+
+
+def test_a_trial_races_the_slow_windows_of_the_best_setting_so_far() -> None:
+    """The bar is the 10th percentile of the best run's window throughputs: the baseline at
+    10 ms a step (100 steps/s) until a trial measured whole beats it; a trial cut short never
+    sets it."""
+    baseline = _run([10.0] * 60)
+    assert pace.race_below([baseline], []) == (100.0, "the script's own setting")
+    faster = _trial("num_workers=2", [5.0] * 100)
+    assert pace.race_below([baseline], [faster]) == (200.0, "num_workers=2")
+    cut = _trial("num_workers=4", [2.0] * 100, end="raced")
+    assert pace.race_below([baseline], [faster, cut]) == (200.0, "num_workers=2")
+    assert pace.raced(cut.raw) and not pace.raced(faster.raw)  # type: ignore[arg-type]
