@@ -6,7 +6,16 @@ from trainadvisor.analyze.summary import named_measurements, percentile, stats, 
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.profile.judge import compare, judge_trial, loss_change, loss_check, verdict
-from trainadvisor.records import DeviceInfo, Finding, LoaderInfo, Overrides, RawRun, StepRecord, Trial
+from trainadvisor.records import (
+    DeviceInfo,
+    Finding,
+    HostSample,
+    LoaderInfo,
+    Overrides,
+    RawRun,
+    StepRecord,
+    Trial,
+)
 
 
 def raw(
@@ -224,6 +233,38 @@ def test_max_workers_caps_the_doubling_whatever_the_workers_wait() -> None:
     )
     assert fix.search_note([trial(2, 20.0), trial(4, 40.0)], {**values, "worker_cap": None}) == (
         "more tried up to 4"
+    )
+
+
+def _sampled(workers: int, step_ms: float, wait_ms: float, busy_pct: float, steps_per_s: float) -> Trial:
+    """A trial whose timed steps waited `wait_ms` of `step_ms` on input, its workers each busy
+    `busy_pct` of a core."""
+    done = trial(workers, steps_per_s)
+    done.raw = raw([step_ms] * 10, [wait_ms] * 10, workers=workers)
+    done.raw.host_samples = [
+        HostSample(t, 50.0, busy_pct * workers, 1, workers * 10**6, workers) for t in (0, 100)
+    ]
+    return done
+
+
+def test_the_next_worker_count_comes_from_what_the_last_window_showed() -> None:
+    """At 2 workers that mostly sleep (5% of a core each), the loop still waited 75% of each
+    step: about 2 / (1 - 0.75) = 8 workers would hide it, so the search leaps to 8 (at most 4x);
+    with workers busy computing it only doubles; a loop that waited 2% stops the search, whatever
+    it gained."""
+    fix = DataLoaderWorkers()
+    values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 4, "steps_per_s": 10.0}
+    waiting = _sampled(2, 40.0, 30.0, 5.0, 25.0)
+    assert fix.next_candidate(values, [waiting]).label == "num_workers=8"
+    assert fix.next_candidate(values, [_sampled(2, 40.0, 30.0, 90.0, 25.0)]).label == "num_workers=4"
+    assert (
+        fix.next_candidate(values, [_sampled(2, 40.0, 38.0, 5.0, 25.0)]).label == "num_workers=8"
+    )  # 4x at most
+    hidden = [waiting, _sampled(8, 10.0, 0.2, 5.0, 100.0)]
+    assert fix.next_candidate(values, hidden).label == "num_workers=8, prefetch_factor=4"
+    assert fix.search_note(hidden, values) == (
+        "stopped at 8 workers: the loop waited on its input for 2% of its steps there, too little for "
+        "more workers to hide"
     )
 
 

@@ -12,8 +12,12 @@ more would share them further. Loading bound by CPU stops near the core count; l
 storage or network latency keeps scaling far past it: when the last trial's workers were mostly
 waiting (each busy less than `WAITING_BUSY` of a core, from the sampled CPU of the worker
 processes), the doubling goes on up to `HARD_CAP`, as long as the workers' sampled memory (RSS)
-for twice as many fits in half of the memory available. The report says what was tried and why
-the search stopped. Every candidate with workers keeps them alive across epochs
+for twice as many fits in half of the memory available. The next count comes from what the last
+window showed, not only from doubling: where its workers were waiting and the loop still waited
+on them for a share `w` of each step, about `n / (1 - w)` workers would hide that wait, so the
+search leaps there (a power of two, at most four times the last count); where the loop waited
+less than `LITTLE_WAIT`, no count can gain more than that and the search stops. The report says
+what was tried and why the search stopped. Every candidate with workers keeps them alive across epochs
 (`persistent_workers=True`); the best count (when it has workers) is then tried with
 `prefetch_factor=4`. On a CUDA run every candidate also pins memory and makes the host-to-device
 copies of pinned batches non-blocking."""
@@ -33,6 +37,10 @@ PREFETCH = 4
 HARD_CAP = 64  # workers, whatever the samples say
 WAITING_BUSY = 0.5  # share of a core below which a worker counts as waiting, not computing
 MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
+# A loop that waits on its input for less than this share of its steps has little left for more
+# workers to hide (at most 1 / (1 - share) faster): the search stops there.
+LITTLE_WAIT = 0.05
+MAX_LEAP = 4  # the most the count grows from one trial to the next
 # A worker count in a rule's snippet that is an example, and says so ("num_workers=8,  # an
 # example: ..."; "--dataloader_num_workers 8 ... (8: an example)"): the count and the comment
 # are what `practice` replaces with the count a run measured fastest.
@@ -63,6 +71,27 @@ def _worker_load(trial: Trial) -> tuple[float, float] | None:
     return busy, rss
 
 
+def wait_share(trial: Trial) -> float | None:
+    """The share of the trial's timed steps the loop spent waiting for its next batch."""
+    steps = [step for step in (trial.raw.steps if trial.raw else []) if not step.profiled]
+    total_ms = sum(step.step_ms for step in steps)
+    return sum(step.data_wait_ms for step in steps) / total_ms if total_ms > 0 else None
+
+
+def leap(last: Trial, workers: int, ceiling: int) -> int:
+    """The next count after `workers`: twice it, or, where its workers mostly waited (loading
+    bound by latency) and the loop still waited on them, the power of two that would hide the
+    wait (`workers / (1 - wait)`), at most MAX_LEAP times `workers`; never past `ceiling`
+    (which is at least twice `workers`)."""
+    count = 2 * workers
+    load, wait = _worker_load(last), wait_share(last)
+    if load is not None and wait is not None and load[0] < WAITING_BUSY:
+        needed = workers / max(1.0 - wait, 1.0 / MAX_LEAP)
+        while count < needed and count < MAX_LEAP * workers:
+            count *= 2
+    return min(count, max(ceiling, 2 * workers))
+
+
 def worker_cap(values: dict[str, Any]) -> tuple[int, str]:
     """The most workers the search may try, and what sets it: --max-workers, else HARD_CAP."""
     given = values.get("worker_cap")
@@ -77,8 +106,9 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
     cap, capped_by = worker_cap(values)
     if workers * 2 > cap:
         return None, f"stopped at {workers} workers: {workers * 2} is past {capped_by}"
-    if workers * 2 <= max_workers(values.get("cpu_count", 1)):
-        return workers * 2, ""
+    per_core = max_workers(values.get("cpu_count", 1))
+    if workers * 2 <= per_core:
+        return leap(last, workers, min(cap, per_core)), ""
     load = _worker_load(last)
     if load is None:
         return None, f"stopped at {workers} workers, four per core (the workers' CPU was not sampled)"
@@ -94,7 +124,10 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
             f"stopped at {workers} workers: {workers * 2} would take about "
             f"{rss * workers * 2 / 1e9:.1f} GB of the {available / 1e9:.1f} GB available"
         )
-    return workers * 2, ""
+    count = leap(last, workers, cap)
+    while count > 2 * workers and available and rss * count > MEMORY_SHARE * available:
+        count //= 2
+    return count, ""
 
 
 class DataLoaderWorkers(LoaderSetting):
@@ -185,6 +218,12 @@ class DataLoaderWorkers(LoaderSetting):
         earlier = [t.steps_per_s or 0.0 for t in plain[:-1] if t.status == "measured"]
         best_before = max([*earlier, values.get("steps_per_s") or 0.0])
         workers = self._workers(last)
+        wait = wait_share(last)
+        if wait is not None and wait < LITTLE_WAIT and (last.steps_per_s or 0.0) >= best_before:
+            return None, (
+                f"stopped at {workers} workers: the loop waited on its input for {100 * wait:.0f}% of "
+                "its steps there, too little for more workers to hide"
+            )
         if (last.steps_per_s or 0.0) < STEP_GAIN * best_before:
             return None, (
                 f"stopped at {workers} workers: they gained less than {100 * (STEP_GAIN - 1):.0f}% "
