@@ -1,8 +1,9 @@
 """Trial windows in the baseline's own process (issue 13): the mode chosen, the windows in
-order, the bracket that catches drift, and each case that falls back to restarting the script."""
+order, the pairs that catch drift, and each case that falls back to restarting the script."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def test_which_fixes_switch_while_the_loop_runs() -> None:
 
 
 @pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
-def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
+def test_workers_are_tried_in_windows_of_one_run_then_paired_with_the_baseline(
     slow_input_report: tuple[Any, Path],
 ) -> None:
     result, out = slow_input_report
@@ -52,8 +53,11 @@ def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
     outcome = _outcome(report, "dataloader-workers")
     assert (outcome["mode"], outcome["status"]) == ("in_process", "kept")
     windows = report["trial_windows"]
-    assert [w["label"] for w in windows][0] == "baseline" and windows[-1]["label"] == "baseline-again"
-    trials = [w for w in windows if w["fix"] == "dataloader-workers"]
+    # the choice then measured in a pair of adjacent windows: the script's setting, then the chosen one
+    assert windows[0]["label"] == "baseline"
+    assert [w["label"] for w in windows[-2:]] == ["baseline-pair-1", "dataloader-workers-pair-1"]
+    assert windows[-1]["setting"] == outcome["chosen"].replace(", persistent_workers=True", "")
+    trials = [w for w in windows if w["fix"] == "dataloader-workers" and "-pair-" not in w["label"]]
     assert [w["label"] for w in trials] == [t["raw"]["label"] for t in outcome["trials"]]
     assert [w["setting"] for w in trials] == [t["label"] for t in outcome["trials"]]
     started = [w["started_s"] for w in windows]
@@ -62,8 +66,9 @@ def test_workers_are_tried_in_windows_of_one_run_bracketed_by_the_baseline(
     indices = [t["raw"]["steps"][0]["index"] for t in outcome["trials"]]
     assert indices == sorted(indices) and indices[0] > report["baseline"]["raw"]["steps"][-1]["index"]
     assert any(
-        "Trial windows ran in the baseline's own process, bracketed" in note for note in report["details"]
-    )
+        "dataloader-workers: " in note and "in 1 pair of adjacent windows with the script's own" in note
+        for note in report["details"]
+    ), report["details"]
     # the search says why it stopped
     assert outcome["search"].startswith("stopped")
     assert "[" in result.stderr and "elapsed, about" in result.stderr  # the progress line
@@ -176,7 +181,11 @@ def test_a_spent_budget_lists_the_fix_with_the_command_that_measures_it(tmp_path
     report = _profile(tmp_path, "--budget", "1s", EXAMPLES / "slow_input_mnist.py", "--samples", "20000")
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["status"] == "not_run" and outcome["trials"] == []
-    assert "the --budget of 1s was spent; measure it alone with: trainadvisor profile" in outcome["reason"]
+    assert re.search(
+        r"^not measured: its trials \(about \d+s each\) would have run past the --budget of 1s \(0s left\); "
+        "measure it alone with: trainadvisor profile ",
+        outcome["reason"],
+    ), outcome["reason"]
     command = outcome["reason"].split("with: ")[1]
     assert "--fix dataloader-workers" in command and "--budget" not in command
     assert f"--out {tmp_path / 'r-dataloader-workers'}" in command  # beside this report, not over it

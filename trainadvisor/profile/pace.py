@@ -7,6 +7,7 @@ Pure functions over the saved runs and trials."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from trainadvisor.analyze.summary import percentile, summarize
@@ -90,3 +91,95 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
         f"{100 * TOLERANCE:.0f}% faster it stays below {below:.1f} steps/s, the slow windows of "
         f"{whose}"
     )
+
+
+def cost_s(kind: str, walls: list[float], baseline: RawRun) -> float:
+    """About how long the next trial window ("window") or fresh run of the script ("fresh")
+    takes: the median of those measured so far for windows, the longest for fresh runs (a
+    compiled trial's outlasts the others); before any, the baseline's own window (its warm-up
+    and timed steps) or its whole run (set-up included)."""
+    if walls:
+        return max(walls) if kind == "fresh" else float(percentile(walls, 50) or 0.0)
+    shape = baseline.shape
+    if kind == "window" and shape is not None:
+        return shape.warmup_s + shape.timed_s
+    return baseline.wall_s
+
+
+# ---- paired windows: a choice made in windows, measured against the baseline's setting next to it ----
+
+# At most this many pairs of adjacent windows (the baseline's setting, then the candidate's).
+MAX_PAIRS = 3
+# One pair decides where the candidate's slow windows beat the baseline's fast ones by this much:
+# a gain far beyond what background load drifts by between two windows seconds apart.
+DECISIVE = 1.5
+
+
+@dataclass(frozen=True)
+class Paired:
+    """What pairs of adjacent windows decided: "gain", "no_gain", or "open" (measure another
+    pair); the candidate's speedup over the baseline's setting (the median pair's), and the range
+    from the slowest pair's low end to the fastest's high end."""
+
+    state: str
+    speedup: float | None
+    low: float | None
+    high: float | None
+    pairs: int
+
+
+def paired(ratios: list[tuple[float, float, float]], keep_min: float) -> Paired:
+    """The verdict of (speedup, low, high) per pair, the candidate's window against the
+    baseline's beside it. A pair wins where its speedup reaches `keep_min` and the candidate's
+    slow windows beat the baseline's fast ones (low > 1). Decided: one pair whose low end reaches
+    DECISIVE (a gain) or whose high end stays under 1 (slower in every window); else the last two
+    pairs agreeing; else, after MAX_PAIRS, the majority. A drift in background load between
+    windows seconds apart shows in both of a pair and cancels in its ratio."""
+    if not ratios:
+        return Paired("open", None, None, None, 0)
+    median = statistics.median(r[0] for r in ratios)
+    low, high = min(r[1] for r in ratios), max(r[2] for r in ratios)
+    wins = [r[0] >= keep_min and r[1] > 1.0 for r in ratios]
+    first = ratios[0]
+    if len(ratios) == 1 and (first[1] >= DECISIVE or first[2] < 1.0):
+        state = "gain" if wins[0] else "no_gain"
+    elif len(ratios) >= 2 and wins[-1] == wins[-2]:
+        state = "gain" if wins[-1] else "no_gain"
+    elif len(ratios) >= MAX_PAIRS:
+        state = "gain" if 2 * sum(wins) > len(wins) else "no_gain"
+    else:
+        state = "open"
+    return Paired(state, median, low, high, len(ratios))
+
+
+# ---- an adjacent baseline: fresh runs compared with the script's setting measured next to them ----
+
+# Two measurements of the script's own setting that differ by more than this share: the machine's
+# speed changed between them (the settling tolerance: what two settled blocks of one loop differ by).
+MACHINE_DRIFT = TOLERANCE
+
+
+def machine_changed(first: Run, adjacent: Run) -> str | None:
+    """Why fresh runs measured between the baseline and the script's setting measured again
+    next to the last of them cannot be compared (the machine's speed changed between them, or
+    neither measurement of the baseline settled), in words with the figures; None where they can."""
+    a, b = first.steps_per_s or 0.0, adjacent.steps_per_s or 0.0
+    if a <= 0 or b <= 0:
+        return "the script's own setting could not be measured next to the confirmation run"
+    if max(a, b) > (1.0 + MACHINE_DRIFT) * min(a, b):
+        return (
+            f"the machine's speed changed between runs: the script's own setting measured "
+            f"{a:.1f} steps/s in the baseline and {b:.1f} next to the confirmation run "
+            f"({100 * (b / a - 1):+.0f}%, more than the {100 * MACHINE_DRIFT:.0f}% two settled "
+            "measurements of one loop differ by)"
+        )
+    unsettled = [
+        run for run in (first, adjacent) if run.raw.shape is None or run.raw.shape.warmup_end != "settled"
+    ]
+    counted = [run for run in unsettled if run.raw.shape is not None and run.raw.shape.warmup_end == "count"]
+    if len(unsettled) == 2 and not counted:
+        return (
+            "the script's own setting never settled: neither the baseline's warm-up nor the one "
+            f"measured next to the confirmation run ({a:.1f} and {b:.1f} steps/s) did"
+        )
+    return None

@@ -1,7 +1,7 @@
 """Which fix's trials run when, and how: the order (most to gain first), the mode (windows of
-the live baseline run, or fresh runs), the bracket around the windows (the baseline's setting
-measured again after them: a gain counts only beyond the drift it shows), the budget, and one
-progress line per fix."""
+the live baseline run, or fresh runs), the pairs of adjacent windows that check a choice made in
+windows against the script's own setting (`pairs`), the budget (nothing starts that its estimate
+puts past it, `pace`), and one progress line per fix."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from trainadvisor.analyze.length import run_length
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
+from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, pair_choice
 from trainadvisor.profile.runs import ProfileOptions, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
@@ -80,6 +81,8 @@ class Tuning:
     live_steps: int = 0  # steps the baseline's process has run so far
     again: Run | None = None  # the baseline's setting measured again after the trial windows
     settle: pace.SettleCap | None = None  # the trials' longest warm-up (`pace`), set on the first
+    # what each trial window ("window") and each fresh run ("fresh") took, seconds, as measured
+    walls: dict[str, list[float]] = field(default_factory=lambda: {"window": [], "fresh": []})
 
     @property
     def settle_cap_s(self) -> float | None:
@@ -97,17 +100,33 @@ class Tuning:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
-    def budget_left(self) -> bool:
+    def cost_s(self, kind: str) -> float:
+        """About how long the next trial window ("window") or fresh run ("fresh") takes (`pace`)."""
+        return pace.cost_s(kind, self.walls[kind], self.baseline.raw)
+
+    def fits(self, estimate_s: float) -> bool:
+        """Whether what takes about `estimate_s` ends within --budget."""
         budget = self.options.budget_s
-        return budget is None or self.elapsed_s() < budget
+        return budget is None or self.elapsed_s() + estimate_s <= budget
+
+    def remaining_s(self, live: bool) -> float:
+        """About how long the rest takes: each fix not yet tried (its expected candidates, each a
+        window of the live run where it can switch there, else a fresh run), the pair of windows
+        that checks a choice made in windows, and the confirmation run with its adjacent baseline."""
+        total, windows = 0.0, False
+        for i in ordered(self.plan, self.values):
+            planned = self.plan[i]
+            if planned.fix in self.tried and planned.fix != self._current:
+                continue
+            fix = fixes.REGISTRY[planned.fix]
+            in_window = live and fix.in_process_problem(self.values) is None
+            windows = windows or in_window
+            total += fix.expected_trials(self.values) * self.cost_s("window" if in_window else "fresh")
+        pairs = 2 * self.cost_s("window") if windows else 0.0
+        return total + pairs + 2 * self.cost_s("fresh")
 
     def _progress(self, planned: PlannedFix, mode: str) -> None:
-        left = [self.plan[i] for i in ordered(self.plan, self.values) if self.plan[i].fix not in self.tried]
-        spent = [o for o in self.outcomes if o.fix in self.tried]
-        per_fix = (
-            (self.elapsed_s() - self.baseline.raw.wall_s) / len(spent) if spent else self.baseline.raw.wall_s
-        )
-        estimate = per_fix * len(left) + self.baseline.raw.wall_s  # and the confirmation run
+        estimate = self.remaining_s(mode == "in_process")
         self.echo(
             f"trainadvisor: {planned.rule} -> measuring fix {planned.fix} ({mode}) "
             f"[{_clock(self.elapsed_s())} elapsed, about {_clock(estimate)} left]"
@@ -117,15 +136,26 @@ class Tuning:
 
     def run(self, planned: PlannedFix, measurer: Measurer, mode: str, reason: str = "") -> None:
         index = self.plan.index(planned)
-        if not self.budget_left():
-            self.outcomes[index] = self._over_budget(planned)
+        kind = "window" if mode == "in_process" else "fresh"
+        if not self.fits(self.cost_s(kind)):  # not even its first candidate would end in time
+            self.outcomes[index] = self._over_budget(planned, self.cost_s(kind))
             return
         self.tried.add(planned.fix)
+        self._current = planned.fix
         self._progress(planned, "in this process" if mode == "in_process" else "restarting the script")
         fix = fixes.REGISTRY[planned.fix]
-        trials = tune(
-            fix, self.values, measurer, self.echo, more=self.budget_left, references=[self.baseline]
-        )
+        more = lambda: self.fits(self.cost_s(kind))  # noqa: E731
+        trials = tune(fix, self.values, self._timed(measurer, kind), self.echo, more, [self.baseline])
+        self._current = ""
+        if (
+            len(trials) < fix.expected_trials(self.values)
+            and not more()
+            and fix.next_candidate(self.values, trials)
+        ):
+            self.notes.append(
+                f"{planned.fix}: its search stopped after {len(trials)} candidates, the next (about "
+                f"{_clock(self.cost_s(kind))}) would have run past the --budget."
+            )
         outcome = decide(planned, trials, self.values, [self.baseline])
         self.outcomes[index] = replace(outcome, mode=mode, mode_reason=reason)
         self.on_progress()
@@ -142,18 +172,30 @@ class Tuning:
 
     def window_budget(self, eligible: list[PlannedFix]) -> int | None:
         """The steps the next trial window may use: where the script's length is known, what it
-        has left shared among the windows still to come (each fix's candidates, the bracket);
+        has left shared among the windows still to come (each fix's candidates, a pair);
         None where it is not known (then the windows are timed, and one the script's end cuts
         short counts if it timed enough steps)."""
         if self.length is None or self.length.total_steps is None:
             return None
         left = self.length.total_steps - self.live_steps
         remaining = [p for p in eligible if p.fix not in self.tried or p.fix == self._current]
-        windows = 1 + sum(fixes.REGISTRY[p.fix].expected_trials(self.values) for p in remaining)
+        windows = 2 + sum(fixes.REGISTRY[p.fix].expected_trials(self.values) for p in remaining)  # + a pair
         return max(MIN_WINDOW_STEPS, left // max(windows, 1))
 
-    def _over_budget(self, planned: PlannedFix) -> FixOutcome:
+    def _timed(self, measurer: Measurer, kind: str) -> Measurer:
+        """`measurer`, each run's or window's wall time kept for the estimates (`cost_s`)."""
+
+        def measure(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Any:
+            measured = measurer(fix, label, candidate)
+            if measured.raw.wall_s:
+                self.walls[kind].append(measured.raw.wall_s)
+            return measured
+
+        return measure
+
+    def _over_budget(self, planned: PlannedFix, estimate_s: float) -> FixOutcome:
         budget = self.options.budget_s or 0.0
+        left = max(0.0, budget - self.elapsed_s())
         alone = self.options.out_dir.with_name(
             f"{self.options.out_dir.name}-{planned.fix}"
         )  # not over this one
@@ -162,8 +204,8 @@ class Tuning:
         )
         return FixOutcome(
             planned.fix, planned.rule, "not_run",
-            f"not measured: the --budget of {_clock(budget)} was spent; measure it alone with: "
-            + shlex.join(command),
+            f"not measured: its trials (about {_clock(estimate_s)} each) would have run past the --budget "
+            f"of {_clock(budget)} ({_clock(left)} left); measure it alone with: " + shlex.join(command),
             Overrides(), [],
         )  # fmt: skip
 
@@ -190,15 +232,17 @@ class Tuning:
         for planned in eligible:
             if live.ended is not None:
                 break
-            self._current = planned.fix
             self.run(planned, measure, "in_process")
             if live.ended is None:
                 continue
             self._script_ended(live, planned)
-        self._current = ""
-        in_process = [o for o in self.outcomes if o.mode == "in_process" and o.fix in self.tried]
-        if in_process and live.ended is None:
-            self._bracket(live, measure, in_process)
+        chosen = [
+            o
+            for o in self.outcomes
+            if o.mode == "in_process" and o.fix in self.tried and o.status == "unconfirmed"
+        ]
+        if chosen and live.ended is None:
+            self._pairs(measure, chosen)
         if live.ended is None:
             self._attribute(measure)
 
@@ -232,38 +276,32 @@ class Tuning:
 
         return measure
 
-    def _bracket(self, live: LiveRun, measure: Measurer, outcomes: list[FixOutcome]) -> None:
-        """The baseline's setting measured again: where the loop got faster by itself (a cache
-        warming, clocks), a trial must beat that too."""
-        again = measure(_AsScript(), "baseline-again", fixes.Setting(AS_SCRIPT, Overrides()))
-        if again.run is None or not again.run.steps_per_s:
-            self.notes.append("The baseline's setting could not be measured again after the trials.")
-            return
-        self.again = again.run
-        first = self.baseline.steps_per_s or 0.0
-        drift = again.run.steps_per_s / first - 1.0 if first else 0.0
-        reference = dict(self.values)
-        for key in ("steps_per_s", "samples_per_s"):
-            later = getattr(again.run, key)
-            if later is not None and (reference.get(key) or 0.0) < later:
-                reference[key] = later
-        self.details.append(
-            f"Trial windows ran in the baseline's own process, bracketed by the baseline's setting "
-            f"({first:.1f} steps/s first, {again.run.steps_per_s:.1f} after the trials: "
-            f"{100 * drift:+.0f}% drift); a trial, and the confirmation run, counted only when "
-            f"{KEEP_MIN_SPEEDUP:.2f}x faster than the faster of the two, and their slow windows "
-            "faster than its fast ones."
-        )
+    def _pairs(self, measure: Measurer, outcomes: list[FixOutcome]) -> None:
+        """Each choice made in windows measured against the script's own setting in pairs of
+        adjacent windows (`pairs`): its gain is the pairs', or it is no gain."""
+        details = []
         for outcome in outcomes:
+            paired = pair_choice(outcome, measure, self.fits, lambda: self.cost_s("window"))
             index = self.outcomes.index(outcome)
-            decided = decide(self.plan[index], outcome.trials, reference, [self.baseline, again.run])
-            if outcome.status == "unconfirmed" and decided.status == "no_gain" and drift > 0:
-                decided = replace(
-                    decided,
-                    reason=f"{decided.reason}, once the baseline's own drift ({100 * drift:+.0f}% "
-                    "between the windows before and after the trials) is counted",
-                )
-            self.outcomes[index] = replace(decided, mode=outcome.mode, mode_reason=outcome.mode_reason)
+            self.outcomes[index] = replace(paired.outcome, mode=outcome.mode, mode_reason=outcome.mode_reason)
+            self.again = paired.again or self.again
+            details.append(paired.detail)
+        if not details:
+            return
+        first, again = self.baseline.steps_per_s or 0.0, self.again.steps_per_s if self.again else None
+        drift = f"; the script's own setting ran {first:.1f} steps/s first" + (
+            f" and {again:.1f} in the last pair ({100 * (again / first - 1):+.0f}%)"
+            if again and first
+            else ""
+        )
+        self.details.append(
+            "Each setting chosen in trial windows was measured against the script's own in pairs of "
+            f"adjacent windows (at most {pace.MAX_PAIRS}, while undecided; kept where it was "
+            f"{KEEP_MIN_SPEEDUP:.2f}x faster and its slow windows beat the script's fast ones): "
+            + "; ".join(details)
+            + drift
+            + "."
+        )
         self.on_progress()
 
     def _attribute(self, measure: Measurer) -> None:
@@ -274,7 +312,7 @@ class Tuning:
         self.echo(f"trainadvisor: measuring {', '.join(o.fix for o in chosen)} together and without each")
 
         def measure_setting(label: str, setting: fixes.Setting) -> Run | None:
-            found = measure(_AsScript(), label, setting)
+            found = measure(AsScript(), label, setting)
             self.echo(
                 f"  tried {setting.label}: "
                 + (f"{found.run.steps_per_s:.1f} steps/s" if found.run else found.status)
@@ -302,15 +340,6 @@ class Tuning:
             loaders = loader_problem(self.baseline) if fix.switches_loaders else None
             reason = why or fix.in_process_problem(self.values) or loaders or self.live_ended
             self.run(planned, measure, "restart", reason)
-
-
-AS_SCRIPT = "as the script runs"
-
-
-class _AsScript(fixes.Fix):
-    """The baseline's own setting, measured again (no fix)."""
-
-    id = ""
 
 
 def _window(label: str, fix: str, setting: str, run: Run, started_s: float) -> TrialWindow:

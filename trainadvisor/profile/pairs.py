@@ -1,0 +1,101 @@
+"""A choice made in trial windows, measured against the script's own setting in pairs of adjacent
+windows (the script's setting, then the chosen one; repeated while the pairs leave it open,
+`pace.paired`): a drift in background load between two windows seconds apart shows in both and
+cancels in their ratio, where one baseline window measured before the trials would set a
+candidate measured in a quiet spell against a baseline measured in a busy one (interleaved A/B
+measurement, as benchmark harnesses repeat and pair their runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from trainadvisor import fixes
+from trainadvisor.profile import pace
+from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, ratio, spread
+from trainadvisor.profile.trials import Measurer
+from trainadvisor.records import FixOutcome, Overrides, Run
+
+AS_SCRIPT = "as the script runs"
+
+
+class AsScript(fixes.Fix):
+    """The baseline's own setting, measured again (no fix)."""
+
+    id = ""
+
+
+def as_script() -> fixes.Setting:
+    return fixes.Setting(AS_SCRIPT, Overrides())
+
+
+@dataclass
+class PairedOutcome:
+    """A fix's outcome after its pairs, the script's setting as last measured beside it, and
+    how the pairs went (for the report's details)."""
+
+    outcome: FixOutcome
+    again: Run | None
+    detail: str
+
+
+def pair_choice(
+    outcome: FixOutcome,
+    measure: Measurer,
+    fits: Callable[[float], bool],
+    window_cost_s: Callable[[], float],
+) -> PairedOutcome:
+    """The chosen setting of `outcome` (status "unconfirmed", chosen in windows) measured in
+    pairs of windows with the script's own; its gain becomes the pairs' (median, and the range
+    from the slowest pair's slow windows to the fastest's fast ones), or it is no gain. Pairs
+    stop where the budget would not fit two more windows, or the script ended: the search's
+    figure then stands, and the detail says so."""
+    fix = fixes.REGISTRY[outcome.fix]
+    chosen = next(t for t in outcome.trials if t.overrides == outcome.settings and t.status == "measured")
+    ratios: list[tuple[float, float, float]] = []
+    again: Run | None = None
+    stopped = ""
+    while len(ratios) < pace.MAX_PAIRS:
+        if not fits(2 * window_cost_s()):
+            stopped = "the --budget left no time for another pair"
+            break
+        k = len(ratios) + 1
+        before = measure(AsScript(), f"baseline-pair-{k}", as_script())
+        after = measure(fix, f"{fix.id}-pair-{k}", fixes.Setting(chosen.label, chosen.overrides))
+        if before.run is None or after.run is None or not before.run.steps_per_s:
+            stopped = "a window of the pair measured nothing (the script ended?)"
+            break
+        again = before.run
+        r = ratio(before.run, after.run, fix.metric == "samples_per_s")
+        if r.speedup is None or r.low is None or r.high is None:
+            stopped = "a window of the pair had no throughput to compare"
+            break
+        ratios.append((r.speedup, r.low, r.high))
+        if pace.paired(ratios, KEEP_MIN_SPEEDUP).state != "open":
+            break
+    decided, detail = _decided(outcome, pace.paired(ratios, KEEP_MIN_SPEEDUP), fix.metric, stopped)
+    return PairedOutcome(decided, again, detail)
+
+
+def _decided(outcome: FixOutcome, decision: pace.Paired, metric: str, stopped: str) -> tuple[FixOutcome, str]:
+    unit = "samples/s" if metric == "samples_per_s" else "steps/s"
+    if decision.speedup is None:
+        return (
+            outcome,
+            f"{outcome.fix}: no pair of windows was measured ({stopped}); the search's figure stands",
+        )
+    figure = spread(decision.speedup, decision.low, decision.high, unit)
+    plural = "s" if decision.pairs > 1 else ""
+    pairs = f"{decision.pairs} pair{plural} of adjacent windows with the script's own setting"
+    detail = f"{outcome.fix}: {figure} in {pairs}"
+    if decision.state == "open":
+        detail += f", undecided ({stopped}); the search's figure stands"
+        return outcome, detail
+    if decision.state == "no_gain":
+        reason = f"{outcome.chosen or outcome.fix} measured {figure} in {pairs}: not a reliable gain"
+        return replace(
+            outcome, status="no_gain", reason=reason, settings=Overrides(), gain=None, gain_low=None
+        ), detail
+    reason = f"measured {figure} in {pairs}; no confirmation run measured it"
+    decided = replace(outcome, reason=reason, gain=decision.speedup, gain_low=decision.low, unit=unit)
+    return decided, detail
