@@ -133,3 +133,45 @@ def test_a_trial_races_the_slow_windows_of_the_best_setting_so_far() -> None:
     cut = _trial("num_workers=4", [2.0] * 100, end="raced")
     assert pace.race_below([baseline], [faster, cut]) == (200.0, "num_workers=2")
     assert pace.raced(cut.raw) and not pace.raced(faster.raw)  # type: ignore[arg-type]
+
+
+def test_pairs_decide_on_adjacent_windows_and_say_how_many_it_took() -> None:
+    """(speedup, low, high) per pair. One pair decides where its slow windows gain 1.5x or its
+    fast windows lose; else two pairs that agree; else the majority of three."""
+    assert pace.paired([(8.0, 7.3, 9.4)], 1.05) == pace.Paired("gain", 8.0, 7.3, 9.4, 1)
+    assert pace.paired([(0.8, 0.7, 0.9)], 1.05).state == "no_gain"
+    assert pace.paired([(1.2, 1.1, 1.3)], 1.05).state == "open"
+    assert pace.paired([(1.2, 1.1, 1.3), (1.3, 1.15, 1.4)], 1.05) == pace.Paired("gain", 1.25, 1.1, 1.4, 2)
+    split = [(1.2, 1.1, 1.3), (1.02, 0.95, 1.1)]
+    assert pace.paired(split, 1.05).state == "open"
+    assert pace.paired([*split, (1.01, 0.9, 1.1)], 1.05) == pace.Paired("no_gain", 1.02, 0.9, 1.3, 3)
+
+
+def _windows_at(steps_per_s: float, n: int = 60) -> Run:
+    return _run([1e3 / steps_per_s] * n)
+
+
+def test_a_background_load_that_stops_between_windows_cancels_in_a_pair_not_against_one_baseline() -> None:
+    """A simulated background load halves the loop's speed until it stops, after the baseline's
+    window: the candidate, which truly gains 3%, measures 2.06x against that baseline; in a pair
+    with the script's own setting measured beside it (both after the load stopped) it gains 1.03x,
+    no gain."""
+    from trainadvisor.profile.judge import ratio
+
+    loaded, quiet, candidate = _windows_at(50.0), _windows_at(100.0), _windows_at(103.0)
+    against_first = ratio(loaded, candidate)
+    assert round(against_first.speedup or 0.0, 2) == 2.06 and (against_first.low or 0.0) > 1.5
+    pair = ratio(quiet, candidate)
+    paired = pace.paired([(pair.speedup, pair.low, pair.high)] * 2, 1.05)  # type: ignore[list-item]
+    assert paired.state == "no_gain" and round(paired.speedup or 0.0, 2) == 1.03
+
+
+def test_fresh_runs_are_compared_only_where_the_baseline_measured_next_to_them_agrees() -> None:
+    loaded, quiet = _windows_at(50.0), _windows_at(100.0)
+    assert pace.machine_changed(loaded, quiet) == (
+        "the machine's speed changed between runs: the script's own setting measured 50.0 steps/s in "
+        "the baseline and 100.0 next to the confirmation run (+100%, more than the 10% two settled "
+        "measurements of one loop differ by)"
+    )
+    assert pace.machine_changed(quiet, _windows_at(105.0)) is None  # 5%: a steady machine
+    assert pace.machine_changed(quiet, _windows_at(111.0)) is not None

@@ -206,3 +206,23 @@ def test_an_unknown_fix_is_refused_with_the_known_ones(tmp_path: Path) -> None:
     assert (
         "--fix workers: no such fix; the fixes are activation-checkpointing, amp, batch-size" in result.stderr
     )
+
+
+@pytest.mark.long_run
+def test_fresh_runs_on_a_machine_that_sped_up_since_the_baseline_are_inconclusive(tmp_path: Path) -> None:
+    """Every read takes twice as long in the script's first run (the baseline) as in the later
+    ones, and no DataLoader setting helps on a steady machine (reads serialised by one lock).
+    Compared with that baseline alone, the workers' fresh runs measured about 2x and were kept
+    with a diff; the script's own setting measured next to the confirmation run shows the
+    machine sped up, and the fix is inconclusive: not kept, no change given."""
+    launches = tmp_path / "launches"
+    report = _profile(
+        tmp_path, "--trials", "restart", "--max-warmup", "2s", "--max-workers", "2",
+        SCRIPTS / "machine_speeds_up.py", "--launches", launches,
+    )  # fmt: skip
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] == "inconclusive", outcome
+    assert "the machine's speed changed between runs: the script's own setting measured" in outcome["reason"]
+    assert not outcome["diff"] and report["applied_fixes"] == []
+    assert len(launches.read_text().split()) >= 4  # baseline, a trial, the confirmation, and beside it
+    assert "inconclusive: dataloader-workers" in (tmp_path / "r" / "report.md").read_text()

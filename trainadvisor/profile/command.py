@@ -248,7 +248,9 @@ def _measure_fixes(
     try:
         if live is not None:
             tuning.in_process(live)
-            live.close()
+            if not _keeps_alive(diagnosed, tuning, live):
+                live.close()
+                live = None
         diagnosed = _with_sites(options, job.rules, diagnosed, job.echo)
         noise_rel = None
         to_judge = [o.fix for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
@@ -259,12 +261,26 @@ def _measure_fixes(
             noise_rel = loss_noise(options, diagnosed.baseline, job.echo)
             tuning.details.append(noise_note(noise_rel))
         tuning.restarted(noise_rel, why_restart or "")
-        report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted)
+        alive = live
+        adjacent = lambda: tuning.measure_again(alive)  # noqa: E731
+        report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted, adjacent)
     finally:
         if prestarted is not None:
             prestarted.cancel()
+        if live is not None:
+            live.close()
     job.keep(report)
     return report
+
+
+def _keeps_alive(diagnosed: _Diagnosed, tuning: Tuning, live: LiveRun) -> bool:
+    """Whether the baseline's process stays alive, idle, after its trial windows, to measure the
+    script's own setting next to the confirmation run in one more window: on a CPU only (on a
+    GPU it would hold the device's memory beside the confirmation run), where no fix's trials
+    restart the script beside it."""
+    if live.ended is not None or diagnosed.diagnosis.values.get("cuda_used"):
+        return False
+    return all(p.fix in tuning.tried or not p.applicable for p in diagnosed.plan)
 
 
 def _after_oom(job: _Job, diagnosed: _Diagnosed) -> Report:
@@ -468,9 +484,10 @@ def _confirm(
     noise_rel: float | None,
     echo: Echo,
     prestarted: Prestarted | None = None,
+    adjacent: Callable[[], Run | None] | None = None,
 ) -> Report:
     """The confirmation stage (`confirm`), and the report of the whole run."""
-    done = confirm(options, diagnosed.baseline, tuning, noise_rel, echo, prestarted)
+    done = confirm(options, diagnosed.baseline, tuning, noise_rel, echo, prestarted, adjacent)
     return _report(
         options, diagnosed, started, done.outcomes, done.after, done.comparison, done.notes, noise_rel, tuning
     )

@@ -4,6 +4,8 @@ faster and trains the same, and each kept or recommended fix given its code chan
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,13 @@ from trainadvisor.frameworks.change import fix_change
 from trainadvisor.measure.live import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
+from trainadvisor.profile.pace import machine_changed
 from trainadvisor.profile.runs import (
     ProfileOptions,
     confirmation_spec,
     measure_fitted,
     measure_run,
+    reproduce_command,
     run_of,
     spec_for,
 )
@@ -48,36 +52,107 @@ def confirm(
     noise_rel: float | None,
     echo: Echo,
     prestarted: Prestarted | None = None,
+    adjacent: Callable[[], Run | None] | None = None,
 ) -> Confirmed:
-    """Where no confirmation could be measured, each chosen fix stays `unconfirmed` with the gain
-    its own trial measured."""
+    """Where no confirmation could be measured (the run failed, or would have run past
+    --budget), each chosen fix stays `unconfirmed` with the gain its own trial measured. A
+    confirmation that would keep its fixes is compared, too, with the script's own setting
+    measured next to it (`adjacent`): where the machine's speed changed since the baseline, the
+    fixes measured in fresh runs are `inconclusive` (`pace.machine_changed`), never kept."""
     chosen = [o for o in tuning.outcomes if o.status == "unconfirmed"]
     after, comparison = None, None
     verdicts: dict[str, tuple[FixStatus, str]] = {}
-    if chosen:
+    changed = None
+    waiting = prestarted if prestarted is not None and prestarted.waiting() else None
+    estimate_s = tuning.cost_s("window" if waiting is not None else "fresh")
+    if chosen and not tuning.fits(estimate_s):
+        verdicts = {o.fix: ("unconfirmed", _over_budget(options, o, chosen, estimate_s)) for o in chosen}
+    elif chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
         first = measure_run
-        if prestarted is not None and prestarted.waiting():  # its set-up ran while the trials did
-            waiting = prestarted
-            first = lambda spec: run_of(waiting.run(spec, PROFILE_STEPS), spec)  # noqa: E731
-        spec_of = lambda known: confirmation_spec(options, merged, known)  # noqa: E731
+        if waiting is not None:  # its set-up ran while the trials did
+            ready = waiting
+            first = lambda spec: run_of(ready.run(spec, PROFILE_STEPS), spec)  # noqa: E731
+        spec_of = lambda known: confirmation_spec(options, merged, known, tuning.settle_cap_s)  # noqa: E731
         after = with_baseline_flops(
             measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first), baseline
         )
+        tuning.walls["fresh"].append(after.raw.wall_s)
         if usable(after.raw):
             comparison = _comparison(baseline, after, tuning, chosen, noise_rel)
             status, reason = verdict(comparison)
+            if status == "kept" and adjacent is not None:
+                status, reason, comparison, changed = _adjacent(
+                    baseline, after, tuning, chosen, noise_rel, adjacent, (status, reason, comparison)
+                )
             verdicts = {o.fix: (status, _together(reason, chosen)) for o in chosen}  # type: ignore[misc]
         else:
             why = after.raw.error or _short_run(after.raw)
             verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
-    final = [_final(options, o, verdicts, baseline.raw) for o in tuning.outcomes]
+    final = [_final(options, _unsure(o, changed), verdicts, baseline.raw) for o in tuning.outcomes]
     return Confirmed(final, after, comparison, _length_note(tuning, comparison))
 
 
+def _adjacent(
+    baseline: Run,
+    after: Run,
+    tuning: Tuning,
+    chosen: list[FixOutcome],
+    noise_rel: float | None,
+    adjacent: Callable[[], Run | None],
+    kept: tuple[str, str, Comparison],
+) -> tuple[str, str, Comparison, str | None]:
+    """A kept confirmation judged again with the script's own setting measured next to it:
+    (status, reason, comparison, why the machine's figures cannot be compared or None)."""
+    again = adjacent()
+    if again is None:
+        return (*kept, None)
+    changed = machine_changed(baseline, again)
+    if changed is not None:
+        status, reason, comparison = kept
+        return "inconclusive", f"{reason} in the confirmation run, but {changed}", comparison, changed
+    comparison = _comparison(baseline, after, tuning, chosen, noise_rel, [again])
+    status, reason = verdict(comparison)
+    figure = f"{again.steps_per_s or 0.0:.1f} steps/s"
+    return (
+        status,
+        f"{reason}, against the script's own setting measured next to it too ({figure})",
+        comparison,
+        None,
+    )
+
+
+def _unsure(outcome: FixOutcome, changed: str | None) -> FixOutcome:
+    """A fix measured in fresh runs faster but not confirmed with the others (a larger batch's
+    opportunity), where the machine's speed changed between runs: inconclusive too."""
+    if changed is None or outcome.mode != "restart" or outcome.status != "opportunity":
+        return outcome
+    return replace(outcome, status="inconclusive", reason=f"{outcome.reason}; but {changed}")
+
+
+def _over_budget(
+    options: ProfileOptions, outcome: FixOutcome, chosen: list[FixOutcome], estimate_s: float
+) -> str:
+    """Why a chosen fix was not confirmed for the budget, and the command that confirms them."""
+    budget = options.budget_s or 0.0
+    out = options.out_dir.with_name(f"{options.out_dir.name}-confirmed")
+    command = reproduce_command(
+        replace(options, only_fixes=[o.fix for o in chosen], budget_s=None, out_dir=out)
+    )
+    return (
+        f"{outcome.reason}; not confirmed: a confirmation run (about {estimate_s:.0f} s) would have run "
+        f"past the --budget of {budget:g} s; confirm with: {shlex.join(command)}"
+    )
+
+
 def _comparison(
-    baseline: Run, after: Run, tuning: Tuning, chosen: list[FixOutcome], noise_rel: float | None
+    baseline: Run,
+    after: Run,
+    tuning: Tuning,
+    chosen: list[FixOutcome],
+    noise_rel: float | None,
+    more: list[Run] | None = None,
 ) -> Comparison:
     """The after run against the faster of the baseline and its setting measured again after the
     trial windows, with the loss check at the loosest tolerance of the fixes confirmed."""
@@ -87,7 +162,7 @@ def _comparison(
         after,
         max(tolerance(fix, noise_rel) for fix in confirmed),
         per_sample=any(fix.metric == "samples_per_s" for fix in confirmed),
-        references=[r for r in (baseline, tuning.again) if r is not None],
+        references=[r for r in (baseline, tuning.again, *(more or [])) if r is not None],
     )
     comparison.contains = [f"{o.fix}: {o.chosen}" if o.chosen else o.fix for o in chosen]
     return comparison

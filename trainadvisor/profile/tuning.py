@@ -15,9 +15,9 @@ from trainadvisor import fixes
 from trainadvisor.analyze.length import run_length
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.profile import attribution, pace
-from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
-from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, pair_choice
-from trainadvisor.profile.runs import ProfileOptions, reproduce_command
+from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
+from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, as_script, pair_choice
+from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
 
@@ -326,6 +326,30 @@ class Tuning:
             )
         self.notes += notes
         self.on_progress()
+
+    def measure_again(self, live: LiveRun | None) -> Run | None:
+        """The script's own setting measured again next to the confirmation run (`confirm`): a
+        window of the live run where it is still alive, else a fresh run; None where the budget
+        leaves no time for it, or it measured nothing."""
+        kind = "window" if live is not None and live.ended is None else "fresh"
+        if not self.fits(self.cost_s(kind)):
+            self.notes.append(
+                "The script's own setting was not measured again next to the confirmation run: "
+                f"it (about {_clock(self.cost_s(kind))}) would have run past the --budget."
+            )
+            return None
+        if live is not None and kind == "window":
+            measure = self._recording(
+                windows(live, self.options, self.baseline, lambda: self.window_budget([]), self.settle_cap_s)
+            )
+            return measure(AsScript(), "baseline-adjacent", as_script()).run  # type: ignore[no-any-return]
+        quiet = {"profile": False, "show_output": False, "timeout_s": max(60.0, 5 * self.baseline.raw.wall_s)}
+        spec = fresh_spec(
+            self.options, "baseline-adjacent", Overrides(), self.length, 0, self.settle_cap_s, **quiet
+        )
+        run = measure_run(spec)
+        self.walls["fresh"].append(run.raw.wall_s)
+        return run if usable(run.raw) else None
 
     def restarted(self, noise_rel: float | None, why: str) -> None:
         """Every applicable fix not yet tried, each candidate in a fresh run of the script."""

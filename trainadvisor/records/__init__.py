@@ -28,10 +28,13 @@ TrialStatus = Literal["measured", "refused", "failed", "changed_training"]
 # its trials, faster there; no confirmation run measured it) | not_run (the run ended before its
 # trials) | needs_restart (@advise: measured only by the `profile` command it names) |
 # opportunity (faster, but it changes what is learned: measured and shown, never applied) |
-# redundant (faster alone, but the other kept fixes without it were as fast as with it).
+# redundant (faster alone, but the other kept fixes without it were as fast as with it) |
+# inconclusive (faster in fresh runs, but the machine's speed changed between them and the
+# script's own setting measured next to them, `profile.pace.machine_changed`: neither kept nor
+# rejected, no change given).
 FixStatus = Literal[
     "kept", "recommended", "no_gain", "changed_training", "refused", "failed", "not_applicable",
-    "unconfirmed", "not_run", "needs_restart", "opportunity", "redundant",
+    "unconfirmed", "not_run", "needs_restart", "opportunity", "redundant", "inconclusive",
 ]  # fmt: skip
 
 

@@ -69,6 +69,9 @@ def headline(report: Report) -> str:
                 f"; opportunity: {outcome.gain:.2f}x {outcome.unit} with {_short(outcome.chosen)}, "
                 f"which changes training ({outcome.fix})"
             )
+    unsure = [o.fix for o in report.fix_outcomes if o.status == "inconclusive"]
+    if unsure:  # faster in fresh runs on a machine whose speed changed: neither kept nor rejected
+        text += f"; inconclusive: {', '.join(unsure)} (measured faster, but not comparably: see its fix line)"
     fit = memory_fit(report)
     return f"{text}; memory: {fit}" if fit else text
 
