@@ -13,19 +13,17 @@ import psutil
 
 from trainadvisor import engine, fixes
 from trainadvisor.analyze.disturbance import disturbance_notes
-from trainadvisor.analyze.length import run_length
-from trainadvisor.analyze.shapes import baseline_note, traced_whole, window_notes
+from trainadvisor.analyze.shapes import baseline_note, window_notes
 from trainadvisor.analyze.summary import attach_trace, input_note, named_measurements
-from trainadvisor.errors import NoStepsError, Terminated, UsageError
-from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
+from trainadvisor.errors import Terminated, UsageError
+from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun, Prestarted
-from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure
+from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.profile import rescue
+from trainadvisor.profile.baseline import check_steps, fitted_baseline, too_short
 from trainadvisor.profile.confirm import confirm, start_ahead
-from trainadvisor.profile.judge import MIN_TIMED_STEPS, usable
 from trainadvisor.profile.runs import (
     ProfileOptions,
-    fresh_spec,
     measure_run,
     reproduce_command,
     run_of,
@@ -39,7 +37,6 @@ from trainadvisor.records import (
     FixOutcome,
     Overrides,
     PlannedFix,
-    RawRun,
     Report,
     Run,
 )
@@ -50,66 +47,6 @@ from trainadvisor.report.folder import hold_out_dir
 SITE_RULES = ("host-sync", "cpu-tensor-creation")
 SITE_KEYS = ("sync_site", "sync_sites", "cpu_tensor_site", "cpu_tensor_sites")
 SITE_STEPS = 3
-
-STEP_MARKING_HELP = (
-    "trainadvisor finds steps through torch.optim optimizers' optimizer.step() (global optimizer "
-    "hooks), or, where no optimizer is built, through backward(). If your loop does neither, add "
-    "`import trainadvisor` and call "
-    "`trainadvisor.step()` once at the end of every training step; outside trainadvisor the "
-    "call does nothing."
-)
-
-
-def _check_steps(raw: RawRun, options: ProfileOptions) -> None:
-    if raw.status == "script_failed":
-        return
-    if raw.steps_seen == 0:
-        raise NoStepsError(
-            f"{options.script} ran to the end but no training step was seen. " + STEP_MARKING_HELP
-        )
-    if not raw.steps:
-        raise UsageError(
-            f"{options.script} ran only {raw.steps_seen} step(s), too few to time any after a warm-up "
-            f"of at least {options.warmup}: lower --warmup, or pass arguments that make the script "
-            "train longer"
-        )
-
-
-def _too_short(raw: RawRun) -> bool:
-    """The script ended by itself before the baseline's window timed enough steps, or before
-    the profiler recorded a whole step: then no step was traced (the script's end can fall there
-    where the warm-up settled late, on a loaded machine)."""
-    if raw.status != "script_ended" or not raw.steps_seen:
-        return False
-    return not usable(raw) or (raw.profile_steps > 0 and not traced_whole(raw))
-
-
-def _fitted_baseline(
-    options: ProfileOptions, spec: RunSpec, first: Run, echo: Echo
-) -> tuple[Run, str] | None:
-    """The baseline measured again, its window fitted into the steps the script turned out to
-    have (it ended inside the first one's warm-up, or its timed steps): fewer traced steps where
-    the script is that short; and why no trial can run in its process. None where even a fitted
-    window would time too few steps, or trace none where the first timed enough."""
-    total = first.raw.steps_seen
-    spare = total - options.warmup - MIN_TIMED_STEPS
-    if spare < 0:
-        return None
-    traced = min(PROFILE_STEPS, spare - PROFILER_WARMUP_STEPS)  # the profiler's warm-up step first
-    if traced <= 0 and usable(first.raw):
-        return None  # fitted, it would trace nothing either: its timed steps are as good
-    missed = "traced any" if usable(first.raw) else "timed enough"
-    echo(
-        f"trainadvisor: the script ended after {total} steps, before the window had {missed} of "
-        "them; measuring the baseline again, fitted into those steps"
-    )
-    after_window = PROFILER_WARMUP_STEPS + traced if traced > 0 else 0
-    fitted = fresh_spec(
-        options, "baseline", Overrides(), run_length(first.raw), after_window,
-        show_output=spec.show_output, stop_after_window=spec.stop_after_window,
-        profile=traced > 0, profile_steps=max(traced, 0),
-    )  # fmt: skip
-    return measure_run(fitted), f"the script's {total} steps leave none for trial windows after the baseline"
 
 
 def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str, Any]:
@@ -195,13 +132,13 @@ def _profile(job: _Job) -> Report:
         if why_restart is None:  # kept alive after its window, for trial windows
             live = LiveRun(replace(spec, session_dir=spec.out_dir / ".work" / "session"))
         baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
-        fitted = _fitted_baseline(options, spec, baseline, echo) if _too_short(baseline.raw) else None
+        fitted = fitted_baseline(options, spec, baseline, echo) if too_short(baseline.raw) else None
         if fitted is not None:
             if live is not None:
                 live.close()
                 live = None
             baseline, why_restart = fitted
-        _check_steps(baseline.raw, options)
+        check_steps(baseline.raw, options)
         diagnosed = _diagnose_baseline(options, job.rules, baseline)
         blocked = _why_no_fixes(options, baseline)
         if blocked is None and options.apply_fixes and rescue.died_of_oom(baseline.raw):
