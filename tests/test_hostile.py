@@ -4,14 +4,16 @@ time per report folder."""
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import EXAMPLES, SCRIPTS, load_report, processes_running, run_cli
 
-from trainadvisor.redact import looks_secret, mask_arguments
+from trainadvisor.redact import Secrets, looks_secret, mask_arguments
 
 TOKEN = "hf_FAKEtoken0123456789abcdef"
 KEY = "wandbFAKEkey98765"
@@ -91,3 +93,30 @@ def test_a_second_run_into_the_same_report_folder_is_refused(tmp_path: Path) -> 
         first.wait(timeout=60)
     assert not processes_running(out, out)  # the first run's child went with it
     assert not (out / ".lock").exists()
+
+
+def test_a_short_credential_masks_the_strings_of_a_result_file_not_its_bytes(tmp_path: Path) -> None:
+    """`--token 5`, `--use_auth_token true`, `--api-secret warmup`: masked byte by byte, the
+    result file's numbers and literals became `***` (invalid JSON: an internal error, no report).
+    Its string values are masked instead; a short value that is the whole of a string and reads
+    as a word of code is one of trainadvisor's own words as often as the credential."""
+    result = tmp_path / "baseline.result.json"
+    saved = {"steps": [5, 15, 0.5], "exit_code": 5, "ok": True, "status": "warmup",
+             "error": "KeyError: 'true' with token 5 (warmup)", "log": "https://u:pw5@host/x"}  # fmt: skip
+    result.write_text(json.dumps(saved))
+    Secrets(["5", "true", "warmup"]).json_file(result)
+    assert json.loads(result.read_text()) == {
+        "steps": [5, 15, 0.5], "exit_code": 5, "ok": True, "status": "warmup",
+        "error": "KeyError: '***' with token *** (***)", "log": "https://u:***@host/x",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["5", "true", "warmup"])
+def test_a_profile_with_a_short_credential_writes_its_report(tmp_path: Path, value: str) -> None:
+    out = tmp_path / "r"
+    result = run_cli(
+        "profile", "--no-fix", "--warmup", "2", "--steps", "6", "--max-warmup", "0", "--min-time", "0",
+        "--out", out, SCRIPTS / "with_token.py", "--hf-token", TOKEN, "--wandb-key", value, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert load_report(out)["command"][-4:] == ["--hf-token", "***", "--wandb-key", "***"]

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 MASK = "***"
 # Words of an argument's name that mark its value as a credential.
@@ -132,6 +133,34 @@ class Secrets:
             data = _URL_PASSWORD_BYTES.sub(lambda m: m["head"] + MASK.encode(), data)
         return data
 
+    def value(self, data: Any) -> Any:
+        """Parsed JSON data with every string value masked (`text`); numbers, literals and keys as
+        they are. A short value that is the whole of a string and reads as a word of code
+        (`--api-secret warmup`, `--token measured`) is as likely one of trainadvisor's own words
+        (a phase, a status) as the credential: it is left as it is."""
+        if isinstance(data, str):
+            short_word = len(data) < _SHORT and data in self.values and data.isidentifier()
+            return data if short_word else self.text(data)
+        if isinstance(data, list):
+            return [self.value(item) for item in data]
+        if isinstance(data, dict):
+            return {key: self.value(item) for key, item in data.items()}
+        return data
+
+    def json_file(self, path: Path) -> None:
+        """Mask a JSON file trainadvisor's child wrote (its result, its progress): the string
+        values of its parsed data (`value`), never its bytes, so that a short credential
+        (`--token 5`, `--use_auth_token true`) cannot rewrite the file's numbers or literals
+        into invalid JSON. A file that is not JSON (cut short) is masked as text (`file`)."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.file(path)
+            return
+        masked = self.value(data)
+        if masked != data:
+            _rewrite(path, json.dumps(masked).encode())
+
     def file(self, path: Path) -> None:
         """Mask a file the script's process wrote (its log, its results), line by line, where
         something is to be masked. The file is rewritten in place, not replaced: a report folder
@@ -153,6 +182,17 @@ class Secrets:
             pass
         finally:
             masked.unlink(missing_ok=True)
+
+
+def _rewrite(path: Path, content: bytes) -> None:
+    """`path` rewritten in place with `content` (not replaced: a report folder may hold a hard
+    link to it); left as it was where it cannot be (a full disk)."""
+    try:
+        with open(path, "r+b") as target:
+            target.write(content)
+            target.truncate()
+    except OSError:
+        pass
 
 
 def masked_note(masked: list[str]) -> str | None:

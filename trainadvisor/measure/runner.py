@@ -456,7 +456,7 @@ def _raise_if_disk_full(reason: str, result_file: Path) -> None:
 def load_result(result_file: Path, spec: RunSpec) -> RawRun:
     """What the child saved, the script's credentials masked in the file first (its errors
     quote what the script's exception said)."""
-    Secrets.of(spec.args).file(result_file)
+    Secrets.of(spec.args).json_file(result_file)
     return _serial.load_json(RawRun, result_file)
 
 
@@ -476,7 +476,7 @@ def _result(
     if (raw is None or raw.exit_code is None) and not failed_write.exists():
         saved = progress.progress_file(result_file)
         if raw is None and saved.exists():
-            Secrets.of(spec.args).file(saved)
+            Secrets.of(spec.args).json_file(saved)
         raw = progress.last_known(raw, result_file, heartbeat, spec.label)
         if raw is not None and not killed and not ours:
             progress.say_how_it_ended(raw, returncode, "torchrun" if spec.torchrun else None)

@@ -1,0 +1,170 @@
+"""Issue 36's figures: what a full verdict costs against a diagnosis-only run, on a quiet machine
+and beside another process that keeps one core busy (started by this benchmark).
+
+    .venv/bin/python benchmarks/verdict_cost.py [--busy] [--part slow-start|ceiling|short|compile|budget|all]
+
+slow-start  the slow-input example behind 8 s of set-up (loading, building the model): the wall
+            time of `profile --no-fix` and of the full verdict, their ratio (target <= 1.5 quiet,
+            <= 2.5 busy), the fix kept and its speedup.
+ceiling     a loader bound by storage latency (5 ms a sample, 64 a batch): the kept setting's
+            steps/s against the same loop without the latency (target >= 0.5 quiet, >= 0.3 busy)
+            and the loss check.
+short       a script that runs about 10 s by itself (300 steps): how long its profile takes
+            (target <= 120 s whatever the load).
+compile     a compile-friendly model (`--fix compile`): wall time, the verdict and its figure.
+budget      the slow-input example under `--budget 30s`: how far past it the command ended
+            (target <= 10%).
+Every part prints the progress line's first estimate ("about N left") against what the rest took
+(target within 30%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "slow_input_mnist.py"
+COMPILE = ROOT / "tests" / "scripts" / "elementwise_mlp.py"
+SLOW_START = """\
+import runpy, sys, time
+time.sleep({setup_s})  # loading checkpoints, dataset indexes, building the model...
+sys.argv = [{example!r}, *sys.argv[1:]]
+runpy.run_path({example!r}, run_name="__main__")
+"""
+LEFT = re.compile(r"about (?:(\d+)m)?(\d+)s left")
+
+
+@contextmanager
+def busy_core(on: bool) -> Iterator[None]:
+    """Another process that keeps one core busy for as long as the block runs."""
+    if not on:
+        yield
+        return
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def profile(work: Path, *args: str | Path) -> tuple[float, dict[str, Any], str]:
+    """(wall seconds, report.json, what the first progress line's estimate said against what the
+    rest took)."""
+    out = work / f"r{time.monotonic_ns()}"
+    command = [sys.executable, "-m", "trainadvisor", "profile", "--out", str(out), *map(str, args)]
+    started = time.monotonic()
+    first: tuple[float, float] | None = None  # (when, estimate_s)
+    with subprocess.Popen(
+        command, cwd=work, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            found = LEFT.search(line)
+            if found and first is None:
+                first = (time.monotonic(), 60 * int(found[1] or 0) + int(found[2]))
+    wall_s = time.monotonic() - started
+    estimate = "no progress line"
+    if first is not None:
+        rest_s = started + wall_s - first[0]
+        share = first[1] / max(rest_s, 1e-9)
+        estimate = f"first estimate {first[1]:.0f} s left, the rest took {rest_s:.0f} s ({share:.2f}x)"
+    return wall_s, json.loads((out / "report.json").read_text()), estimate
+
+
+def outcome_of(report: dict[str, Any], fix: str) -> str:
+    for outcome in report["fix_outcomes"]:
+        if outcome["fix"] == fix:
+            chosen = f" ({outcome['chosen']})" if outcome.get("chosen") else ""
+            return f"{outcome['status']}{chosen}: {outcome['reason'][:160]}"
+    return "not planned"
+
+
+def slow_start(work: Path) -> None:
+    script = work / "slow_start.py"
+    script.write_text(SLOW_START.format(setup_s=8, example=str(EXAMPLE)))
+    args = (script, "--samples", "400000", "--latency-ms", "1")
+    diagnose_s, _, _ = profile(work, "--no-fix", *args)
+    verdict_s, report, estimate = profile(work, *args)
+    ratio = verdict_s / diagnose_s
+    print(f"slow-start: --no-fix {diagnose_s:.1f} s, full verdict {verdict_s:.1f} s: {ratio:.2f}x")
+    print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
+    print(f"  windows: {len(report['trial_windows'])}; {estimate}")
+
+
+def ceiling(work: Path) -> None:
+    loader = ("--samples", "400000", "--latency-ms", "5", "--batch-size", "64")
+    wall_s, report, estimate = profile(work, EXAMPLE, *loader)
+    top = 0.0
+    for workers in ("0", "2", "4"):
+        _, fast, _ = profile(
+            work, "--no-fix", EXAMPLE, "--samples", "400000", "--latency-ms", "0", "--num-workers", workers
+        )
+        top = max(top, fast["baseline"]["steps_per_s"])
+    after = report["after"]
+    kept = after["steps_per_s"] if after and report["applied_fixes"] else report["baseline"]["steps_per_s"]
+    check = (report.get("comparison") or {}).get("loss_check") or {}
+    print(f"ceiling: kept {kept:.0f} steps/s, without the latency {top:.0f}: {kept / top:.2f} of the ceiling")
+    print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
+    print(f"  loss check: {check.get('steps_compared')} steps compared, equivalent {check.get('equivalent')}")
+    print(f"  profile took {wall_s:.0f} s; {estimate}")
+
+
+def short(work: Path) -> None:
+    args = (EXAMPLE, "--samples", str(300 * 64), "--latency-ms", "0.5")
+    started = time.monotonic()
+    subprocess.run([sys.executable, str(EXAMPLE), *args[1:]], check=True, capture_output=True)
+    alone_s = time.monotonic() - started
+    wall_s, report, estimate = profile(work, *args)
+    print(f"short: the script alone {alone_s:.1f} s, its profile {wall_s:.1f} s (target <= 120 s)")
+    print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}; {estimate}")
+
+
+def compile_fix(work: Path) -> None:
+    wall_s, report, estimate = profile(work, "--fix", "compile", COMPILE, "--blocks", "2")
+    print(f"compile: profile {wall_s:.1f} s; compile {outcome_of(report, 'compile')}")
+    print(f"  {estimate}")
+
+
+def budget(work: Path) -> None:
+    wall_s, report, _ = profile(work, "--budget", "30s", EXAMPLE, "--samples", "400000")
+    over = 100 * (wall_s / 30.0 - 1)
+    print(f"budget 30 s: the command took {wall_s:.1f} s ({over:+.0f}%, target <= +10%)")
+    for outcome in report["fix_outcomes"]:
+        print(f"  {outcome['fix']}: {outcome['status']}")
+
+
+PARTS = {
+    "slow-start": slow_start,
+    "ceiling": ceiling,
+    "short": short,
+    "compile": compile_fix,
+    "budget": budget,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", default="all", choices=[*PARTS, "all"])
+    parser.add_argument("--busy", action="store_true", help="keep one core busy with another process")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores; {'one kept busy by another process' if args.busy else 'quiet'}")
+    with tempfile.TemporaryDirectory() as folder, busy_core(args.busy):
+        for name, run in PARTS.items():
+            if args.part in (name, "all"):
+                run(Path(folder))
+
+
+if __name__ == "__main__":
+    main()
