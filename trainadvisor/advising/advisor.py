@@ -30,6 +30,7 @@ import atexit
 import functools
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -61,6 +62,7 @@ DEFAULT_OUT = Path("trainadvisor-report")
 OUT_OPTION = "advise(out=...)"  # how errors name the report folder
 _open_window: Advisor | None = None  # the advisor whose window runs in this process
 _announced: set[Path] = set()  # report folders already announced in this process
+_OWNING = threading.Lock()  # the first thread to call an advisor becomes the one it measures
 
 
 class Advisor:
@@ -112,6 +114,8 @@ class Advisor:
         self.sampler: Sampler | None = None
         self._undo: list[Callable[[], None]] = []
         self._started = time.monotonic()
+        self._owner: int | None = None  # the thread whose steps are measured (`owns`)
+        self._others_told = False
         if hooks.ACTIVE is not None:
             # Under `trainadvisor profile`, which measures this script already (and a second
             # profiler session in one process can crash torch).
@@ -149,8 +153,28 @@ class Advisor:
 
     # ---- the step boundaries (each guarded: an advisor error never reaches training) ----
 
+    def owns(self) -> bool:
+        """Whether the calling thread is the one this advisor measures: the first to call it.
+        One window at a time, on one thread: torch.profiler must start and stop on the thread
+        that started it (Kineto aborts the process otherwise), and one window's steps are one
+        loop's. Other threads' calls, batches and optimizer steps pass through untouched."""
+        ident = threading.get_ident()
+        if self._owner is None:
+            with _OWNING:
+                if self._owner is None:
+                    self._owner = ident
+        if self._owner == ident:
+            return True
+        if not self._others_told and self.active:
+            self._others_told = True
+            self.echo(
+                f"trainadvisor: {self.called} was called from another thread too: only the first "
+                "thread's steps are measured; the other threads' calls run untouched"
+            )
+        return False
+
     def call_started(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> None:
-        if not self.active:
+        if not self.active or not self.owns():
             return
         try:
             window = self.window
@@ -168,7 +192,7 @@ class Advisor:
 
     def call_ended(self, result: Any = None) -> None:
         """The end of a step: a decorated call returned, or `advisor.step()` was called."""
-        if not self.active:
+        if not self.active or not self.owns():
             return
         try:
             window = self.window
@@ -187,7 +211,7 @@ class Advisor:
 
     def call_failed(self) -> None:
         """The step raised: its timing is dropped, the next step starts now."""
-        if self.active:
+        if self.active and self.owns():
             self.window.restart_step()
             self.call_start = None
 
@@ -219,7 +243,8 @@ class Advisor:
         return gpu.torch_facts(data_parallel_modules(), None, device)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        self.window.optimizer_stepped(optimizer, counted=True)
+        if self.owns():
+            self.window.optimizer_stepped(optimizer, counted=True)
 
     def _time_loaders(self) -> None:
         """Time DataLoader `__next__` while the window runs (used by `with` blocks, where there
@@ -228,6 +253,8 @@ class Advisor:
         advisor, clock = self, self.clock.perf_s
 
         def timed_next(iterator: _BaseDataLoaderIter) -> Any:
+            if not advisor.owns():  # another thread's loader: not this window's
+                return original(iterator)
             t0 = clock()
             try:
                 batch = original(getattr(iterator, "_trainadvisor_delegate", None) or iterator)
@@ -410,6 +437,7 @@ class Advisor:
     # ---- `with advise() as advisor:` ----
 
     def __enter__(self) -> Advisor:
+        self.owns()  # a `with` block's steps are its own thread's
         return self
 
     def __exit__(
@@ -456,7 +484,7 @@ def _loss_of(result: Any) -> torch.Tensor | None:
 def _wrap(fn: Callable[P, R], advisor: Advisor) -> Callable[P, R]:
     @functools.wraps(fn)
     def advised(*args: P.args, **kwargs: P.kwargs) -> R:
-        if not advisor.active:
+        if not advisor.active or not advisor.owns():  # off, or another thread's call
             return fn(*args, **kwargs)
         advisor.call_started(args, kwargs)
         try:
