@@ -370,3 +370,38 @@ def test_a_trace_the_scripts_end_left_without_a_whole_step_is_dropped(
     _steps(window, clock, [3.0] * (1 + 2 + steps_after_timed))
     assert window.phase == "traced" and window.traced_whole() == steps_after_timed - 1
     assert (window.stop_profiler() is profiler, profiler.stopped) == (kept, True)
+
+
+def test_the_memory_step_of_a_compiled_loop_leaves_dynamo_free_to_compile_a_new_shape() -> None:
+    """The counted step's memory is measured under a dispatch mode, inside which dynamo skips any
+    frame it must compile, and the skip sticks: a compiled model meeting a new shape on that step
+    ran eager from then on. A loop that runs compiled code is not measured for memory, and says
+    why; the new shape compiles (dynamo's own count of graphs grows)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = torch.nn.Linear(8, 4)
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=2, memory_step=True), clock.clock())
+
+    def step(batch: int) -> None:
+        loss = compiled(torch.randn(batch, 8)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        window.optimizer_stepped(optimizer, counted=True)
+        clock.advance(1.0)
+        window.boundary()
+
+    for _ in range(3):
+        step(16)
+    assert window.phase == "traced" and counters["stats"]["unique_graphs"] == 1
+    step(12)  # the counted step meets a new shape
+    assert window.phase == "done"
+    assert window.facts.runtime["memory"]["status"].startswith(
+        "not measured: the step runs code torch.compile"
+    )
+    step(12)
+    assert counters["stats"]["unique_graphs"] == 2  # compiled, not skipped
+    torch._dynamo.reset()

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from trainadvisor.compute.dynamo import compile_facts
-from trainadvisor.compute.flops import StepFlops, measure_cpu_peak_facts
+from trainadvisor.compute.flops import StepFlops, compiled_frames, measure_cpu_peak_facts
 from trainadvisor.measure import gpu, switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, traced_whole
 from trainadvisor.measure.race import lost_in_timed, lost_in_warmup
@@ -31,6 +31,14 @@ from trainadvisor.records import StepRecord, WindowShape
 Phase = Literal["warmup", "timed", "traced", "done"]
 
 MAX_SLIDES = 2  # times the timed steps may start over when their halves differ
+# A step that runs compiled code is not measured for memory: dynamo skips any frame that must
+# compile while a dispatch mode is active, and the skip sticks for the rest of the process (a new
+# shape on the counted step would run eager from then on, and later windows compare an eager
+# model with a compiled baseline).
+COMPILED_MEMORY = (
+    "not measured: the step runs code torch.compile compiled (measuring it would make dynamo skip "
+    "the frames it must compile, for the rest of the run)"
+)
 
 
 @dataclass(frozen=True)
@@ -345,7 +353,10 @@ class Window:
             self.flops = StepFlops()  # the profiler's warm-up step, untimed, is counted
             self.flops.start()
         self.memory = StepMemory()  # and its memory measured (inside the counter: left first)
-        self.memory.start(self.facts.optimizer, self._cuda_device())
+        if compiled_frames():  # its dispatch mode would make dynamo skip, for good, what it must compile
+            self.memory.status = COMPILED_MEMORY
+        else:
+            self.memory.start(self.facts.optimizer, self._cuda_device())
 
     def _cuda_device(self) -> int | None:
         if not gpu.cuda_in_use():
