@@ -13,6 +13,7 @@ from test_window import FakeClock, FakeProfiler
 from trainadvisor.analyze.summary import summarize
 from trainadvisor.compute.flops import StepFlops
 from trainadvisor.compute.mfu import utilization, with_baseline_flops
+from trainadvisor.compute.peaks import matmul_dtype
 from trainadvisor.fixes.compile import Compile, compile_change
 from trainadvisor.measure.window import Window, WindowPlan
 from trainadvisor.records import Overrides, RawRun, Trial, WindowShape
@@ -93,6 +94,36 @@ def test_fp32_matmuls_with_tf32_on_use_the_tf32_peak_and_fall_back_to_fp32_on_a_
     v100 = utilization(runtime, "Tesla V100-SXM2-32GB", 10.0)
     assert a100 is not None and (a100.peak_dtype, a100.peak_tflops) == ("tf32", 156.0)
     assert v100 is not None and (v100.peak_dtype, v100.peak_tflops) == ("fp32", 15.7)
+
+
+def test_a_convolutions_flops_are_counted_apart_from_the_matmuls() -> None:
+    """Conv2d(3, 4, 3) on 2x3x8x8 (a 6x6 output): 2*2*4*36*27 = 15,552 FLOPs forward and as many
+    for the weight's gradient (the input needs none), under their own key; the head's matmuls
+    (Linear(144, 2): 2*2*144*2 = 1,152 forward, for its weight's gradient and for its input's,
+    which the convolution needs) under plain float32."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(144, 2))
+    flops = StepFlops()
+    flops.start()
+    _step(model, torch.randn(2, 3, 8, 8))
+    flops.stop()
+    assert flops.facts()["flops_by_dtype"] == {"conv:torch.float32": 31104.0, "torch.float32": 3456.0}
+
+
+def test_fp32_convolutions_run_in_tf32_under_cudnns_own_flag() -> None:
+    """cuDNN runs float32 convolutions in TF32 by default, whatever the matmuls' flag: a conv net's
+    MFU against the fp32 peak read up to 7.4x too high on an H100 (494.7 against 66.9 TFLOP/s)."""
+    by_dtype = {"conv:torch.float32": 9e11, "torch.float32": 1e11}
+    conv_tf32 = utilization(
+        _runtime(cuda_used=True, cudnn_tf32_enabled=True, flops_by_dtype=by_dtype), H100, 100.0
+    )
+    assert conv_tf32 is not None and (conv_tf32.peak_dtype, conv_tf32.peak_tflops) == ("tf32", 494.7)
+    assert conv_tf32.mfu_pct == pytest.approx(100 * 100 / 494.7)
+    plain = utilization(
+        _runtime(cuda_used=True, cudnn_tf32_enabled=False, flops_by_dtype=by_dtype), H100, 100.0
+    )
+    assert plain is not None and plain.peak_dtype == "fp32"
+    assert matmul_dtype(by_dtype, tf32_enabled=False, conv_tf32=True) == "tf32"
+    assert matmul_dtype(by_dtype, tf32_enabled=True, conv_tf32=False) == "fp32"  # most FLOPs: the convs'
 
 
 def test_an_unknown_gpu_gets_flops_and_no_guessed_peak() -> None:

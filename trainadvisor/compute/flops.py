@@ -63,10 +63,16 @@ if FlopCounterMode is not None:
                 return out
 
 
+# A convolution's FLOPs are kept apart from the matmuls' (`CONV` + dtype): cuDNN runs float32
+# convolutions in TF32 by default, under its own flag, whatever the matmuls' is.
+CONV = "conv:"
+
+
 class _Dtypes(TorchDispatchMode):
     """The FLOPs of each operator torch has a formula for, by the dtype of its first tensor
-    input. Entered inside FlopCounterMode, which counts the total (decompositions and
-    higher-order operators included); this one only splits it by dtype."""
+    input (a convolution's under `CONV` + dtype). Entered inside FlopCounterMode, which counts
+    the total (decompositions and higher-order operators included); this one only splits it by
+    dtype."""
 
     def __init__(self, extra: dict[Any, Any]) -> None:
         super().__init__()
@@ -80,6 +86,8 @@ class _Dtypes(TorchDispatchMode):
         formula = flop_registry.get(packet) or self.extra.get(packet)
         if formula is not None:
             dtype = next((str(a.dtype) for a in args if isinstance(a, torch.Tensor)), None)
+            if dtype is not None and "convolution" in str(packet):
+                dtype = CONV + dtype
             if dtype is not None:
                 try:
                     self.flops[dtype] += float(formula(*args, **kwargs, out_val=out))
@@ -184,7 +192,10 @@ def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
     a CPU has no datasheet figure this tool could trust), as the run records it."""
     from trainadvisor.compute.peaks import measure_cpu_peak
 
-    name = max(flops_by_dtype, key=lambda k: flops_by_dtype[k]) if flops_by_dtype else "torch.float32"
+    by_dtype: dict[str, float] = {}
+    for key, flops in flops_by_dtype.items():  # a convolution's FLOPs count for its dtype too
+        by_dtype[key.removeprefix(CONV)] = by_dtype.get(key.removeprefix(CONV), 0.0) + flops
+    name = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else "torch.float32"
     dtype = getattr(torch, name.removeprefix("torch."), torch.float32)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32

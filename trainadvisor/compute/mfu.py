@@ -34,7 +34,10 @@ def utilization(
         if not gpu_name:
             figures.status = "no MFU: the GPU's name is unknown"
             return figures
-        dtype = matmul_dtype(by_dtype, bool(runtime.get("tf32_enabled")))
+        # a run saved before cuDNN's flag was read: its convolutions were counted with the matmuls
+        dtype = matmul_dtype(
+            by_dtype, bool(runtime.get("tf32_enabled")), bool(runtime.get("cudnn_tf32_enabled"))
+        )
         # TF32 asked for on a card without it (V100, AMD): the matmuls run in plain fp32
         peak = peak_for(gpu_name, dtype) or (peak_for(gpu_name, "fp32") if dtype == "tf32" else None)
         if peak is None:

@@ -84,16 +84,19 @@ def peak_for(device_name: str, dtype: str) -> Peak | None:
     )
 
 
-def matmul_dtype(dtype_flops: dict[str, float], tf32_enabled: bool) -> str:
+def matmul_dtype(dtype_flops: dict[str, float], tf32_enabled: bool, conv_tf32: bool = False) -> str:
     """The peak's dtype for a step whose matmul FLOPs were counted by input dtype
-    ("torch.bfloat16": n, ...): the dtype with most FLOPs, float32 being "tf32" when TF32 matmuls
-    were allowed (torch.backends.cuda.matmul.allow_tf32, or a float32 matmul precision other than
-    "highest"). A dtype no peak is quoted in comes back by its own name ("fp64", "int8"), which
+    ("torch.bfloat16": n, ...; a convolution's as "conv:torch.float32"): the dtype with most
+    FLOPs, float32 being "tf32" when TF32 matmuls were allowed (torch.backends.cuda.matmul.
+    allow_tf32, or a float32 matmul precision other than "highest"), and a float32
+    convolution's when cuDNN's TF32 was (`conv_tf32`: torch.backends.cudnn.allow_tf32, on by
+    default). A dtype no peak is quoted in comes back by its own name ("fp64", "int8"), which
     `peak_for` knows no peak for. No FLOPs at all: float32's, torch's default dtype."""
     by_peak_dtype: dict[str, float] = {}
-    for torch_name, flops in dtype_flops.items():
+    for key, flops in dtype_flops.items():
         if flops > 0:
-            name = _peak_dtype(torch_name, tf32_enabled)
+            conv, torch_name = key.startswith("conv:"), key.removeprefix("conv:")
+            name = _peak_dtype(torch_name, conv_tf32 if conv else tf32_enabled)
             by_peak_dtype[name] = by_peak_dtype.get(name, 0.0) + flops
     if not by_peak_dtype:
         return _peak_dtype("torch.float32", tf32_enabled)

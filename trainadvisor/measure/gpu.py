@@ -72,6 +72,14 @@ def tf32_enabled() -> bool:
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
+def cudnn_tf32_enabled() -> bool:
+    """Whether cuDNN runs float32 convolutions in TF32 (torch's default: on)."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if _has_new_tf32_api() and conv is not None and hasattr(conv, "fp32_precision"):
+        return str(conv.fp32_precision) == "tf32"
+    return bool(torch.backends.cudnn.allow_tf32)
+
+
 def float32_matmul_precision() -> str:
     """`highest`/`high` as torch.get_float32_matmul_precision() says, without calling it (it
     raises once the new API is in use)."""
@@ -182,6 +190,7 @@ def torch_facts(
         facts.update(
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
             tf32_enabled=tf32_enabled(),
+            cudnn_tf32_enabled=cudnn_tf32_enabled(),
             cuda_device_count=torch.cuda.device_count(),
             bf16_supported=native_bf16(device if device is not None else torch.cuda.current_device()),
         )
