@@ -3,6 +3,7 @@ clock and exact step times: which window stops where, and why."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_window import FakeClock
 
@@ -94,6 +95,7 @@ def test_a_trials_settling_is_capped_after_its_counted_warmup_not_from_its_first
     _steps(window, clock, ([1.0] * 10 + [3.0] * 5) * 8)  # blocks of 1 and 3 ms a step: never settled
     assert window.phase != "warmup" and window.shape.warmup_end == "settle cap"
     assert 1.050 <= window.shape.warmup_s < 1.060
+    assert window.shape.settle_s is not None and round(window.shape.settle_s, 6) == 0.050  # after the counted
 
 
 def _shape(end: str, warmup_s: float) -> RawRun:
@@ -109,6 +111,10 @@ def test_a_trials_warmup_cap_comes_from_the_baselines_settling() -> None:
     unsettled = pace.trial_settle_cap(_shape("time cap", 60.0), 60.0)
     assert (unsettled.max_s, unsettled.why) == (10.0, "10 s: the baseline's own warm-up did not settle")
     assert pace.trial_settle_cap(_shape("count", 0.1), 0.0).max_s == 0.0
+    fresh = _shape("settled", 10.6)  # a fresh run's warm-up: 8 s of the script's set-up, then 2.6 s
+    assert fresh.shape is not None
+    fresh.shape.settle_s = 1.3  # settling after its first (counted) steps
+    assert pace.trial_settle_cap(fresh, 60.0).max_s == pytest.approx(3.9)
 
 
 def _run(step_ms: list[float]) -> Run:

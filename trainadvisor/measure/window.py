@@ -334,6 +334,8 @@ class Window:
             self.start_unix_s += shift_ms / 1e3
         self.shape.warmup_steps += half
         self.shape.warmup_s += shift_ms / 1e3
+        if self.shape.settle_s is not None:
+            self.shape.settle_s += shift_ms / 1e3
         self.shape.slid_steps += half
         self.slides += 1
 
@@ -382,8 +384,16 @@ class Window:
 
     def _open(self, now: float, end: str) -> None:
         block_ms = list(self.blocks.block_ms) if self.blocks is not None else []
+        settle_s = (
+            now - self.blocks_since if self.blocks is not None and self.blocks_since is not None else None
+        )
         self.shape = WindowShape(
-            self.steps_done, now - self.opened_at, end, block_ms, min_time_s=self.plan.min_time_s
+            self.steps_done,
+            now - self.opened_at,
+            end,
+            block_ms,
+            min_time_s=self.plan.min_time_s,
+            settle_s=settle_s,
         )
         if self.on_open is not None:
             self.facts.runtime = self.on_open(self)

@@ -40,11 +40,13 @@ def trial_settle_cap(baseline: RawRun, max_warmup_s: float) -> SettleCap:
     if shape is None or shape.warmup_end != "settled":
         cap = min(max_warmup_s, max(TRIAL_SETTLE_MIN_S, UNSETTLED_TRIAL_SETTLE_S))
         return SettleCap(cap, f"{cap:g} s: the baseline's own warm-up did not settle")
-    cap = min(max_warmup_s, max(TRIAL_SETTLE_MIN_S, TRIAL_SETTLE_FACTOR * shape.warmup_s))
+    # its settling after the counted warm-up steps: a fresh run's warm-up holds its set-up too
+    settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
+    cap = min(max_warmup_s, max(TRIAL_SETTLE_MIN_S, TRIAL_SETTLE_FACTOR * settled_s))
     return SettleCap(
         cap,
-        f"{cap:.1f} s: {TRIAL_SETTLE_FACTOR:g}x the {shape.warmup_s:.1f} s the baseline's settled in "
-        f"(at least {TRIAL_SETTLE_MIN_S:g} s, at most --max-warmup {max_warmup_s:g} s)",
+        f"{cap:.1f} s: {TRIAL_SETTLE_FACTOR:g}x the {settled_s:.1f} s the baseline's settled in after its "
+        f"first steps (at least {TRIAL_SETTLE_MIN_S:g} s, at most --max-warmup {max_warmup_s:g} s)",
     )
 
 

@@ -134,6 +134,9 @@ class WindowShape:
     # timed steps moved into the warm-up because the loop changed speed while they were timed
     # (the warm-up had settled on a plateau); counted in warmup_steps too
     slid_steps: int = 0
+    # of warmup_s, the settling after the counted warm-up steps (the blocks); None: not known (a
+    # count, or saved before it was). A fresh run's warmup_s holds the script's set-up too.
+    settle_s: float | None = None
 
 
 @dataclass
