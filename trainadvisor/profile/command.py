@@ -4,6 +4,7 @@ other stage is a pure function of the saved data before it."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -178,6 +179,7 @@ def _measure_fixes(
     samples = diagnosed.baseline.raw.host_samples
     beside = max((h.main_rss_bytes for h in samples), default=0) if prestarted is not None else 0
     tuning = _tuning(options, diagnosed, job.echo, started, beside)
+    tuning.prestarted = prestarted is not None
     tuning.on_progress = lambda: job.keep(
         _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
     )
@@ -199,7 +201,10 @@ def _measure_fixes(
             tuning.details.append(noise_note(noise_rel))
         tuning.restarted(noise_rel, why_restart or "")
         alive = live
-        adjacent = lambda: tuning.measure_again(alive)  # noqa: E731
+        # where pairs of windows measured the script's own setting last, with no fresh run since,
+        # it stands beside the confirmation run already; else it is measured again after it
+        paired_last = tuning.again is not None and not tuning.walls["fresh"]
+        adjacent = None if paired_last else functools.partial(tuning.measure_again, alive)
         report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted, adjacent)
     finally:
         if prestarted is not None:

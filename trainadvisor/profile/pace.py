@@ -95,16 +95,28 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
     )
 
 
+# A trial window's own warm-up steps (its workers' first round, say) beyond the baseline's
+# settling and timed steps, in the first estimate before any window was measured.
+WINDOW_EXTRA_S = 1.0
+
+
 def cost_s(kind: str, walls: list[float], baseline: RawRun) -> float:
-    """About how long the next trial window ("window") or fresh run of the script ("fresh")
-    takes: the median of those measured so far for windows, the longest for fresh runs (a
-    compiled trial's outlasts the others); before any, the baseline's own window (its warm-up
-    and timed steps) or its whole run (set-up included)."""
-    if walls:
+    """About how long the next trial window ("window"), fresh run of the script ("fresh") or
+    run started ahead, its set-up done ("prestarted"), takes: the median of the windows measured
+    so far, the longest of the fresh runs (a compiled trial's outlasts the others); before any,
+    the baseline's own settling and timed steps (a window), its whole run (set-up included), or
+    that less its set-up and first steps (a run started ahead)."""
+    if walls and kind != "prestarted":
         return max(walls) if kind == "fresh" else float(percentile(walls, 50) or 0.0)
     shape = baseline.shape
-    if kind == "window" and shape is not None:
-        return shape.warmup_s + shape.timed_s
+    if shape is None:
+        return baseline.wall_s
+    settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
+    window_s = settled_s + shape.timed_s + WINDOW_EXTRA_S
+    if kind == "window":
+        return window_s
+    if kind == "prestarted":
+        return max(window_s, baseline.wall_s - (shape.warmup_s - settled_s))
     return baseline.wall_s
 
 

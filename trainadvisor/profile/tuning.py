@@ -83,6 +83,7 @@ class Tuning:
     settle: pace.SettleCap | None = None  # the trials' longest warm-up (`pace`), set on the first
     # what each trial window ("window") and each fresh run ("fresh") took, seconds, as measured
     walls: dict[str, list[float]] = field(default_factory=lambda: {"window": [], "fresh": []})
+    prestarted: bool = False  # the confirmation run was started ahead: its set-up is done
 
     @property
     def settle_cap_s(self) -> float | None:
@@ -102,7 +103,7 @@ class Tuning:
 
     def cost_s(self, kind: str) -> float:
         """About how long the next trial window ("window") or fresh run ("fresh") takes (`pace`)."""
-        return pace.cost_s(kind, self.walls[kind], self.baseline.raw)
+        return pace.cost_s(kind, self.walls.get(kind, []), self.baseline.raw)
 
     def fits(self, estimate_s: float) -> bool:
         """Whether what takes about `estimate_s` ends within --budget."""
@@ -122,11 +123,14 @@ class Tuning:
             in_window = live and fix.in_process_problem(self.values) is None
             windows = windows or in_window
             total += fix.expected_trials(self.values) * self.cost_s("window" if in_window else "fresh")
-        pairs = 2 * self.cost_s("window") if windows else 0.0
-        return total + pairs + 2 * self.cost_s("fresh")
+        # a pair of windows checks a choice made in windows, and stands beside the confirmation
+        # run; fresh runs get the script's own setting measured again after it
+        beside = 2 * self.cost_s("window") if windows else self.cost_s("fresh")
+        confirmation = self.cost_s("prestarted" if self.prestarted else "fresh")
+        return total + beside + confirmation
 
     def _progress(self, planned: PlannedFix, mode: str) -> None:
-        estimate = self.remaining_s(mode == "in_process")
+        estimate = self.remaining_s(mode == "in this process")
         self.echo(
             f"trainadvisor: {planned.rule} -> measuring fix {planned.fix} ({mode}) "
             f"[{_clock(self.elapsed_s())} elapsed, about {_clock(estimate)} left]"
