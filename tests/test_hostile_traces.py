@@ -274,3 +274,25 @@ def test_a_device_is_refused_before_it_is_opened(tmp_path: Path) -> None:
     code, err, _ = _analyze(tmp_path, Path("/dev/zero"))
     assert code == 2
     assert err.splitlines() == [f"trainadvisor: error: /dev/zero: a device, {NOT_A_FILE}"]
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # one device event of zero length (a one-kernel trace)
+        [{"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 1000,
+          "dur": 0, "args": {"device": 0, "stream": 7}}],
+        # kineto issue 105's shape: zero-length events, one with a bare inf in its arguments
+        [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1000, "dur": 0},
+         {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1000, "dur": 0,
+          "args": {"device": 0, "stream": 7, "blocks per SM": "INF"}}],
+    ],
+)  # fmt: skip
+def test_a_trace_whose_events_all_last_zero_us_is_reported(tmp_path: Path, events: list[Any]) -> None:
+    """Every event 0 us long: the report's timeline divided by its tallest step (0), a
+    ZeroDivisionError, exit 1 and no report; now the report is written, without a timeline."""
+    trace = tmp_path / "zero.json"
+    trace.write_text(json.dumps({"traceEvents": events}).replace('"INF"', "inf"))
+    code, stderr, report = _analyze(tmp_path, trace)
+    assert code == 0, stderr
+    assert report is not None and (tmp_path / "r" / "report.html").is_file()

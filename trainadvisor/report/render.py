@@ -212,6 +212,8 @@ def timeline_bars(run: Run, width: float = 560.0, height: float = 120.0, scale_m
     if not steps:
         return []
     top = scale_ms or max(s.step_ms for s in steps)
+    if not top > 0:  # every step lasted 0 us (a trace of zero-length events): nothing to draw
+        return []
     column = width / len(steps)
     bars = []
     for i, s in enumerate(steps):
