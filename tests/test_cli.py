@@ -99,3 +99,22 @@ def test_a_user_rule_over_num_workers_runs_on_traces_of_multi_process_loaders(tm
         "analyze", "--out", tmp_path / "a", "--rules", rules, shared_trace("tb_plugin/resnet50_num_workers_4")
     )
     assert code == 0, output
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--memory-budget", "NaN", "'NaN' is not an amount of memory"),
+        ("--memory-budget", "inf", "'inf' is not an amount of memory"),
+        ("--min-time", "nan", "'nan' is not a duration"),
+        ("--max-warmup", "inf", "'inf' is not a duration"),
+        ("--budget", "nan", "'nan' is not a duration"),
+        ("--timeout", "nan", "'nan' is not a number of seconds"),
+        ("--stall-timeout", "inf", "'inf' is not a number of seconds"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_a_usage_error(option: str, value: str, message: str) -> None:
+    """NaN passes every comparison (a range check takes it): a NaN --min-time never ended the
+    window, a NaN --timeout or --budget never fired, a NaN --memory-budget raised a traceback."""
+    code, output = _run("profile", option, value, EXAMPLES / "small_batch.py")
+    assert code == 2 and message in output, output

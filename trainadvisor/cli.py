@@ -18,6 +18,7 @@ from trainadvisor.cli_options import (
     DURATION_OR_ZERO,
     EXIT_CODES,
     SIZE,
+    Seconds,
     TraceLocation,
     option,
     out_option,
@@ -120,13 +121,13 @@ def main() -> None:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=1),
+    type=Seconds(min=1),
     help="Seconds a run may take before it is stopped (a hung rank under torchrun ends here).",
 )
 @click.option(
     "--stall-timeout",
     "stall_s",
-    type=click.FloatRange(min=1),
+    type=Seconds(min=1),
     help="Seconds without a training step after which a run counts as stuck (a deadlocked "
     "worker, a collective waiting forever): it is stopped and the report shows where each "
     "process was (Python stacks). Default: 20x the longest gap between steps or batches "

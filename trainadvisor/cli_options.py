@@ -3,6 +3,7 @@ default `--help` shows, the report folder and rule folders, and torchrun's optio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,10 @@ class Duration(click.ParamType):
             seconds = float(number) * (unit or 1.0)
         except ValueError:
             self.fail(f"{value!r} is not a duration: write it as 90s, 10m or 1.5h", param, ctx)
+        if not math.isfinite(seconds):  # nan never ends a window, inf never fires
+            self.fail(
+                f"{value!r} is not a duration: write a number of seconds, as 90s, 10m or 1.5h", param, ctx
+            )
         if seconds < 0 or (seconds == 0 and not self.zero):
             self.fail(f"{value!r}: a duration must be more than zero", param, ctx)
         return seconds
@@ -99,12 +104,23 @@ class Size(click.ParamType):
             size = float(number) * unit if unit is not None else None
         except ValueError:
             size = None
-        if size is None or size <= 0:
+        if size is None or not math.isfinite(size) or size <= 0:
             self.fail(f"{value!r} is not an amount of memory: write it as 24GB, 500MiB or 8e9", param, ctx)
         return int(size)
 
 
 SIZE = Size()
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds, at least `min`, finite: NaN passes every comparison (`nan < 1` is
+    false), so a range alone would take it, and a timeout of nan or inf never fires."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 class TraceLocation(click.ParamType):
