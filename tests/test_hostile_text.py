@@ -191,6 +191,25 @@ def test_analyze_shows_a_hostile_trace_file_name_as_text(tmp_path: Path) -> None
     assert "\x1b" not in page + "\n".join(md) and "\u202e" not in page + "\n".join(md)
 
 
+def test_the_terminal_shows_a_hostile_file_name_and_exception_as_text(tmp_path: Path) -> None:
+    """trainadvisor's own terminal lines relayed escape sequences raw from a trace's file name
+    and a script's exception: a window title, an OSC 8 link, an OSC 52 clipboard write, a CR
+    that prints over the line. They are shown as escapes, the reports' way."""
+    clipboard = "\x1b]52;c;cm0gLXJmIH4=\x07"
+    name = f"t\x1b]0;pwned\x07{clipboard}\rz.json.gz"
+    shutil.copy(DATA / "traces" / "profiler_steps.json.gz", tmp_path / name)
+    result = run_cli("analyze", "--out", tmp_path / "r", tmp_path / name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\\x1b]0;pwned\\x07\\x1b]52;c;cm0gLXJmIH4=\\x07\\rz.json.gz" in result.stdout, result.stdout
+    script = tmp_path / "fails.py"
+    script.write_text(f"raise RuntimeError({'link ' + chr(27) + ']8;;http://evil' + chr(7) + 'click'!r})\n")
+    failed = run_cli("profile", "--out", tmp_path / "p", script, cwd=tmp_path)
+    assert "link \\x1b]8;;http://evil\\x07click" in failed.stdout + failed.stderr
+    for text in (result.stdout, result.stderr, failed.stderr, failed.stdout):
+        ours = [line for line in text.splitlines() if line.startswith(("trainadvisor", "  "))]
+        assert not any(c in "\n".join(ours) for c in "\x1b\x07\r"), ours
+
+
 def test_report_html_shows_the_scripts_failure_escaped() -> None:
     report = load_saved(DATA / "report")
     assert report.baseline is not None

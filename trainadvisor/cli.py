@@ -27,12 +27,15 @@ from trainadvisor.cli_options import (
 )
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
 from trainadvisor.records import Report
+from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
 
-def _echo(message: str) -> None:
-    click.echo(message, err=True)
+def _echo(message: str, err: bool = True) -> None:
+    """Every line trainadvisor writes to the terminal (JSON aside): what it quotes of others
+    (file names, object keys, a script's exception) shown, never acted on (`mdtext.terminal`)."""
+    click.echo(terminal(message), err=err)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -259,7 +262,7 @@ def _profile(options: Any) -> int:
     with interrupts.noted_only():
         report = profile(options, _echo, save)
         interrupts.check()  # one that came after the run's last check: the exit says so
-    click.echo(terminal_summary(report, out_dir))
+    _echo(terminal_summary(report, out_dir), err=False)
     raw = report.baseline.raw if report.baseline is not None else None
     if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
         found = (
@@ -337,9 +340,10 @@ def analyze(
                 engine_for(engine, address),
             )
             write_report(report, out_dir, templates_dir())
-        click.echo(
-            report_json(report) if as_json else analysis_summary(report, analyses, out_dir), nl=not as_json
-        )
+        if as_json:
+            click.echo(report_json(report), nl=False)
+        else:
+            _echo(analysis_summary(report, analyses, out_dir), err=False)
         return 0
 
     _run(work)
@@ -359,26 +363,24 @@ def _run(work: Callable[[], int]) -> NoReturn:
     try:
         code = work()
     except TrainAdvisorError as exc:
-        click.echo(f"trainadvisor: error: {exc}", err=True)
+        _echo(f"trainadvisor: error: {exc}")
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, Terminated) as exc:
         click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
         sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
     except OSError as exc:
         where = f" {exc.filename}" if exc.filename else ""
-        click.echo(
+        _echo(
             f"trainadvisor: error: {exc.strerror or exc} while writing or reading{where}; free space, "
-            "fix the permissions or choose another --out",
-            err=True,
+            "fix the permissions or choose another --out"
         )
         sys.exit(UsageError.exit_code)
     except Exception as exc:  # a defect of ours: one line for the user, the details on request
         if os.environ.get("TRAINADVISOR_DEBUG"):
             raise
-        click.echo(
+        _echo(
             f"trainadvisor: internal error: {type(exc).__name__}: {exc}. Please report it; "
-            "set TRAINADVISOR_DEBUG=1 to see the traceback.",
-            err=True,
+            "set TRAINADVISOR_DEBUG=1 to see the traceback."
         )
         sys.exit(1)
     finally:
@@ -446,7 +448,7 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
         target = out_dir or dirs[0]
         with hold_out_dir(target, "--out" if out_dir is not None else ""):
             write_report(saved, target, templates_dir())
-        click.echo(terminal_summary(saved, target))
+        _echo(terminal_summary(saved, target), err=False)
         return 0
 
     _run(work)

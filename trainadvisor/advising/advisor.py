@@ -52,6 +52,7 @@ from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
 from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
 from trainadvisor.report.folder import check_out_dir, hold_out_dir
+from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
@@ -97,7 +98,7 @@ class Advisor:
         )
         self.out = Path(out) if out is not None else DEFAULT_OUT
         self.rule_dirs = [Path(r) for r in rules or []]
-        self.echo = echo or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.echo = echo or (lambda text: print(terminal(text), file=sys.stderr, flush=True))
         self.active = True  # False once the window is reported or the advisor failed
         self.decorated = False  # steps are calls of a decorated function (their arguments: the batch)
         self.report: Report | None = None

@@ -34,6 +34,14 @@ def visible(text: str) -> str:
     return _INVISIBLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
+def terminal(text: str) -> str:
+    """A line for the terminal: `visible`, and a carriage return shown as `\\r` too (it would
+    let the rest of a line print over trainadvisor's own words). Object keys, trace file names
+    and a script's exception reach the terminal through here: a window title, an OSC 8 link or
+    an OSC 52 clipboard write in them is shown, not acted on."""
+    return visible(text).replace("\r", "\\r")
+
+
 def finalized(value: object) -> object:
     """What a report's template prints: text made `visible`, of its own type (HTML already
     escaped stays so: the escapes add no markup)."""
