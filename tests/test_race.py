@@ -108,6 +108,7 @@ def test_a_trials_warmup_cap_comes_from_the_baselines_settling() -> None:
     assert pace.trial_settle_cap(_shape("settled", 0.4), 60.0).max_s == 3.0  # at least 3 s
     assert pace.trial_settle_cap(_shape("settled", 2.5), 60.0).max_s == 7.5  # 3x
     assert pace.trial_settle_cap(_shape("settled", 2.5), 5.0).max_s == 5.0  # never past --max-warmup
+    assert pace.trial_settle_cap(_shape("settled", 6.2), 60.0).max_s == 10.0  # nor past 10 s
     unsettled = pace.trial_settle_cap(_shape("time cap", 60.0), 60.0)
     assert (unsettled.max_s, unsettled.why) == (10.0, "10 s: the baseline's own warm-up did not settle")
     assert pace.trial_settle_cap(_shape("count", 0.1), 0.0).max_s == 0.0

@@ -36,6 +36,9 @@ class Setting:
     # the steps/s its trial window must be able to reach, or it stops early (`measure.race`);
     # None: measured to the end
     race_below: float | None = None
+    # the longest its window's warm-up waits to settle, below the trials' own cap (a pair's
+    # windows: their adjacency matters more than a steadiness a loaded machine never reaches)
+    settle_s: float | None = None
 
 
 def overrides(

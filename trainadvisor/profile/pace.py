@@ -19,6 +19,7 @@ from trainadvisor.records import RawRun, Run, Trial
 # workers start, a cache refills), and never less than TRIAL_SETTLE_MIN_S ...
 TRIAL_SETTLE_FACTOR = 3.0
 TRIAL_SETTLE_MIN_S = 3.0
+TRIAL_SETTLE_MAX_S = 10.0  # and never more: on a loaded machine the baseline's took 6 s and more
 # ... or this long where the baseline's own warm-up never settled (it ran to --max-warmup: a
 # noisy machine, where waiting longer buys no steadier window; the pairing judges instead).
 UNSETTLED_TRIAL_SETTLE_S = 10.0
@@ -42,11 +43,12 @@ def trial_settle_cap(baseline: RawRun, max_warmup_s: float) -> SettleCap:
         return SettleCap(cap, f"{cap:g} s: the baseline's own warm-up did not settle")
     # its settling after the counted warm-up steps: a fresh run's warm-up holds its set-up too
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
-    cap = min(max_warmup_s, max(TRIAL_SETTLE_MIN_S, TRIAL_SETTLE_FACTOR * settled_s))
+    most_s = min(max_warmup_s, TRIAL_SETTLE_MAX_S)
+    cap = min(most_s, max(TRIAL_SETTLE_MIN_S, TRIAL_SETTLE_FACTOR * settled_s))
     return SettleCap(
         cap,
         f"{cap:.1f} s: {TRIAL_SETTLE_FACTOR:g}x the {settled_s:.1f} s the baseline's settled in after its "
-        f"first steps (at least {TRIAL_SETTLE_MIN_S:g} s, at most --max-warmup {max_warmup_s:g} s)",
+        f"first steps (at least {TRIAL_SETTLE_MIN_S:g} s, at most {most_s:g} s)",
     )
 
 

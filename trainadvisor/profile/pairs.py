@@ -17,6 +17,9 @@ from trainadvisor.profile.trials import Measurer
 from trainadvisor.records import FixOutcome, Overrides, Run
 
 AS_SCRIPT = "as the script runs"
+# A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
+# and a warm-up that waits out a loaded machine's noise would part them.
+PAIR_SETTLE_S = 3.0
 
 
 class AsScript(fixes.Fix):
@@ -25,8 +28,8 @@ class AsScript(fixes.Fix):
     id = ""
 
 
-def as_script() -> fixes.Setting:
-    return fixes.Setting(AS_SCRIPT, Overrides())
+def as_script(settle_s: float | None = None) -> fixes.Setting:
+    return fixes.Setting(AS_SCRIPT, Overrides(), settle_s=settle_s)
 
 
 @dataclass
@@ -60,8 +63,9 @@ def pair_choice(
             stopped = "the --budget left no time for another pair"
             break
         k = len(ratios) + 1
-        before = measure(AsScript(), f"baseline-pair-{k}", as_script())
-        after = measure(fix, f"{fix.id}-pair-{k}", fixes.Setting(chosen.label, chosen.overrides))
+        before = measure(AsScript(), f"baseline-pair-{k}", as_script(PAIR_SETTLE_S))
+        chosen_setting = fixes.Setting(chosen.label, chosen.overrides, settle_s=PAIR_SETTLE_S)
+        after = measure(fix, f"{fix.id}-pair-{k}", chosen_setting)
         if before.run is None or after.run is None or not before.run.steps_per_s:
             stopped = "a window of the pair measured nothing (the script ended?)"
             break
