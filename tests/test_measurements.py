@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainadvisor.analyze.summary import named_measurements, percentile, stats, summarize
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
@@ -321,3 +323,31 @@ def test_a_run_whose_optimizer_stepped_is_a_training_loop_whatever_its_trace_say
         run.trace = dict(inference_trace)
         values = named_measurements(run)
         assert (values["training_loop"], values["inference_loop"]) == (training, not training)
+
+
+def _loader(site: str, dataset_id: int, length: int, batches: int = 0) -> LoaderInfo:
+    info = LoaderInfo(0, site, "ImageFolder", False, 64, 0, False, False, None, "fork", None, batches)
+    info.dataset_id, info.length = dataset_id, length
+    return info
+
+
+def test_loaders_are_one_loader_rebuilt_by_identity_not_by_call_site() -> None:
+    """timm builds its train and eval loaders at one line of a helper: two loaders of other data,
+    not one built anew every epoch (which sent every worker trial to fresh runs). A loader rebuilt
+    over the same dataset object, or over a dataset rebuilt alike, is one."""
+    from types import SimpleNamespace
+
+    from trainadvisor.profile.tuning import loader_problem
+
+    def run(*loaders: LoaderInfo) -> Any:
+        return SimpleNamespace(raw=SimpleNamespace(loaders=list(loaders)))
+
+    train, evaluate = _loader("timm/loader.py:300", 1, 500, batches=40), _loader("timm/loader.py:300", 2, 50)
+    assert loader_problem(run(train, evaluate)) is None
+    again = _loader("timm/loader.py:300", 1, 500)
+    assert loader_problem(run(train, evaluate, again)) == (
+        "the DataLoader at timm/loader.py:300 is built anew every epoch (2 times so far): each trial needs "
+        "loaders built with its setting"
+    )
+    alike = _loader("timm/loader.py:300", 3, 500)  # the dataset rebuilt with its loader
+    assert loader_problem(run(train, alike)) is not None

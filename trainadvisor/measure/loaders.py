@@ -97,6 +97,7 @@ def describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
         prefetch_factor=args.get("prefetch_factor"),
         start_method=_start_method(args.get("multiprocessing_context")),
         collate_fn=getattr(collate, "__qualname__", repr(collate)) if collate else None,
+        dataset_id=id(dataset),
     )
 
 

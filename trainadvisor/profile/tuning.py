@@ -19,7 +19,7 @@ from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
 from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, as_script, pair_choice
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
-from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
+from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Run, RunLength, TrialWindow
 
 # A trial window fitted into a short run gets at least this many steps (warm-up and timed):
 # fewer would time too few steps to count (`judge.MIN_TIMED_STEPS`).
@@ -41,16 +41,17 @@ def ordered(plan: list[PlannedFix], values: dict[str, Any]) -> list[int]:
 
 
 def loader_problem(baseline: Run) -> str | None:
-    """Why DataLoader settings cannot switch in this run's process, or None."""
+    """Why DataLoader settings cannot switch in this run's process, or None. A loader is built
+    anew every epoch where its site built it more than once (`rebuilt`); loaders of other data at
+    the same line, a train and an eval loader built by one helper function, are others."""
     raw = baseline.raw
     used = [info for info in raw.loaders if info.batches_in_window]
-    sites = [info.created_at for info in raw.loaders]
     for info in used:
-        if sites.count(info.created_at) > 1:
+        same = [other for other in raw.loaders if rebuilt(info, other)]
+        if len(same) > 1:
             return (
                 f"the DataLoader at {info.created_at} is built anew every epoch "
-                f"({sites.count(info.created_at)} times so far): each trial needs loaders built "
-                "with its setting"
+                f"({len(same)} times so far): each trial needs loaders built with its setting"
             )
         if info.iterable_dataset:
             return (
@@ -58,6 +59,18 @@ def loader_problem(baseline: Run) -> str | None:
                 "start its stream again, and its sharding across workers decides what each reads"
             )
     return None
+
+
+def rebuilt(a: LoaderInfo, b: LoaderInfo) -> bool:
+    """Whether two loaders are one loader built twice: at one site, over the same dataset object,
+    or over datasets alike in class, batch size and batches per pass (a dataset rebuilt with its
+    loader); not two loaders of other data built at one line (timm builds its train and eval
+    loaders in one helper)."""
+    if a.created_at != b.created_at:
+        return False
+    if a.dataset_id is not None and a.dataset_id == b.dataset_id:
+        return True
+    return (a.dataset_class, a.batch_size, a.length) == (b.dataset_class, b.batch_size, b.length)
 
 
 @dataclass

@@ -163,6 +163,10 @@ class LoaderInfo:
     # wraps the user's DataLoader), "" for a loader of the user's own.
     framework: str = ""
     origin_site: str = ""
+    # the dataset object's identity in the script's process: a loader built anew every epoch
+    # builds over the same dataset at one site, a train and an eval loader built at one line (a
+    # helper function's) over two; None: not known (saved before it was)
+    dataset_id: int | None = None
 
 
 @dataclass
