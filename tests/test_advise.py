@@ -422,6 +422,11 @@ def test_trials_measure_the_workers_fix_in_this_process_and_put_everything_back(
     assert labels[0] == "baseline" and labels[-1] == "baseline-again"
     assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]  # workers gone
     assert set(seen) == {4}
+    # what the trials did to the training, exactly: the loop saw its 120 epochs of 2 batches, and
+    # as many more batches from the stand-ins as the note says
+    extra = len(seen) - 240
+    [note] = [n for n in report["notes"] if n.startswith("The trial windows trained ")]
+    assert extra > 0 and note.startswith(f"The trial windows trained {extra} extra steps of your run"), note
 
 
 THREADED = """

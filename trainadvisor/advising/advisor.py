@@ -269,6 +269,8 @@ class Advisor:
                 waited = clock() - t0
                 advisor.window.add_data_wait(waited)
                 advisor._loader_wait_s += waited
+            if getattr(iterator, "_trainadvisor_delegate", None) is not None and advisor.trials is not None:
+                advisor.trials.served += 1  # a stand-in's batch: a step the script would not have taken
             advisor._loader_batch(iterator, batch)
             return batch
 
@@ -373,9 +375,8 @@ class Advisor:
                 attach_samples(raw, sampler, until_unix_s=time.time())
             self.report = self._report(raw, folder.stage)
             write_report(self.report, self.out, templates_dir(), folder.publish)
-        self.echo(terminal_summary(self.report, self.out))
-        if trials:
-            self._start_trials(self.report)
+        if not (trials and self._start_trials(self.report)):
+            self.echo(terminal_summary(self.report, self.out))  # once: after the trials where they run
 
     def outside_calls(self, window: Window) -> None:
         """The window's steps gain the time their loop spent outside the decorated function."""
@@ -387,17 +388,23 @@ class Advisor:
 
     # ---- trial windows (advise(trials=True)) ----
 
-    def _start_trials(self, report: Report) -> None:
+    def _start_trials(self, report: Report) -> bool:
+        """The trial windows started; False where there are none to measure."""
         from trainadvisor.advising.trials import AdviseTrials
 
         self.trials = AdviseTrials(self, report, self.values)
+        names = ", ".join(self.trials.fix_ids())  # before the first window takes its fix
         first = self.trials.next_window() if self.trials.any() else None
         if first is None:
             self.trials = None
             self._cleanup()
-            return
-        self.echo(f"trainadvisor: measuring {', '.join(self.trials.fix_ids())} in windows of this process")
+            return False
+        self.echo(
+            f"trainadvisor: measuring {names} in windows of this process (they train your model on "
+            "extra batches; the report says how many)"
+        )
         self.window = first
+        return True
 
     def serving(self) -> tuple[Any, LoaderInfo] | None:
         """The DataLoader iterator the loop is calling, and its loader's description."""

@@ -104,6 +104,8 @@ class AdviseTrials:
         self.patches = _Patches()
         self.stand_ins: list[Any] = []
         self.bracketing = False
+        self.served = 0  # batches the stand-in loaders served: steps the script would not have taken
+        self.switched = 0  # the script's own steps taken with a trial's switch on (TF32, autocast)
 
     def any(self) -> bool:
         return bool(self.queue)
@@ -216,6 +218,8 @@ class AdviseTrials:
         self.advisor.attach_window_samples(raw)
         run = summarize(raw)
         assert self.setting is not None
+        if self.setting.overrides.runtime:
+            self.switched += window.steps_done
         trial = Trial(
             self.setting.label,
             self.setting.overrides,
@@ -290,6 +294,7 @@ class AdviseTrials:
             else "Trial windows ran in this process after the advisor's window."
         )
         kept_notes = [n for n in self.report.notes if not n.startswith("Measured in-process by ")]
+        kept_notes.append(self.extra_steps_note())
         return replace(
             self.report,
             findings=fixes.with_claims(self.report.findings, outcomes),
@@ -298,6 +303,19 @@ class AdviseTrials:
             notes=kept_notes,
             details=[*self.report.details, note],
         )
+
+    def extra_steps_note(self) -> str:
+        """What the trial windows did to the user's training, exactly."""
+        extra = self.served
+        text = (
+            f"The trial windows trained {extra} extra steps of your run (advise(trials=True)): on batches "
+            "drawn from fresh passes of your DataLoader's own sampler by stand-in loaders; your loader's "
+            "iterator then went on where it stopped, so the epoch they fell in ran "
+            f"{extra} steps longer than it would have (its printed averages include them)."
+        )
+        if self.switched:
+            text += f" {self.switched} of your own steps ran with a trial's switch on (TF32, autocast)."
+        return text + " Without trials=True the advisor changes nothing of your training."
 
     def _references(self) -> list[Any]:
         """The runs a trial must beat: the advisor's window, and the script's setting measured
