@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,11 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # runs would otherwise start a thread per core too, every core oversubscribed and every timing
 # the noisier for it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The best CPU peak measured on this machine is kept between runs (`compute.peaks.best_cpu_peak`):
+# the suite keeps its own, not the user's cache.
+os.environ.setdefault(
+    "TRAINADVISOR_CPU_PEAKS", os.path.join(tempfile.mkdtemp(prefix="ta-peaks-"), "cpu.json")
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

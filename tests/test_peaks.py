@@ -4,6 +4,7 @@ measured peak."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -291,3 +292,25 @@ def test_the_cpu_peak_needs_time_and_a_size() -> None:
         measure_cpu_peak(seconds=0.0)
     with pytest.raises(ValueError, match="seconds > 0 and size > 0"):
         measure_cpu_peak(size=0)
+
+
+def test_the_cpu_peak_is_the_best_this_machine_measured_and_a_busy_one_says_so(tmp_path: Path) -> None:
+    """A CPU's measured peak moved 9x between runs under load (0.042-0.39 TFLOP/s): MFU is taken
+    against the best this machine measured (same model, threads and dtype), kept in a file."""
+    from trainadvisor.compute.peaks import Peak, best_cpu_peak
+
+    kept = tmp_path / "peaks.json"
+
+    def measured(gflops: float) -> Peak:
+        return Peak(gflops * 1e9, "fp32", "CPU (x86_64)", "measured on this machine", "measured")
+
+    assert best_cpu_peak(measured(390.0), kept) == measured(390.0)  # the first: kept as it is
+    busy = best_cpu_peak(measured(42.0), kept)
+    assert (busy.flops_per_s, busy.how) == (390e9, "measured, best seen on this machine")
+    assert busy.source.endswith(
+        f"the best this machine has measured (390.0 GFLOP/s, kept in {kept}), not this run's 42.0 GFLOP/s "
+        "(the CPU was busy: under half of it)"
+    )
+    assert "busy" not in best_cpu_peak(measured(300.0), kept).source
+    assert best_cpu_peak(measured(420.0), kept).flops_per_s == 420e9  # a better one replaces it
+    assert best_cpu_peak(measured(42.0), kept).flops_per_s == 420e9
