@@ -222,14 +222,17 @@ if __name__ == "__main__":
 """
 
 
-def test_the_code_change_compiles_the_model_after_the_line_that_builds_it() -> None:
+def test_the_code_change_compiles_the_model_in_place_after_the_line_that_builds_it() -> None:
     changed = compile_change(SCRIPT, "default")
     assert changed == SCRIPT.replace(
         '    model = Net().to("cuda")  # the model\n',
-        '    model = Net().to("cuda")  # the model\n    model = torch.compile(model)\n',
+        '    model = Net().to("cuda")  # the model\n'
+        "    model.forward = torch.compile(model.forward)  # in place: same state_dict keys\n",
     )
     cuda_graphs = compile_change(SCRIPT, "reduce-overhead") or ""
-    assert '    model = torch.compile(model, mode="reduce-overhead")\n' in cuda_graphs
+    assert (
+        '    model.forward = torch.compile(model.forward, mode="reduce-overhead")  # in place' in cuda_graphs
+    )
 
 
 def test_a_lightning_script_compiles_the_module_before_fit() -> None:
@@ -417,3 +420,69 @@ def test_a_baseline_the_scripts_end_cut_inside_the_profilers_warmup_step_is_meas
     assert raw["status"] == "window_complete" and raw["steps_seen"] == 26 and raw["trace_file"]
     assert sum(step["profiled"] for step in raw["steps"]) == 11
     assert report["baseline"]["trace"]["training_loop"] is True
+
+
+def test_a_gans_two_models_are_compiled_in_place_and_its_checkpoints_load_both_ways(tmp_path: Path) -> None:
+    """pytorch/examples dcgan: the change compiled one of its two trained models, named it
+    "torch.compile(model)", and its `torch.compile(netD)` wrapper saved `_orig_mod.`-prefixed
+    keys that the script's own `load_state_dict` then refused. Each trained model is compiled
+    in place (its forward) after the line that builds it, as the trial compiles each: a
+    checkpoint of the changed script loads into the original and the other way round, with
+    inductor compiling for real."""
+    import subprocess
+    import sys
+
+    from conftest import SCRIPTS
+
+    original = SCRIPTS / "gan.py"
+    changed = tmp_path / "gan_changed.py"
+    code = compile_change(original.read_text(), "default")
+    assert code is not None
+    changed.write_text(code)
+    lines = code.splitlines()
+    assert lines.index("netG.forward = torch.compile(netG.forward)  # in place: same state_dict keys") == (
+        lines.index("netG = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))") + 1
+    )
+    assert "netD.forward = torch.compile(netD.forward)  # in place: same state_dict keys" in lines
+
+    def run(script: Path, *args: str | Path) -> str:
+        done = subprocess.run(
+            [sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    saved_changed, saved_original = tmp_path / "changed.pt", tmp_path / "original.pt"
+    keys = run(changed, "--save", saved_changed)
+    assert "_orig_mod" not in keys
+    run(original, "--resume", saved_changed, "--steps", "1")  # the changed script's checkpoint, as it was
+    run(original, "--save", saved_original, "--steps", "1")
+    run(changed, "--resume", saved_original, "--steps", "1")  # and the original's, into the change
+
+
+def test_the_switch_compiles_each_model_an_optimizer_trains(tmp_path: Path) -> None:
+    """The trial compiles what the change compiles: both of a GAN's models (eager backend)."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from trainadvisor.fixes.compile import install_compile
+from trainadvisor.measure.hooks import Patches
+
+class Generator(torch.nn.Linear): pass
+class Discriminator(torch.nn.Linear): pass
+
+patches = Patches()
+install_compile(patches, "default", backend="eager")
+netG, netD = Generator(4, 4), Discriminator(4, 1)
+optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (netD, netG)]
+for _ in range(2):
+    netD(netG(torch.randn(2, 4))).sum().backward()
+    [o.step() for o in optimizers]
+print(patches.compiled_module, netG._compiled_call_impl is not None, netD._compiled_call_impl is not None)
+patches.undo()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Generator,", "Discriminator", "True", "True"]

@@ -284,6 +284,46 @@ class _AfterModel(cst.CSTTransformer):
         return [*body[:at], *statements, *body[at:]]
 
 
+def after_models(
+    source: str, lines: Callable[[str], list[str]], fit_lines: Callable[[str], list[str]]
+) -> str | None:
+    """`after_model` for every model an optimizer is built from in the first block that builds
+    one (a GAN's generator and discriminator, each with its optimizer): `lines(name)` after the
+    statement that last assigns each name before its optimizer's; in a Lightning script,
+    `fit_lines(name)` before `trainer.fit`. None where none is found."""
+    editor = _AfterModels(lines, fit_lines)
+    changed = cst.parse_module(source).visit(editor)
+    return changed.code if editor.done else None
+
+
+class _AfterModels(_AfterModel):
+    def __init__(self, lines: Callable[[str], list[str]], fit_lines: Callable[[str], list[str]]) -> None:
+        super().__init__(fit_lines)  # `_AfterModel`'s own place: before trainer.fit
+        self.model_lines = lines
+
+    def _edited(self, body: list[Any]) -> list[Any]:
+        if self.done:
+            return body
+        inserts: dict[int, list[str]] = {}  # the place after a model is built -> its names
+        for at, statement in enumerate(body):
+            trained = _called_on(statement, "parameters", nested=True)
+            if trained is None or any(trained in names for names in inserts.values()):
+                continue
+            where = max((i for i in range(at) if trained in _assigned(body[i])), default=None)
+            if where is not None:
+                inserts.setdefault(where + 1, []).append(trained)
+        if not inserts:
+            return super()._edited(body)  # a Lightning script: before trainer.fit
+        self.done = True
+        edited = list(body)
+        for at in sorted(inserts, reverse=True):
+            statements = [
+                cst.parse_statement(line) for name in inserts[at] for line in self.model_lines(name)
+            ]
+            edited[at:at] = statements
+        return edited
+
+
 def _called_on(statement: cst.CSTNode, method: str, nested: bool) -> str | None:
     """The name `X` of the first `X.<method>(...)` call in `statement` (`nested`: only as an
     argument of another call, as `AdamW(model.parameters())`); for `fit`, its first argument."""

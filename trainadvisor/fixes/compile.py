@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.fixes.common import Fix, Setting, overrides
-from trainadvisor.memory.blocks import on_trained_module
+from trainadvisor.memory.blocks import on_each_trained_module
 from trainadvisor.records import Overrides, Trial
 
 _MODES_GPU = ("default", "reduce-overhead")  # reduce-overhead: CUDA graphs, for host-bound steps
@@ -137,9 +137,9 @@ def compile_seconds(trial: Trial) -> float | None:
 
 
 def install_compile(recorder: Any, mode: str, backend: str | None = None) -> None:
-    """Compile the module the optimizers train (`memory.blocks.on_trained_module`) before its
-    first call. `backend`: inductor unless named (tests name "eager": which module, not
-    inductor)."""
+    """Compile each module an optimizer trains (`memory.blocks.on_each_trained_module`: a GAN's
+    two models both) before its first call. `backend`: inductor unless named (tests name
+    "eager": which module, not inductor)."""
     import torch
 
     def compile_it(module: torch.nn.Module) -> None:
@@ -154,17 +154,30 @@ def install_compile(recorder: Any, mode: str, backend: str | None = None) -> Non
             recorder.on_uninstall(lambda: setattr(module, "_compiled_call_impl", None))
         else:
             module.forward = compiled
-        recorder.compiled_module = type(module).__name__
+        named = getattr(recorder, "compiled_module", "")
+        recorder.compiled_module = f"{named}, {type(module).__name__}" if named else type(module).__name__
 
-    on_trained_module(recorder, compile_it)
+    on_each_trained_module(recorder, compile_it)
 
 
 def compile_change(source: str, mode: str) -> str | None:
-    """`model = torch.compile(model)` after the statement that builds the model (`after_model`)."""
+    """Each trained model's forward compiled in place, after the statement that builds it
+    (`after_models`: every model an optimizer is built from, as the trial compiled each):
+    `model.forward = torch.compile(model.forward)`. In place, the module stays itself: its
+    `state_dict` keeps its keys (torch.compile(model) returns a wrapper whose keys gain
+    `_orig_mod.`), so checkpoints saved before and after the change load into either, and a
+    `load_state_dict` later in the script needs no reordering."""
     options = "" if mode == "default" else f', mode="{mode}"'
-    from trainadvisor.fixes.codechange import after_model  # libcst: not in the measured run
+    from trainadvisor.fixes.codechange import after_models  # libcst: not in the measured run
 
-    code = after_model(source, lambda name: [f"{name} = torch.compile({name}{options})"])
+    def lines(name: str) -> list[str]:
+        # the comment says why not `torch.compile(model)`, whose wrapper changes the keys
+        return [f"{name}.forward = torch.compile({name}.forward{options})  # in place: same state_dict keys"]
+
+    def fit_lines(name: str) -> list[str]:  # Lightning unwraps a compiled module when it saves
+        return [f"{name} = torch.compile({name}{options})"]
+
+    code = after_models(source, lines, fit_lines)
     if code is None:
         return None
     return code if "import torch\n" in code else "import torch\n" + code

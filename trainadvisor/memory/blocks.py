@@ -35,6 +35,46 @@ def on_trained_module(recorder: Any, act: Callable[[Any], None]) -> None:
     recorder.on_uninstall(lambda: [handle.remove() for handle in handles])
 
 
+def on_each_trained_module(recorder: Any, act: Callable[[Any], None]) -> None:
+    """Call `act(module)` once for each module an optimizer trains, before its first call: the
+    first module called that holds TRAINED_SHARE of one optimizer's parameters (a GAN's two
+    models, each with its optimizer, are two; one wrapper holding both is one). The hook goes once
+    every optimizer built so far has its module."""
+    import torch
+
+    optimizers: list[dict[int, int]] = []  # each optimizer's parameter ids -> elements
+    served: set[int] = set()  # the optimizers whose module was found
+    looked_at: set[int] = set()
+    handles: list[Any] = []
+    original_init = torch.optim.Optimizer.__dict__["__init__"]
+
+    def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        optimizers.append({id(p): p.numel() for group in self.param_groups for p in group["params"]})
+
+    def look(module: torch.nn.Module, _args: Any) -> None:
+        if not optimizers or id(module) in looked_at:
+            return
+        looked_at.add(id(module))
+        held = {id(p) for p in module.parameters()}
+        mine = [
+            i
+            for i, params in enumerate(optimizers)
+            if i not in served
+            and sum(n for p, n in params.items() if p in held) >= TRAINED_SHARE * sum(params.values())
+        ]
+        if not mine:
+            return
+        served.update(mine)
+        if len(served) == len(optimizers):
+            handles[0].remove()
+        act(module)
+
+    recorder.patch(torch.optim.Optimizer, "__init__", init)
+    handles.append(torch.nn.modules.module.register_module_forward_pre_hook(look))
+    recorder.on_uninstall(lambda: handles[0].remove())
+
+
 def find_trained(trained: Callable[[], dict[int, int]], act: Callable[[Any], None]) -> Any:
     """A global forward pre-hook that calls `act` on the first module called that holds
     TRAINED_SHARE of `trained()` (parameter id -> elements), then removes itself."""
