@@ -118,3 +118,9 @@ def test_a_number_that_is_not_finite_is_a_usage_error(option: str, value: str, m
     window, a NaN --timeout or --budget never fired, a NaN --memory-budget raised a traceback."""
     code, output = _run("profile", option, value, EXAMPLES / "small_batch.py")
     assert code == 2 and message in output, output
+
+
+def test_a_gate_of_nan_is_a_usage_error() -> None:
+    """`compare --max-regression nan` passed every regression (nothing is below -nan)."""
+    code, output = _run("compare", "--max-regression", "nan", DATA / "report", DATA / "report")
+    assert code == 2 and "'nan' is not a finite number" in output, output

@@ -18,6 +18,7 @@ from trainadvisor.cli_options import (
     DURATION_OR_ZERO,
     EXIT_CODES,
     SIZE,
+    Finite,
     Seconds,
     TraceLocation,
     option,
@@ -464,7 +465,7 @@ Exit codes:
 @option(
     "--max-regression",
     5.0,
-    click.FloatRange(min=0),
+    Finite(min=0),
     "Largest throughput loss, in percent, that still passes.",
 )
 @option(

@@ -112,15 +112,21 @@ class Size(click.ParamType):
 SIZE = Size()
 
 
-class Seconds(click.FloatRange):
-    """A number of seconds, at least `min`, finite: NaN passes every comparison (`nan < 1` is
-    false), so a range alone would take it, and a timeout of nan or inf never fires."""
+class Finite(click.FloatRange):
+    """A number in a range, finite: NaN passes every comparison (`nan < 1` is false), so a range
+    alone would take it (a timeout of nan never fires, a gate of nan never fails)."""
+
+    what = "a finite number"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        seconds = super().convert(value, param, ctx)
-        if not math.isfinite(seconds):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        return seconds
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not {self.what}", param, ctx)
+        return number
+
+
+class Seconds(Finite):
+    what = "a number of seconds"
 
 
 class TraceLocation(click.ParamType):

@@ -88,6 +88,19 @@ def mask_arguments(args: list[str]) -> tuple[list[str], list[str]]:
     return shown, masked
 
 
+# trainadvisor's own words that a result file holds as whole strings (statuses, phases, how a
+# warm-up or window ended, what ended a step): a credential equal to one of them is not masked
+# where it is the whole string (masked, the record would not read back); anywhere in text it is.
+OWN_WORDS = frozenset(
+    {
+        "window_complete", "script_ended", "script_failed", "refused", "measured", "failed",
+        "changed_training", "kept", "recommended", "no_gain", "not_applicable", "unconfirmed",
+        "not_run", "needs_restart", "opportunity", "redundant", "inconclusive", "settled", "count",
+        "time cap", "settle cap", "step cap", "raced", "plan", "script ended", "optimizer", "backward",
+        "warmup", "timed", "traced", "done", "in_process", "restart", "fork", "spawn", "forkserver",
+        "cpu", "cuda", "high", "medium", "low", "training", "inference", "step", "window",
+    }
+)  # fmt: skip
 # A value this short is masked only as a word of its own: `--key id` must not turn `valid`
 # into `val***` (nor `--token 3` every digit 3 of a log).
 _SHORT = 8
@@ -135,12 +148,10 @@ class Secrets:
 
     def value(self, data: Any) -> Any:
         """Parsed JSON data with every string value masked (`text`); numbers, literals and keys as
-        they are. A short value that is the whole of a string and reads as a word of code
-        (`--api-secret warmup`, `--token measured`) is as likely one of trainadvisor's own words
-        (a phase, a status) as the credential: it is left as it is."""
+        they are. A string that is one of trainadvisor's own words whole (`OWN_WORDS`: a status,
+        a phase, `--api-secret warmup`) is left: masked, the record would not read back."""
         if isinstance(data, str):
-            short_word = len(data) < _SHORT and data in self.values and data.isidentifier()
-            return data if short_word else self.text(data)
+            return data if data in OWN_WORDS else self.text(data)
         if isinstance(data, list):
             return [self.value(item) for item in data]
         if isinstance(data, dict):
@@ -186,13 +197,18 @@ class Secrets:
 
 def _rewrite(path: Path, content: bytes) -> None:
     """`path` rewritten in place with `content` (not replaced: a report folder may hold a hard
-    link to it); left as it was where it cannot be (a full disk)."""
+    link to it), written to a file beside it first: where that cannot be written whole (a full
+    disk), `path` is left as it was."""
+    staged = path.with_name(f".{path.name}.masked")
     try:
-        with open(path, "r+b") as target:
-            target.write(content)
+        staged.write_bytes(content)
+        with open(staged, "rb") as source, open(path, "r+b") as target:
+            shutil.copyfileobj(source, target)
             target.truncate()
     except OSError:
         pass
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def masked_note(masked: list[str]) -> str | None:

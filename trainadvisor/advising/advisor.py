@@ -154,12 +154,16 @@ class Advisor:
 
     # ---- the step boundaries (each guarded: an advisor error never reaches training) ----
 
-    def owns(self) -> bool:
-        """Whether the calling thread is the one this advisor measures: the first to call it.
-        One window at a time, on one thread: torch.profiler must start and stop on the thread
-        that started it (Kineto aborts the process otherwise), and one window's steps are one
-        loop's. Other threads' calls, batches and optimizer steps pass through untouched."""
+    def owns(self, claim: bool = True) -> bool:
+        """Whether the calling thread is the one this advisor measures: the first to take a
+        step through it (`claim`: a step's entry point; a hook that sees a batch or an optimizer
+        step claims nothing). One window at a time, on one thread: torch.profiler must start and
+        stop on the thread that started it (Kineto aborts the process otherwise), and one
+        window's steps are one loop's. Other threads' calls, batches and optimizer steps pass
+        through untouched."""
         ident = threading.get_ident()
+        if self._owner is None and not claim:
+            return False
         if self._owner is None:
             with _OWNING:
                 if self._owner is None:
@@ -244,7 +248,7 @@ class Advisor:
         return gpu.torch_facts(data_parallel_modules(), None, device)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if self.owns():
+        if self.owns(claim=False):
             self.window.optimizer_stepped(optimizer, counted=True)
 
     def _time_loaders(self) -> None:
@@ -254,7 +258,7 @@ class Advisor:
         advisor, clock = self, self.clock.perf_s
 
         def timed_next(iterator: _BaseDataLoaderIter) -> Any:
-            if not advisor.owns():  # another thread's loader: not this window's
+            if not advisor.owns(claim=False):  # another thread's loader: not this window's
                 return original(iterator)
             t0 = clock()
             try:

@@ -83,8 +83,8 @@ def unsettled_note(windows: dict[str, RawRun | None]) -> str | None:
             # are done, so 2.6 s under a cap of 2 s would have read "3 s"
             f"after {shape.warmup_s:.1f} s (the longest warm-up allowed, --max-warmup, had passed)"
             if shape.warmup_end == "time cap"
-            else f"after {shape.warmup_s:.1f} s (a trial's warm-up waits about as long as the baseline's "
-            "took to settle, not to --max-warmup)"
+            else f"after {shape.warmup_s:.1f} s (a trial's warm-up settles for at most 3x as long as the "
+            "baseline's took, and at most 10 s; a pair's windows for 3 s)"
             if shape.warmup_end == "settle cap"
             else f"after {shape.warmup_steps} steps (the script had no more to spare)"
         )

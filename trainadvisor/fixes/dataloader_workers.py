@@ -108,7 +108,7 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
         return None, f"stopped at {workers} workers: {workers * 2} is past {capped_by}"
     per_core = max_workers(values.get("cpu_count", 1))
     if workers * 2 <= per_core:
-        return leap(last, workers, min(cap, per_core)), ""
+        return _fitting(values, last, workers, leap(last, workers, min(cap, per_core))), ""
     load = _worker_load(last)
     if load is None:
         return None, f"stopped at {workers} workers, four per core (the workers' CPU was not sampled)"
@@ -124,10 +124,17 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
             f"stopped at {workers} workers: {workers * 2} would take about "
             f"{rss * workers * 2 / 1e9:.1f} GB of the {available / 1e9:.1f} GB available"
         )
-    count = leap(last, workers, cap)
+    return _fitting(values, last, workers, leap(last, workers, cap)), ""
+
+
+def _fitting(values: dict[str, Any], last: Trial, workers: int, count: int) -> int:
+    """`count`, lowered towards twice `workers` (never below) while the workers' sampled memory
+    for it would take more than MEMORY_SHARE of the memory available."""
+    load, available = _worker_load(last), float(values.get("memory_available_bytes") or 0.0)
+    rss = load[1] if load is not None else 0.0
     while count > 2 * workers and available and rss * count > MEMORY_SHARE * available:
-        count //= 2
-    return count, ""
+        count = max(count // 2, 2 * workers)
+    return count
 
 
 class DataLoaderWorkers(LoaderSetting):

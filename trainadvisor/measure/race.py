@@ -5,8 +5,9 @@ Tuners stop a candidate once it is confidently worse than the best so far (racin
 successive halving, as in Hyperband) instead of measuring every candidate to the end. Here the
 parent hands each trial window `race_below`: the steps per second of the slow windows (10th
 percentile) of the best setting measured so far. A window loses when even its throughput raised
-by the settling tolerance (`settle.TOLERANCE`, the most two settled blocks of one loop differ by)
-stays below that:
+by RACE_MARGIN stays below that: more than two settled blocks of one loop differ by (the
+settling tolerance, 10%), and more than a busy core drifts the machine by between the best's
+window and this one (the best may be the baseline's, measured minutes before):
 - in its warm-up, when its last `blocks` blocks all lose, and the last of them is not more than
   the tolerance faster than the first (a loop still speeding up is given its time);
 - in its timed steps, once a block's worth of them (steps and seconds) loses as a whole.
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 from trainadvisor.measure.settle import Blocks, Settling
 
+RACE_MARGIN = 0.25
+
 
 def raised(steps_per_s: float, settling: Settling) -> float:
-    """The most a loop measured at `steps_per_s` could run at: the tolerance above it."""
-    return steps_per_s * (1.0 + settling.tolerance)
+    """The most a loop measured at `steps_per_s` could run at: RACE_MARGIN above it."""
+    return steps_per_s * (1.0 + RACE_MARGIN)
 
 
 def lost_in_warmup(blocks: Blocks, below: float) -> bool:

@@ -4,7 +4,6 @@ other stage is a pure function of the saved data before it."""
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -187,9 +186,7 @@ def _measure_fixes(
     try:
         if live is not None:
             tuning.in_process(live)
-            if not _keeps_alive(diagnosed, tuning, live):
-                live.close()
-                live = None
+            live.close()
         diagnosed = _with_sites(options, job.rules, diagnosed, job.echo)
         noise_rel = None
         to_judge = [o.fix for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run
@@ -200,29 +197,16 @@ def _measure_fixes(
             noise_rel = loss_noise(options, diagnosed.baseline, job.echo)
             tuning.details.append(noise_note(noise_rel))
         tuning.restarted(noise_rel, why_restart or "")
-        alive = live
         # where pairs of windows measured the script's own setting last, with no fresh run since,
         # it stands beside the confirmation run already; else it is measured again after it
         paired_last = tuning.again is not None and not tuning.walls["fresh"]
-        adjacent = None if paired_last else functools.partial(tuning.measure_again, alive)
+        adjacent = None if paired_last else tuning.measure_again
         report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted, adjacent)
     finally:
         if prestarted is not None:
             prestarted.cancel()
-        if live is not None:
-            live.close()
     job.keep(report)
     return report
-
-
-def _keeps_alive(diagnosed: _Diagnosed, tuning: Tuning, live: LiveRun) -> bool:
-    """Whether the baseline's process stays alive, idle, after its trial windows, to measure the
-    script's own setting next to the confirmation run in one more window: on a CPU only (on a
-    GPU it would hold the device's memory beside the confirmation run), where no fix's trials
-    restart the script beside it."""
-    if live.ended is not None or diagnosed.diagnosis.values.get("cuda_used"):
-        return False
-    return all(p.fix in tuning.tried or not p.applicable for p in diagnosed.plan)
 
 
 def _after_oom(job: _Job, diagnosed: _Diagnosed) -> Report:
@@ -388,7 +372,8 @@ def _report(
         plan=diagnosed.plan,
         fix_outcomes=outcomes,
         applied_fixes=[o.fix for o in outcomes if o.status == "kept"],
-        speedup=comparison.speedup if comparison else None,
+        # the headline's: a comparison whose fixes were not kept (inconclusive, no gain) has none
+        speedup=comparison.speedup if comparison and any(o.status == "kept" for o in outcomes) else None,
         comparison=comparison,
         notes=[*diagnosed.notes, *(n for n in notes if n)],
         elapsed_s=time.monotonic() - started,

@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trainadvisor import fixes
 from trainadvisor.compute.mfu import with_baseline_flops
@@ -74,11 +74,13 @@ def confirm(
         if waiting is not None:  # its set-up ran while the trials did
             ready = waiting
             first = lambda spec: run_of(ready.run(spec, PROFILE_STEPS), spec)  # noqa: E731
-        spec_of = lambda known: confirmation_spec(options, merged, known, tuning.settle_cap_s)  # noqa: E731
+        cap = tuning.compared_settle_cap_s
+        spec_of = lambda known: confirmation_spec(options, merged, known, cap)  # noqa: E731
         after = with_baseline_flops(
             measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first), baseline
         )
-        tuning.walls["fresh"].append(after.raw.wall_s)
+        if waiting is None:  # a run started ahead counts its wait at the gate too: no estimate
+            tuning.walls["fresh"].append(after.raw.wall_s)
         if usable(after.raw):
             comparison = _comparison(baseline, after, tuning, chosen, noise_rel)
             status, reason = verdict(comparison)
@@ -86,7 +88,7 @@ def confirm(
                 status, reason, comparison, changed = _adjacent(
                     baseline, after, tuning, chosen, noise_rel, adjacent, (status, reason, comparison)
                 )
-            verdicts = {o.fix: (status, _together(reason, chosen)) for o in chosen}  # type: ignore[misc]
+            verdicts = {o.fix: _scoped(o, status, _together(reason, chosen)) for o in chosen}
         else:
             why = after.raw.error or _short_run(after.raw)
             verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
@@ -121,6 +123,15 @@ def _adjacent(
         comparison,
         None,
     )
+
+
+def _scoped(outcome: FixOutcome, status: str, reason: str) -> tuple[FixStatus, str]:
+    """A confirmation's verdict for one of its fixes: where it is inconclusive (the machine's
+    speed changed between fresh runs), a fix chosen in windows of the baseline's own process,
+    its gain measured in pairs of adjacent windows, stays unconfirmed with its pairs' figure."""
+    if status == "inconclusive" and outcome.mode == "in_process":
+        return "unconfirmed", f"{outcome.reason}; the confirmation run could not be compared: {reason}"
+    return cast(FixStatus, status), reason
 
 
 def _unsure(outcome: FixOutcome, changed: str | None) -> FixOutcome:

@@ -11,6 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from trainadvisor.analyze.summary import percentile, summarize
+from trainadvisor.measure.race import RACE_MARGIN
 from trainadvisor.measure.settle import TOLERANCE
 from trainadvisor.records import RawRun, Run, Trial
 
@@ -33,17 +34,25 @@ class SettleCap:
     why: str
 
 
-def trial_settle_cap(baseline: RawRun, max_warmup_s: float) -> SettleCap:
-    """The longest a trial's warm-up waits for its step time to settle."""
+def trial_settle_cap(
+    baseline: RawRun, max_warmup_s: float, ceiling_s: float | None = TRIAL_SETTLE_MAX_S
+) -> SettleCap:
+    """The longest a trial's warm-up waits for its step time to settle (`ceiling_s` None: the
+    confirmation run's and the measurement beside it, compared with the baseline itself: 3x its
+    settling, never a ceiling below what it took)."""
     shape = baseline.shape
     if max_warmup_s <= 0:
         return SettleCap(0.0, "--max-warmup 0: warm-ups are counts of steps")
     if shape is None or shape.warmup_end != "settled":
-        cap = min(max_warmup_s, max(TRIAL_SETTLE_MIN_S, UNSETTLED_TRIAL_SETTLE_S))
+        cap = (
+            min(max_warmup_s, max(TRIAL_SETTLE_MIN_S, UNSETTLED_TRIAL_SETTLE_S))
+            if ceiling_s
+            else max_warmup_s
+        )
         return SettleCap(cap, f"{cap:g} s: the baseline's own warm-up did not settle")
     # its settling after the counted warm-up steps: a fresh run's warm-up holds its set-up too
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
-    most_s = min(max_warmup_s, TRIAL_SETTLE_MAX_S)
+    most_s = min(max_warmup_s, ceiling_s) if ceiling_s is not None else max_warmup_s
     cap = min(most_s, max(TRIAL_SETTLE_MIN_S, TRIAL_SETTLE_FACTOR * settled_s))
     return SettleCap(
         cap,
@@ -92,7 +101,7 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
     where = "in its warm-up" if shape.warmup_end == "raced" else "in its timed steps"
     return (
         f"cut {where} after {shape.warmup_s + shape.timed_s:.1f} s ({timed} steps timed): even "
-        f"{100 * TOLERANCE:.0f}% faster it stays below {below:.1f} steps/s, the slow windows of "
+        f"{100 * RACE_MARGIN:.0f}% faster it stays below {below:.1f} steps/s, the slow windows of "
         f"{whose}"
     )
 
@@ -108,8 +117,10 @@ def cost_s(kind: str, walls: list[float], baseline: RawRun) -> float:
     so far, the longest of the fresh runs (a compiled trial's outlasts the others); before any,
     the baseline's own settling and timed steps (a window), its whole run (set-up included), or
     that less its set-up and first steps (a run started ahead)."""
-    if walls and kind != "prestarted":
-        return max(walls) if kind == "fresh" else float(percentile(walls, 50) or 0.0)
+    if walls and kind == "fresh":  # never under the baseline's own whole run
+        return max(*walls, baseline.wall_s)
+    if walls and kind == "window":
+        return float(percentile(walls, 50) or 0.0)
     shape = baseline.shape
     if shape is None:
         return baseline.wall_s
@@ -153,8 +164,6 @@ def paired(ratios: list[tuple[float, float, float]], keep_min: float) -> Paired:
     windows seconds apart shows in both of a pair and cancels in its ratio."""
     if not ratios:
         return Paired("open", None, None, None, 0)
-    median = statistics.median(r[0] for r in ratios)
-    low, high = min(r[1] for r in ratios), max(r[2] for r in ratios)
     wins = [r[0] >= keep_min and r[1] > 1.0 for r in ratios]
     first = ratios[0]
     if len(ratios) == 1 and (first[1] >= DECISIVE or first[2] < 1.0):
@@ -165,6 +174,11 @@ def paired(ratios: list[tuple[float, float, float]], keep_min: float) -> Paired:
         state = "gain" if 2 * sum(wins) > len(wins) else "no_gain"
     else:
         state = "open"
+    # a gain's figure is its winning pairs' (a losing pair of a majority would put its range
+    # under 1); otherwise every pair's
+    shown = [r for r, won in zip(ratios, wins) if won] if state == "gain" else ratios
+    median = statistics.median(r[0] for r in shown)
+    low, high = min(r[1] for r in shown), max(r[2] for r in shown)
     return Paired(state, median, low, high, len(ratios))
 
 

@@ -16,7 +16,7 @@ from trainadvisor.analyze.length import run_length
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
-from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, as_script, pair_choice
+from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, pair_choice
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
 from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Run, RunLength, TrialWindow
@@ -103,11 +103,17 @@ class Tuning:
         """The trials' longest settling after their counted warm-up (None: --max-warmup alone)."""
         if self.settle is None:
             self.settle = pace.trial_settle_cap(self.baseline.raw, self.options.max_warmup_s)
-            if self.settle.max_s:
+            if self.settle.max_s and not self.options.torchrun:  # torchrun: windows are counts
                 self.details.append(
                     f"Each trial's warm-up waited for its step time to settle at most {self.settle.why}."
                 )
         return self.settle.max_s or None
+
+    @property
+    def compared_settle_cap_s(self) -> float | None:
+        """The confirmation run's, and the measurement beside it: compared with the baseline
+        itself, they may settle as long as 3x the baseline did, with no trial's ceiling."""
+        return pace.trial_settle_cap(self.baseline.raw, self.options.max_warmup_s, None).max_s or None
 
     # ---- budget and progress ----
 
@@ -204,7 +210,7 @@ class Tuning:
 
         def measure(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Any:
             measured = measurer(fix, label, candidate)
-            if measured.raw.wall_s:
+            if measured.raw.wall_s and not pace.raced(measured.raw):  # a cut window says little of the next
                 self.walls[kind].append(measured.raw.wall_s)
             return measured
 
@@ -344,25 +350,24 @@ class Tuning:
         self.notes += notes
         self.on_progress()
 
-    def measure_again(self, live: LiveRun | None) -> Run | None:
-        """The script's own setting measured again next to the confirmation run (`confirm`): a
-        window of the live run where it is still alive, else a fresh run; None where the budget
-        leaves no time for it, or it measured nothing."""
-        kind = "window" if live is not None and live.ended is None else "fresh"
-        if not self.fits(self.cost_s(kind)):
+    def measure_again(self) -> Run | None:
+        """The script's own setting measured again next to the confirmation run (`confirm`), in
+        a fresh run; None where the budget leaves no time for it, or it measured nothing."""
+        if not self.fits(self.cost_s("fresh")):
             self.notes.append(
                 "The script's own setting was not measured again next to the confirmation run: "
-                f"it (about {_clock(self.cost_s(kind))}) would have run past the --budget."
+                f"it (about {_clock(self.cost_s('fresh'))}) would have run past the --budget."
             )
             return None
-        if live is not None and kind == "window":
-            measure = self._recording(
-                windows(live, self.options, self.baseline, lambda: self.window_budget([]), self.settle_cap_s)
-            )
-            return measure(AsScript(), "baseline-adjacent", as_script()).run  # type: ignore[no-any-return]
         quiet = {"profile": False, "show_output": False, "timeout_s": max(60.0, 5 * self.baseline.raw.wall_s)}
         spec = fresh_spec(
-            self.options, "baseline-adjacent", Overrides(), self.length, 0, self.settle_cap_s, **quiet
+            self.options,
+            "baseline-adjacent",
+            Overrides(),
+            self.length,
+            0,
+            self.compared_settle_cap_s,
+            **quiet,
         )
         run = measure_run(spec)
         self.walls["fresh"].append(run.raw.wall_s)
