@@ -7,9 +7,11 @@ results its process saved."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,38 +172,40 @@ class Secrets:
             return
         masked = self.value(data)
         if masked != data:
-            _rewrite(path, json.dumps(masked).encode())
+            content = json.dumps(masked).encode()
+            _rewrite(path, functools.partial(_write, content=content))
 
     def file(self, path: Path) -> None:
         """Mask a file the script's process wrote (its log, its results), line by line, where
         something is to be masked. The file is rewritten in place, not replaced: a report folder
         may hold a hard link to it already (`report.folder` publishes staged logs so). A file
         that cannot be rewritten (a full disk) is left as it was: the run goes on."""
-        masked = path.with_name(f".{path.name}.masked")
         try:
             with open(path, "rb") as source:
                 if not any(self.data(line) != line for line in source):
                     return
-                source.seek(0)
-                with open(masked, "wb") as target:
-                    for line in source:
-                        target.write(self.data(line))
-            with open(masked, "rb") as source, open(path, "r+b") as target:
-                shutil.copyfileobj(source, target)
-                target.truncate()
         except OSError:
-            pass
-        finally:
-            masked.unlink(missing_ok=True)
+            return
+
+        def stage(staged: Path) -> None:
+            with open(path, "rb") as source, open(staged, "wb") as target:
+                for line in source:
+                    target.write(self.data(line))
+
+        _rewrite(path, stage)
 
 
-def _rewrite(path: Path, content: bytes) -> None:
-    """`path` rewritten in place with `content` (not replaced: a report folder may hold a hard
-    link to it), written to a file beside it first: where that cannot be written whole (a full
+def _write(staged: Path, content: bytes) -> None:
+    staged.write_bytes(content)
+
+
+def _rewrite(path: Path, stage: Callable[[Path], None]) -> None:
+    """`path` rewritten in place with what `stage` writes into a file beside it (not replaced:
+    a report folder may hold a hard link to it); where that cannot be written whole (a full
     disk), `path` is left as it was."""
     staged = path.with_name(f".{path.name}.masked")
     try:
-        staged.write_bytes(content)
+        stage(staged)
         with open(staged, "rb") as source, open(path, "r+b") as target:
             shutil.copyfileobj(source, target)
             target.truncate()
