@@ -60,9 +60,10 @@ def test_a_window_still_speeding_up_is_given_its_time() -> None:
 
 
 def test_a_settled_window_that_loses_while_timed_stops_after_one_block() -> None:
-    """Settled at 1 ms a step; the best so far runs 1,500 steps/s: 1,000 (1,250 allowing 25%, more
-    than a busy core drifts the machine between two windows) cannot reach it. Timing stops once a block's worth (5 steps and 10 ms: 10 steps) shows it,
-    with no slide and no memory step."""
+    """Settled at 1 ms a step; the best so far runs 1,500 steps/s: 1,000 (1,250 allowing 25%,
+    more than a busy core drifts the machine between two windows) cannot reach it. Timing stops
+    once a block's worth (5 steps and 10 ms: 10 steps) shows it, with no slide and no memory
+    step."""
     clock = FakeClock()
     plan = WindowPlan(warmup=0, steps=20, min_time_s=1.0, settle=SETTLE, race_below=1500.0, memory_step=True)
     window = Window(plan, clock.clock())
