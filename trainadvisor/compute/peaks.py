@@ -221,7 +221,7 @@ def best_cpu_peak(measured: Peak, path: Path | None = None) -> Peak:
         measured.device,
         f"{measured.source}; the best this machine has measured ({best_before / 1e9:.1f} GFLOP/s, kept in "
         f"{path}), not this run's {now / 1e9:.1f} GFLOP/s{busy}",
-        "measured, best seen on this machine",
+        "measured",  # how the figure was had (its source says which measurement)
     )
 
 
