@@ -185,3 +185,5 @@ def test_fresh_runs_are_compared_only_where_the_baseline_measured_next_to_them_a
     )
     assert pace.machine_changed(quiet, _windows_at(105.0)) is None  # 5%: a steady machine
     assert pace.machine_changed(quiet, _windows_at(111.0)) is not None
+    # how much: a gain whose slow windows beat the faster baseline by more than this stands
+    assert pace.machine_drift(loaded, quiet) == 2.0 and pace.machine_drift(quiet, loaded) == 2.0

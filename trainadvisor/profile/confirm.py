@@ -16,7 +16,7 @@ from trainadvisor.frameworks.change import fix_change
 from trainadvisor.measure.live import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
-from trainadvisor.profile.pace import machine_changed
+from trainadvisor.profile.pace import machine_changed, machine_drift
 from trainadvisor.profile.runs import (
     ProfileOptions,
     confirmation_spec,
@@ -105,24 +105,26 @@ def _adjacent(
     adjacent: Callable[[], Run | None],
     kept: tuple[str, str, Comparison],
 ) -> tuple[str, str, Comparison, str | None]:
-    """A kept confirmation judged again with the script's own setting measured next to it:
-    (status, reason, comparison, why the machine's figures cannot be compared or None)."""
+    """A kept confirmation judged again with the script's own setting measured next to it too
+    (the faster of the baselines is what it must beat): (status, reason, comparison, why the
+    machine's figures cannot be compared or None). Where the machine's speed changed between
+    the baselines, a gain whose slow windows still beat the faster baseline's fast ones by more
+    than that change stands; anything less is inconclusive, neither kept nor rejected."""
     again = adjacent()
     if again is None:
         return (*kept, None)
-    changed = machine_changed(baseline, again)
-    if changed is not None:
-        status, reason, comparison = kept
-        return "inconclusive", f"{reason} in the confirmation run, but {changed}", comparison, changed
     comparison = _comparison(baseline, after, tuning, chosen, noise_rel, [again])
     status, reason = verdict(comparison)
     figure = f"{again.steps_per_s or 0.0:.1f} steps/s"
-    return (
-        status,
-        f"{reason}, against the script's own setting measured next to it too ({figure})",
-        comparison,
-        None,
-    )
+    reason = f"{reason}, against the script's own setting measured next to it too ({figure})"
+    changed, drift = machine_changed(baseline, again), machine_drift(baseline, again)
+    if changed is None:
+        return status, reason, comparison, None
+    if status == "kept" and (comparison.speedup_low or 0.0) > drift:
+        return status, f"{reason}; {changed}, less than the gain", comparison, None
+    if comparison.loss_check.equivalent is False:
+        return status, reason, comparison, None  # training changed: that decides, whatever the speed
+    return "inconclusive", f"{reason}: not a gain beyond the change, as {changed}", comparison, changed
 
 
 def _scoped(outcome: FixOutcome, status: str, reason: str) -> tuple[FixStatus, str]:

@@ -189,6 +189,13 @@ def paired(ratios: list[tuple[float, float, float]], keep_min: float) -> Paired:
 MACHINE_DRIFT = TOLERANCE
 
 
+def machine_drift(first: Run, adjacent: Run) -> float:
+    """How much the machine's speed changed between two measurements of the script's own
+    setting: the faster's steps/s over the slower's (1.0: not at all, or not measured)."""
+    a, b = first.steps_per_s or 0.0, adjacent.steps_per_s or 0.0
+    return max(a, b) / min(a, b) if a > 0 and b > 0 else 1.0
+
+
 def machine_changed(first: Run, adjacent: Run) -> str | None:
     """Why fresh runs measured between the baseline and the script's setting measured again
     next to the last of them cannot be compared (the machine's speed changed between them), in
