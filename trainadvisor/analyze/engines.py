@@ -119,13 +119,42 @@ def _probe(address: str) -> None:
     if not host or not port.isdigit():
         raise UsageError(f"--address {address}: not a Ray address; give HOST:PORT (the head node's GCS)")
     try:
-        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S) as connection:
+            answers = _speaks_grpc(connection)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise UsageError(
             f"cannot reach the Ray cluster at {address} ({reason}): check --address or RAY_ADDRESS, "
             "that the head node runs (`ray start --head`), or leave both out to start a local Ray"
         ) from None
+    if not answers:
+        raise UsageError(
+            f"--address {address}: something listens there, but not Ray (no gRPC server answered "
+            f"within {PROBE_TIMEOUT_S:g} s, where ray.init would wait for minutes): give the head "
+            "node's GCS address (host:6379), or leave --address out to start a local Ray"
+        )
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client
+# server) answers with a SETTINGS frame of its own at once.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 0x04
+
+
+def _speaks_grpc(connection: socket.socket) -> bool:
+    """Whether the peer answers HTTP/2's preface with its SETTINGS frame (as every gRPC server
+    does) before the probe's timeout; a server that says nothing, or something else, does not."""
+    try:
+        connection.sendall(_HTTP2_HELLO)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # the timeout, or the peer hung up
+        return False
+    return header[3] == _SETTINGS
 
 
 def _on_ray(ray: Any, sources: list[Any]) -> list[TraceAnalysis]:
