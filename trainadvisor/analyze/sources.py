@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import re
 import types
 import typing
@@ -171,7 +172,10 @@ def _filesystem(url: str) -> tuple[Any, str]:
     except ImportError:
         raise UsageError(f"{shown(url)}: reading traces from a URL needs fsspec: {install}") from None
     try:
-        return fsspec.core.url_to_fs(url)  # type: ignore[no-any-return]
+        fs, path = fsspec.core.url_to_fs(url, **_timeouts(scheme))
+        if scheme in _S3:
+            fs.retries = 1  # s3fs's own retries on top of botocore's attempts: bounded by those
+        return fs, path
     except ImportError as exc:  # the protocol's package (s3fs, gcsfs, huggingface_hub) is missing
         how = install if scheme in _EXTRAS else f"install the package fsspec names ({exc})"
         raise UsageError(
@@ -179,6 +183,28 @@ def _filesystem(url: str) -> tuple[Any, str]:
         ) from None
     except ValueError as exc:  # fsspec knows no such protocol, or the URL is malformed
         raise UsageError(f"{shown(url)}: not a URL fsspec can read ({exc}); check the scheme") from None
+
+
+_S3 = ("s3", "s3a")
+# How long a store may keep a request waiting for its connection, and for each answer: a store
+# that never answers, or an endpoint that is not one, ends in a usage error instead of a read
+# that waits forever (botocore's own default reads wait 60 s, retried on top by s3fs).
+STORE_TIMEOUT_ENV = "TRAINADVISOR_STORE_TIMEOUT_S"
+STORE_TIMEOUT_S = 30.0
+
+
+def _timeouts(scheme: str) -> dict[str, Any]:
+    """The S3 client's timeouts and attempts (other stores keep their clients' own)."""
+    if scheme not in _S3:
+        return {}
+    try:
+        timeout_s = float(os.environ.get(STORE_TIMEOUT_ENV) or STORE_TIMEOUT_S)
+    except ValueError:
+        timeout_s = STORE_TIMEOUT_S
+    config: dict[str, Any] = {"connect_timeout": timeout_s, "read_timeout": timeout_s}
+    if not os.environ.get("AWS_MAX_ATTEMPTS"):
+        config["retries"] = {"max_attempts": 2, "mode": "standard"}
+    return {"config_kwargs": config}
 
 
 def _store_error(url: str, exc: BaseException) -> UsageError:
