@@ -87,3 +87,16 @@ def test_a_head_that_no_longer_completes_fails_the_gate(tmp_path: Path) -> None:
     assert rerendered.returncode == 0 and (head / "report.html").is_file()
     twice = run_cli("report", "--out", tmp_path / "x", base, base / "report.json", cwd=tmp_path)
     assert twice.returncode == 2 and "given twice" in twice.stderr
+
+
+def test_a_report_of_an_unknown_schema_version_is_refused(tmp_path: Path) -> None:
+    """compare accepted any schema_version (a newer writer's, a string, a hand-made file)."""
+    for version in (99, "1", None):
+        folder = tmp_path / f"v{version}"
+        data = json.loads(SAVED.read_text())
+        data["schema_version"] = version
+        folder.mkdir()
+        (folder / "report.json").write_text(json.dumps(data))
+        result = run_cli("compare", folder, DATA / "report", cwd=tmp_path)
+        assert result.returncode == 2, (version, result.stdout)
+        assert f"schema_version {str(version)!r} is not one this version reads (1 to 1)" in result.stderr

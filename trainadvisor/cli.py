@@ -27,7 +27,7 @@ from trainadvisor.cli_options import (
     torchrun_options,
 )
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
-from trainadvisor.records import Report
+from trainadvisor.records import SCHEMA_VERSION, Report
 from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
@@ -402,9 +402,16 @@ def _load(path: Path) -> Any:
     if not (folder / "report.json").is_file():
         raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
     try:
-        return load_report(folder)
+        report = load_report(folder)
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UsageError(f"{folder / 'report.json'}: not a report this version can read ({exc})") from None
+    version = report.schema_version
+    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+        raise UsageError(
+            f"{folder / 'report.json'}: schema_version {str(version)[:40]!r} is not one this version reads "
+            f"(1 to {SCHEMA_VERSION}); a newer trainadvisor wrote it, or it is not a report"
+        )
+    return report
 
 
 @main.command(
