@@ -240,6 +240,22 @@ def test_the_reproduce_command_survives_a_shell() -> None:
     assert [shlex.split(html.unescape(s)) for s in shown] == [command]
 
 
+def test_a_newline_inside_an_argument_survives_report_mds_one_line(tmp_path: Path) -> None:
+    """report.md's reproduce line folded a newline inside an argument into a space (another
+    argument, pasted back); it is written as bash's $'...' with escapes, and bash reads the line
+    back as the same arguments."""
+    import subprocess
+
+    args = ["--prompt", "line one\nline two\tand 'quoted'", "plain"]
+    command = reproduce_command(ProfileOptions(Path("s.py"), args, Path("out")))
+    report = load_saved(DATA / "report")
+    report.command = command
+    md = render_markdown(report, templates_dir()).splitlines()[2]
+    assert md.endswith("--prompt $'line one\\nline two\\tand \\'quoted\\'' plain`"), md
+    read = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + md.strip("` ")], capture_output=True, text=True)
+    assert read.stdout.split("\0")[:-1] == command
+
+
 # ---- small claims ----
 
 

@@ -7,6 +7,7 @@ too). `backtick spans` in trainadvisor's own messages stay code."""
 from __future__ import annotations
 
 import re
+import shlex
 
 # Characters with a meaning in GitHub Markdown inline text (HTML, entities, emphasis, links,
 # images, strikethrough, autolinks); CommonMark lets a backslash escape any of them.
@@ -76,6 +77,23 @@ def inline(text: object, cell: bool = False) -> str:
 
 def cell(text: object) -> str:
     return inline(text, cell=True)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def shell_line(args: list[str]) -> str:
+    """A command as one line that bash or zsh reads back as the same arguments: shlex's
+    quoting, and `$'...'` with escapes for an argument that holds a newline or another control
+    character (shlex leaves those raw; Markdown then folds a newline into a space, and the
+    pasted command passes another argument)."""
+    return " ".join(_ansi_c(arg) if _CONTROL.search(arg) else shlex.quote(arg) for arg in args)
+
+
+def _ansi_c(arg: str) -> str:
+    named = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    shown = "".join(named.get(c) or (f"\\x{ord(c):02x}" if _CONTROL.match(c) else c) for c in arg)
+    return f"$'{shown}'"
 
 
 def code(text: object, cell: bool = False) -> str:

@@ -8,7 +8,6 @@ import functools
 import json
 import math
 import re
-import shlex
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -313,7 +312,7 @@ def _environment(templates: Path) -> jinja2.Environment:
         finalize=mdtext.finalized,  # no control character or bidi override acts in either report
     )
     env.filters["num"] = _number
-    env.filters["shell_line"] = shlex.join  # the command as a shell reads it back
+    env.filters["shell_line"] = mdtext.shell_line  # the command as a shell reads it back
     env.filters["diff_lines"] = _diff_lines
     env.filters["code_spans"] = _code_spans
     env.filters["md"], env.filters["md_cell"] = mdtext.inline, mdtext.cell
