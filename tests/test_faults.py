@@ -373,3 +373,35 @@ def test_torchs_numpy_warning_is_not_shown_but_other_warnings_are() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "NumPy" not in done.stderr and "UserWarning: the script says" in done.stderr
+
+
+def test_a_log_keeps_its_first_and_last_bytes_and_says_how_much_was_cut(tmp_path: Path) -> None:
+    from trainadvisor.measure.console import CappedLog
+
+    log = CappedLog(tmp_path / "x.log", head_bytes=10, tail_bytes=8)
+    for chunk in (b"0123456", b"789abcdef", b"ghijklmnop", b"qrstuv"):
+        log.write(chunk)
+    log.close()
+    log.close()  # once is enough
+    assert (tmp_path / "x.log").read_bytes() == (
+        b"0123456789"
+        + b"\n[trainadvisor: 14 bytes of the script's output cut here; the log keeps its first and last "
+        + b"16 MiB]\n"
+        + b"opqrstuv"
+    )
+
+
+def test_a_script_that_prints_40_mib_leaves_a_log_of_32(tmp_path: Path) -> None:
+    """A script printing a gigabyte filled 490 MB of a report folder with its log; a log keeps the
+    first and last 16 MiB of what the script printed, its last line included."""
+    from trainadvisor.measure.runner import RunSpec, measure
+
+    script = tmp_path / "chatty.py"
+    script.write_text(
+        "import sys\nline = 'x' * (2**20 - 1) + '\\n'\nfor _ in range(40):\n    sys.stdout.write(line)\n"
+        "print('THE END')\n"
+    )
+    raw = measure(RunSpec("chatty", script, [], tmp_path / "out", 2, 3, show_output=False, profile=False))
+    log = (tmp_path / "out" / (raw.log_file or "")).read_bytes()
+    assert 32 * 2**20 < len(log) < 32 * 2**20 + 200
+    assert b"bytes of the script's output cut here" in log and log.rstrip().endswith(b"THE END")

@@ -14,7 +14,8 @@ import os
 import re
 import threading
 import warnings
-from typing import IO
+from pathlib import Path
+from typing import IO, Protocol
 
 NOISE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] [^\n]*\n")
 _PREFIXES = (b"USDT:", b"STAGE:")
@@ -74,28 +75,98 @@ def _partial_prefix(data: bytes) -> int:
     return 0
 
 
-def forward(source: IO[bytes], target: IO[bytes]) -> threading.Thread:
-    """Copy `source` to `target` through a NoiseFilter on a daemon thread, until end of file."""
+class Sink(Protocol):
+    """Where forwarded output goes: a binary stream, or the run's capped log."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+def forward(source: IO[bytes], target: Sink, filtered: bool = True) -> threading.Thread:
+    """Copy `source` to `target` on a daemon thread, until end of file; through a NoiseFilter
+    where `filtered` (the script's stderr: Kineto's chatter), as it is where not (its stdout)."""
 
     def copy() -> None:
-        noise, shown = NoiseFilter(), True
+        noise, shown = NoiseFilter() if filtered else None, True
         fd = source.fileno()
         try:
             while chunk := os.read(fd, 65536):  # read on to the end even when nothing can be shown,
-                shown = shown and _write(target, noise.feed(chunk))  # or the script would block
-            if shown:
+                shown = shown and _write(target, noise.feed(chunk) if noise else chunk)  # or it blocks
+            if shown and noise is not None:
                 _write(target, noise.flush())
         except OSError:
             pass
         finally:
             source.close()
 
-    thread = threading.Thread(target=copy, name="trainadvisor-stderr", daemon=True)
+    name = "trainadvisor-stderr" if filtered else "trainadvisor-stdout"
+    thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
     return thread
 
 
-def _write(target: IO[bytes], data: bytes) -> bool:
+# A script's log keeps the first and the last this many bytes of what it printed, the middle
+# cut with a line that says how much: a script that prints a gigabyte (a progress bar that never
+# ends its line, a debug dump) filled 490 MB of a report folder.
+LOG_HEAD_BYTES = 16 * 2**20
+LOG_TAIL_BYTES = 16 * 2**20
+
+
+class CappedLog:
+    """A log file that keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES written to it
+    (the tail held in memory until `close`), and says how much was cut between them. Written to
+    from the threads that forward the script's stdout and stderr."""
+
+    def __init__(
+        self, path: Path, head_bytes: int = LOG_HEAD_BYTES, tail_bytes: int = LOG_TAIL_BYTES
+    ) -> None:
+        self.file = open(path, "wb")
+        self.name = str(path)
+        self._lock = threading.Lock()
+        self._head_left, self._tail_bytes = head_bytes, tail_bytes
+        self._tail = bytearray()
+        self.cut_bytes = 0
+
+    def write(self, data: bytes) -> int:
+        with self._lock:
+            if self.file.closed:
+                raise ValueError("the log is closed")
+            rest = data
+            if self._head_left > 0:
+                head = rest[: self._head_left]
+                self.file.write(head)
+                self._head_left -= len(head)
+                rest = rest[len(head) :]
+            if rest:
+                self._tail += rest
+                extra = len(self._tail) - self._tail_bytes
+                if extra > 0:
+                    del self._tail[:extra]
+                    self.cut_bytes += extra
+        return len(data)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self.file.closed:
+                self.file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.file.closed:
+                return
+            try:
+                if self.cut_bytes:
+                    self.file.write(
+                        f"\n[trainadvisor: {self.cut_bytes:,} bytes of the script's output cut here; the log "
+                        "keeps its first and last 16 MiB]\n".encode()
+                    )
+                self.file.write(bytes(self._tail))
+            finally:
+                self.file.close()
+
+
+def _write(target: Sink, data: bytes) -> bool:
     """False once the target cannot take more (closed, or its disk is full)."""
     try:
         if data:

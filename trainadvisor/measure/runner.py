@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from trainadvisor import _serial
 from trainadvisor.errors import UsageError
@@ -246,13 +246,14 @@ class Launched:
     proc: subprocess.Popen[bytes]
     sampler: Sampler
     files: _Files
-    log: IO[bytes] | None
+    log: console.CappedLog | None
     started: float
     watchdog: Watchdog
     forwarder: threading.Thread | None = None  # the script's stderr, without Kineto's chatter
     secrets: Secrets = field(default_factory=Secrets)  # the script's credentials, masked in its log
     token: str | None = None  # in the environment of every process of the run (`reaper`)
     guard: reaper.Guard | None = None  # ends the run's processes once trainadvisor's has ended
+    printed: threading.Thread | None = None  # the script's stdout, into its (capped) log
     stopped_running: bool = False  # `stop` ended it: its exit status is trainadvisor's doing
 
 
@@ -262,7 +263,7 @@ def launch(spec: RunSpec) -> Launched:
     interrupts.check()  # a signal noted since the last check: nothing more is started
     files = _prepare_files(spec)
     command = _command(spec, files)
-    log: IO[bytes] | None = open(spec.out_dir / files.log_rel, "wb") if files.log_rel else None
+    log = console.CappedLog(spec.out_dir / files.log_rel) if files.log_rel else None
     errors_to = log or getattr(sys.stderr, "buffer", None)  # None under a capture without bytes
     token, guard = reaper.new_token(), None
     try:
@@ -271,7 +272,7 @@ def launch(spec: RunSpec) -> Launched:
             proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=subprocess.PIPE if log is not None else None,  # capped on its way to the log
                 stderr=subprocess.PIPE if errors_to is not None else None,
                 env=_run_env(spec, token),
                 start_new_session=True,
@@ -279,6 +280,7 @@ def launch(spec: RunSpec) -> Launched:
             guard.watch(proc.pid)
             interrupts.track(proc.pid)
             forwarder = console.forward(proc.stderr, errors_to) if proc.stderr and errors_to else None
+            printed = console.forward(proc.stdout, log, filtered=False) if proc.stdout and log else None
             sampler = Sampler(proc.pid, devices=_named_devices(files.device))
             sampler.start()
     except BaseException:
@@ -291,8 +293,9 @@ def launch(spec: RunSpec) -> Launched:
         [_any_rank(files.heartbeat)], [_any_rank(files.stacks)], spec.out_dir / "logs", spec.stall_s
     )
     return Launched(
-        proc, sampler, files, log, time.monotonic(), watchdog, forwarder, Secrets.of(spec.args), token, guard
-    )
+        proc, sampler, files, log, time.monotonic(), watchdog, forwarder, Secrets.of(spec.args), token, guard,
+        printed,
+    )  # fmt: skip
 
 
 def _any_rank(path: Path) -> Path:
@@ -312,8 +315,9 @@ def stop(launched: Launched) -> None:
             interrupts.untrack(launched.proc.pid)
             if launched.guard is not None:
                 launched.guard.close()
-            if launched.forwarder is not None:  # the last lines, unless an escaped process holds the pipe
-                launched.forwarder.join(timeout=2.0)
+            for thread in (launched.forwarder, launched.printed):  # the last lines, unless an
+                if thread is not None:  # escaped process holds the pipe
+                    thread.join(timeout=2.0)
     finally:
         if launched.log:
             with contextlib.suppress(OSError):  # a full disk: the log keeps what it took
