@@ -486,3 +486,22 @@ patches.undo()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["Generator,", "Discriminator", "True", "True"]
+
+
+@pytest.mark.long_run
+def test_a_compile_rejected_under_dropout_says_why_and_how_to_check(tmp_path: Path) -> None:
+    """Inductor draws dropout's masks otherwise than eager: the same seed gives other losses, and
+    the compile trial is rejected as changing training; the reason says dropout may be why and how
+    to check it (pytorch/examples vae's compile was rejected so, without a word)."""
+    from conftest import SCRIPTS, load_report, run_cli
+
+    out = tmp_path / "r"
+    args = ("--steps", "200000", "--blocks", "2", "--dropout", "0.5")
+    done = run_cli(
+        "profile", "--fix", "compile", "--out", out, SCRIPTS / "elementwise_mlp.py", *args, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    [outcome] = load_report(out)["fix_outcomes"]
+    assert outcome["status"] == "changed_training", outcome
+    assert "inductor draws dropout's random masks otherwise than eager PyTorch" in outcome["reason"]
+    assert "profile with dropout off (p=0) and --fix compile" in outcome["reason"]

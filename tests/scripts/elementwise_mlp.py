@@ -1,7 +1,8 @@
 """A compute-bound loop whose blocks chain elementwise ops around small matmuls (LayerNorm, GELU,
 sigmoid, tanh, a residual add): eager runs each op as a kernel of its own, inductor fuses each
 chain into one. The batches are made in memory (no data wait). `--steps` sets the run's length
-(the compile fix weighs its compile time against it)."""
+(the compile fix weighs its compile time against it); `--dropout P` adds dropout to each block
+(inductor draws its masks otherwise than eager)."""
 
 import argparse
 
@@ -9,13 +10,14 @@ import torch
 
 
 class Block(torch.nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.norm = torch.nn.LayerNorm(width)
         self.lin = torch.nn.Linear(width, width)
+        self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.lin(self.norm(x))
+        h = self.drop(self.lin(self.norm(x)))
         return x + torch.nn.functional.gelu(h) * torch.sigmoid(h) - 0.1 * torch.tanh(h)
 
 
@@ -23,9 +25,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100000)
     parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--dropout", type=float, default=0.0)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block(64) for _ in range(args.blocks)], torch.nn.Linear(64, 10))
+    blocks = [Block(64, args.dropout) for _ in range(args.blocks)]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     inputs, targets = torch.randn(512, 64), torch.randint(0, 10, (512,))
     for _step in range(args.steps):

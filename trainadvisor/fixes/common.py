@@ -73,6 +73,8 @@ class Fix:
     # when it can, in a trial window of the baseline's own process.
     restarts_because = "its setting is read when the script builds its model or optimizer"
     switches_loaders = False  # its setting changes DataLoaders (stand-ins in a trial window)
+    # what else than a change of what is learned can make its losses differ, and how to check
+    changed_training_hint = ""
 
     def in_process_problem(self, values: dict[str, Any]) -> str | None:
         """Why this fix's trials cannot run as windows of the baseline's process, or None."""

@@ -34,6 +34,11 @@ class Compile(Fix):
         "the model is compiled when it is first called, and its compiled kernels replace the "
         "eager ones for the rest of the run"
     )
+    changed_training_hint = (
+        "inductor draws dropout's random masks otherwise than eager PyTorch, so a model with dropout "
+        "gives other losses for the same seed even where compiling changes nothing of what it learns: "
+        "to check, profile with dropout off (p=0) and --fix compile"
+    )
 
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         if values.get("compiled_graphs"):

@@ -133,6 +133,8 @@ def restarts(
             own_learn,
         )
         status, reason = judge_trial(baseline.raw, run.raw, tolerance(fix, noise_rel))
+        if status == "changed_training" and fix.changed_training_hint:
+            reason = f"{reason}; {fix.changed_training_hint}"
         return Measured(run, run.raw, status, reason)  # type: ignore[arg-type]
 
     return measure_candidate
