@@ -182,3 +182,38 @@ def test_the_peak_is_placed_at_the_lines_whose_tensors_hold_it() -> None:
         {"site": "parameters", "bytes": 144, "tensors": 2},
         {"site": f"test_memory.py:{line + 3}", "bytes": 4, "tensors": 1},
     ]
+
+
+def _two_layers(autocast: bool) -> tuple[object, object]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Linear(64, 64))
+    x = torch.randn(16, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        out.float().pow(2).mean().backward()
+        optimizer.step()
+
+    step()
+    return optimizer, step
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_weights_are_not_counted_as_activations(autocast: bool) -> None:
+    """The second Linear saves its input and `weight.t()`, a view of the parameter's storage;
+    under autocast it saves the weight's bf16 copy. Neither is an activation (checkpointing was
+    proposed for memory it cannot free): the activations are the inputs alone, 16x8 for the
+    first layer's weight gradient, 16x64 for the second's, 16x64 for `pow`'s (fp32: 512 B, 4 KiB
+    and 4 KiB; the layers' inputs in bf16 under autocast: 256 B and 2 KiB)."""
+    optimizer, step = _two_layers(autocast)
+    memory = StepMemory()
+    memory.start(optimizer, None)  # type: ignore[arg-type]
+    step()  # type: ignore[operator]
+    memory.stop()
+    parts = memory.facts()["breakdown"]
+    weight_bytes = 64 * 64 * (2 if autocast else 4)
+    assert parts["activations"] < weight_bytes, parts
+    assert parts["activations"] == (256 + 2048 if autocast else 512 + 4096) + 4096, parts

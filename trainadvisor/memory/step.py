@@ -73,16 +73,32 @@ class StepMemory:
                 for tensor in tensors:  # live until freed (old gradients are)
                     self._live.track(tensor, named)
             self._live.__enter__()
-            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack(params), lambda t: t)
+            weights = optimizer_tensors(optimizer)[0]
+            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack(params, weights), lambda t: t)
             self._hooks.__enter__()
         except Exception as exc:
             self.status = f"not measured: {type(exc).__name__}: {exc}"
             self._leave()
 
-    def _pack(self, params: set[int]) -> Any:
+    def _pack(self, params: set[int], weights: list[torch.Tensor]) -> Any:
+        """What autograd saves, kept as activations unless it is a parameter: the parameter
+        itself, a view of its storage (a Linear saves `weight.t()`), or autocast's low-precision
+        copy of it (a tensor of a float32 parameter's shape, or its transpose's, in bf16/fp16:
+        a cast cached for the forward, not an activation checkpointing could free)."""
+        storages = set(_storages(weights))
+        shapes = {tuple(w.shape) for w in weights if w.dtype == torch.float32}
+        shapes |= {s[::-1] for s in shapes}
+        low = (torch.bfloat16, torch.float16)
+
         def pack(t: torch.Tensor) -> torch.Tensor:
-            if id(t) not in params and not isinstance(t, torch.nn.Parameter):
-                self._saved.update(_storages([t]))
+            if id(t) in params or isinstance(t, torch.nn.Parameter):
+                return t
+            found = _storages([t])
+            if found.keys() & storages:
+                return t  # a view of a parameter
+            if t.dtype in low and tuple(t.shape) in shapes and t.dim() >= 2:
+                return t  # autocast's copy of a weight
+            self._saved.update(found)
             return t
 
         return pack
