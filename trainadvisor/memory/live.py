@@ -45,6 +45,24 @@ def user_site(depth: int = 2) -> str:
     return ""
 
 
+def _address(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except Exception:  # a tensor without storage
+        return None
+
+
+def _addresses(values: list[Any]) -> set[int | None]:
+    """The storages of the tensors among an operator's arguments (one level of lists too)."""
+    found: set[int | None] = set()
+    for value in values:
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(t, torch.Tensor):
+                found.add(_address(t))
+    found.discard(None)
+    return found
+
+
 @dataclass
 class _Allocation:
     size_bytes: int
@@ -69,9 +87,12 @@ class LiveStorages(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self.ops += 1
+        inputs: set[int | None] | None = None
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
-                self.track(t, "")
+                inputs = _addresses([*args, *(kwargs or {}).values()]) if inputs is None else inputs
+                if _address(t) not in inputs:  # a view of an input allocates nothing: a slice of a
+                    self.track(t, "")  # data set held before the step is not the step's memory
         return out
 
     def track(self, t: torch.Tensor, named: str) -> None:
