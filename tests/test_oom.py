@@ -134,6 +134,20 @@ def test_errors_of_older_torch_and_of_host_memory() -> None:
     assert oom.kind_of("MemoryError", "") == "host"
     assert oom.kind_of("RuntimeError", "boom at step 5") is None
     assert oom.kind_of("ValueError", "CUDA error: out of bounds") is None
+    # the driver's and the libraries' (real messages of torch 2.x): out of memory all the same
+    assert (
+        oom.kind_of("RuntimeError", "CUDA error: out of memory\nCUDA kernel errors might be asynchronously")
+        == "cuda"
+    )
+    assert oom.kind_of("AcceleratorError", "CUDA error: out of memory") == "cuda"
+    assert (
+        oom.kind_of(
+            "RuntimeError", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+        )
+        == "cuda"
+    )
+    assert oom.kind_of("RuntimeError", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED") == "cuda"
+    assert oom.kind_of("RuntimeError", "CUDA error: an illegal memory access was encountered") is None
 
 
 def test_user_frames_are_outside_packages_and_the_standard_library() -> None:

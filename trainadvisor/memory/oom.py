@@ -44,12 +44,24 @@ _CPU_ALLOCATOR = "can't allocate memory"
 _NOT_USER_PARTS = ("site-packages", "dist-packages")
 
 
+# The GPU running out of memory outside the caching allocator: the driver's own error (a kernel's
+# launch, a context), and the libraries' workspace allocations failing inside a call.
+_GPU_OUT_OF_MEMORY = re.compile(
+    r"CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|"
+    r"CUDNN_STATUS_NOT_ENOUGH_WORKSPACE|HIP error: out of memory|hipErrorOutOfMemory"
+)
+
+
 def kind_of(type_name: str, message: str) -> str | None:
     """Which memory ran out: "cuda" for a GPU allocator's refusal (`torch.OutOfMemoryError`, alias
-    `torch.cuda.OutOfMemoryError`, or a RuntimeError of older torch with its text), "host" for
-    host memory (Python's MemoryError, torch's CPU allocator refusing); None for any other error."""
+    `torch.cuda.OutOfMemoryError`, or a RuntimeError of older torch with its text) or the driver's
+    and the libraries' ("CUDA error: out of memory", cuBLAS's and cuDNN's allocation failures),
+    "host" for host memory (Python's MemoryError, torch's CPU allocator refusing); None for any
+    other error."""
     if type_name == "OutOfMemoryError" or message.startswith("CUDA out of memory"):
         return "host" if _CPU_ALLOCATOR in message else "cuda"
+    if type_name in ("RuntimeError", "AcceleratorError") and _GPU_OUT_OF_MEMORY.search(message):
+        return "cuda"
     if type_name == "MemoryError" or (type_name == "RuntimeError" and _CPU_ALLOCATOR in message):
         return "host"
     return None
