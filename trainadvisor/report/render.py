@@ -121,6 +121,12 @@ def fix_line(outcome: FixOutcome) -> str:
     return text
 
 
+# NVML's energy counter moves about every 100 ms (seen on an H100): over a window shorter than
+# COUNTER_WINDOW_S its figure is said to be that coarse.
+COUNTER_STEP_S = 0.1
+COUNTER_WINDOW_S = 5.0
+
+
 def energy_cell(energy: Energy | None) -> str:
     """A run's energy in a report's table: per sample and per step, and how it was measured
     ("2.91 J/sample, 186 J/step (energy counter)"), or "not measured: why"."""
@@ -130,7 +136,11 @@ def energy_cell(energy: Energy | None) -> str:
         return f"not measured: {energy.reason}"
     per_sample = f"{_joules(energy.j_per_sample)} J/sample, " if energy.j_per_sample is not None else ""
     gpus = f", {len(energy.devices)} GPUs" if len(energy.devices) > 1 else ""
-    return f"{per_sample}{_joules(energy.j_per_step)} J/step ({energy.method}{gpus})"
+    coarse = ""
+    if energy.method == "energy counter" and 0 < energy.timed_s < COUNTER_WINDOW_S:
+        # NVML's counter moves about every 100 ms: over a short window that is a visible share
+        coarse = f"; over {energy.timed_s:.2g} s, good to about {100 * COUNTER_STEP_S / energy.timed_s:.0f}%"
+    return f"{per_sample}{_joules(energy.j_per_step)} J/step ({energy.method}{gpus}{coarse})"
 
 
 def energy_title(energy: Energy | None) -> str:
