@@ -240,3 +240,39 @@ def test_a_data_set_held_before_the_step_is_not_the_steps_memory() -> None:
     memory.stop()
     facts = memory.facts()
     assert facts["peak_bytes"] < 100_000, facts["peak_bytes"]
+
+
+def test_the_windows_peak_keeps_the_timed_steps_past_the_memory_steps_reset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The window resets the allocator's peaks when timing begins, and the memory step resets
+    them again: the window's peak was the memory step's alone. The timed steps' peak is kept
+    before that reset. (torch.cuda's statistics calls stood in for: no GPU here.)"""
+    from trainadvisor.measure.gpu import GpuWindow
+
+    state = {"allocated": 0, "reserved": 0}
+
+    def reset(device: int) -> None:
+        state["allocated"] = state["reserved"] = 0
+
+    for name, value in {
+        "synchronize": lambda device=None: None,
+        "reset_peak_memory_stats": reset,
+        "memory_stats": lambda device: {"reserved_bytes.all.current": 4096},
+        "max_memory_allocated": lambda device: state["allocated"],
+        "max_memory_reserved": lambda device: state["reserved"],
+        "get_device_properties": lambda device: type("P", (), {"total_memory": 10**9})(),
+        "mem_get_info": lambda device: (10**9 - 4096, 10**9),
+        "get_per_process_memory_fraction": lambda device: 1.0,
+        "Event": lambda enable_timing: type("E", (), {"record": lambda self, stream: None})(),
+        "current_stream": lambda device: None,
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    window = GpuWindow()
+    window.start(0)
+    state.update(allocated=3000, reserved=4096)  # the timed steps
+    window.keep_peaks()
+    reset(0)  # the memory step's own reset
+    state.update(allocated=1000, reserved=2048)
+    memory = window.memory()
+    assert (memory["peak_allocated_bytes"], memory["peak_reserved_bytes"]) == (3000, 4096)

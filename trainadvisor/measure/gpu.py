@@ -238,6 +238,7 @@ class GpuWindow:
         self.events: list[Any] = []
         self.retries_at_start = 0
         self.ooms_at_start = 0
+        self.kept_allocated_bytes = self.kept_reserved_bytes = 0  # peaks kept before a reset
 
     def start(self, device: int | None) -> None:
         if device is None:
@@ -249,6 +250,18 @@ class GpuWindow:
         self.retries_at_start = int(stats.get("num_alloc_retries", 0))
         self.ooms_at_start = int(stats.get("num_ooms", 0))
         self.mark()
+
+    def keep_peaks(self) -> None:
+        """The allocator's peaks so far, kept before another measurement resets its statistics
+        (the memory step's): the window's peak is then the timed steps' too, not that step's."""
+        if self.device is None:
+            return
+        self.kept_allocated_bytes = max(
+            self.kept_allocated_bytes, int(torch.cuda.max_memory_allocated(self.device))
+        )
+        self.kept_reserved_bytes = max(
+            self.kept_reserved_bytes, int(torch.cuda.max_memory_reserved(self.device))
+        )
 
     def mark(self) -> None:
         if self.device is None:
@@ -278,8 +291,12 @@ class GpuWindow:
         limit, source = allocator_limit(self.device, total, int(stats.get("reserved_bytes.all.current", 0)))
         return {
             "device": self.device,
-            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)),
-            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+            "peak_allocated_bytes": max(
+                self.kept_allocated_bytes, int(torch.cuda.max_memory_allocated(self.device))
+            ),
+            "peak_reserved_bytes": max(
+                self.kept_reserved_bytes, int(torch.cuda.max_memory_reserved(self.device))
+            ),
             "total_bytes": total,
             "limit_bytes": limit,
             "limit_source": source,

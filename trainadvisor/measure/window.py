@@ -354,6 +354,7 @@ class Window:
             self.profiler = self.make_profiler(self.plan.profile_steps, self.plan.with_stack)
             self.flops = StepFlops()  # the profiler's warm-up step, untimed, is counted
             self.flops.start()
+        self.gpu.keep_peaks()  # the memory step resets the allocator's peaks: the timed steps' first
         self.memory = StepMemory()  # and its memory measured (inside the counter: left first)
         if compiled_frames():  # its dispatch mode would make dynamo skip, for good, what it must compile
             self.memory.status = COMPILED_MEMORY
