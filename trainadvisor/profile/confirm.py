@@ -57,8 +57,9 @@ def confirm(
     """Where no confirmation could be measured (the run failed, or would have run past
     --budget), each chosen fix stays `unconfirmed` with the gain its own trial measured. A
     confirmation that would keep its fixes is compared, too, with the script's own setting
-    measured next to it (`adjacent`): where the machine's speed changed since the baseline, the
-    fixes measured in fresh runs are `inconclusive` (`pace.machine_changed`), never kept."""
+    measured next to it (`adjacent`): where the machine's speed changed since the baseline
+    (`pace.machine_changed`), only a gain beyond that change is kept; the fixes of anything less
+    are `inconclusive` (those chosen in pairs of windows stay `unconfirmed`), never kept."""
     chosen = [o for o in tuning.outcomes if o.status == "unconfirmed"]
     after, comparison = None, None
     verdicts: dict[str, tuple[FixStatus, str]] = {}
