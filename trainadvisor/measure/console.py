@@ -87,14 +87,20 @@ def forward(source: IO[bytes], target: Sink, filtered: bool = True) -> threading
     """Copy `source` to `target` on a daemon thread, until end of file; through a NoiseFilter
     where `filtered` (the script's stderr: Kineto's chatter), as it is where not (its stdout)."""
 
+    # into the log that both streams share, whole lines only: another stream's line never lands
+    # inside one of this stream's (a line is held until its end, or PENDING_BYTES of it)
+    lines = _Lines() if isinstance(target, CappedLog) else None
+
     def copy() -> None:
         noise, shown = NoiseFilter() if filtered else None, True
         fd = source.fileno()
         try:
             while chunk := os.read(fd, 65536):  # read on to the end even when nothing can be shown,
-                shown = shown and _write(target, noise.feed(chunk) if noise else chunk)  # or it blocks
-            if shown and noise is not None:
-                _write(target, noise.flush())
+                data = noise.feed(chunk) if noise else chunk
+                shown = shown and _write(target, lines.feed(data) if lines else data)  # or it blocks
+            if shown:
+                rest = noise.flush() if noise is not None else b""
+                _write(target, lines.feed(rest) + lines.flush() if lines else rest)
         except OSError:
             pass
         finally:
@@ -104,6 +110,29 @@ def forward(source: IO[bytes], target: Sink, filtered: bool = True) -> threading
     thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
     return thread
+
+
+PENDING_BYTES = 65536
+
+
+class _Lines:
+    """A stream's bytes handed on in whole lines: what follows its last newline is held."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        self.pending += data
+        end = self.pending.rfind(b"\n") + 1
+        if not end and len(self.pending) < PENDING_BYTES:
+            return b""
+        end = end or len(self.pending)  # a line that never ends (a progress bar): handed on as it is
+        whole, self.pending = self.pending[:end], self.pending[end:]
+        return whole
+
+    def flush(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return rest
 
 
 # A script's log keeps the first and the last this many bytes of what it printed, the middle
