@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,31 @@ def epochs_outlasting(size: Any, steps_per_epoch: int, fastest_step_s: float = F
     settle_s = size.settle.max_s if size.settle is not None else 0.0
     longest_s = settle_s + 3 * size.min_time_s + 1.0
     return max(1, math.ceil(longest_s / fastest_step_s / steps_per_epoch))
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A port on 127.0.0.1 where a server accepts every connection and never says a word (an
+    endpoint that hangs): its port, for as long as the block runs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed: the block has ended
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+        for connection in held:
+            connection.close()
 
 
 # Traces recorded by others live beside the checkout, not in it (see ../shared/README.md).

@@ -122,27 +122,18 @@ def test_an_unreachable_address_is_one_line_at_once(tmp_path: Path) -> None:
 def test_an_address_where_something_else_listens_is_one_line_at_once(tmp_path: Path) -> None:
     """A reachable port that is not Ray (a server that accepts and says nothing): ray.init waited
     there for minutes (over 200 s); the probe asks for gRPC's answer and says so in seconds."""
-    import threading
     import time
 
+    from conftest import silent_server
+
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'trainadvisor[ray]'")
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    port = server.getsockname()[1]
-    held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True).start()
     trace = shared_trace("hta/trace_filter/sampled_rank-0.json.gz")
     started = time.monotonic()
-    try:
+    with silent_server() as port:
         result = run_cli(
             "analyze", "--engine", "ray", "--address", f"127.0.0.1:{port}", "--out", tmp_path / "r", trace,
             cwd=tmp_path, timeout_s=120,
         )  # fmt: skip
-    finally:
-        server.close()
-        for connection in held:
-            connection.close()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(
         f"trainadvisor: error: --address 127.0.0.1:{port}: something listens there, but not Ray"

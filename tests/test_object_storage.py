@@ -242,33 +242,17 @@ def test_a_store_that_never_answers_is_one_line_after_its_timeout(
     """An endpoint that accepts the connection and never answers: analyze waited on it for as
     long as it was left (still running at 300 s); now each request gives up after the store
     timeout (30 s by default; 2 s here), and the command says so in one line."""
-    import threading
     import time
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    held: list[socket.socket] = []
+    from conftest import silent_server
 
-    def accept() -> None:
-        while True:
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
     monkeypatch.setenv(sources.STORE_TIMEOUT_ENV, "2")
     started = time.monotonic()
-    try:
+    with silent_server() as port:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
         result = run_cli(
             "analyze", "--out", tmp_path / "r", f"s3://{BUCKET}/runs/7/", cwd=tmp_path, timeout_s=120
         )
-    finally:
-        server.close()
-        for connection in held:
-            connection.close()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(
         f"trainadvisor: error: s3://{BUCKET}/runs/7/: cannot read from the store ("
