@@ -148,8 +148,9 @@ class Tuning:
         confirmation = self.cost_s("prestarted" if self.prestarted else "fresh")
         return total + beside + confirmation
 
-    def _progress(self, planned: PlannedFix, mode: str) -> None:
-        estimate = self.remaining_s(mode == "in this process")
+    def _progress(self, planned: PlannedFix, in_window: bool) -> None:
+        estimate = self.remaining_s(in_window)
+        mode = "in this process" if in_window else "restarting the script"
         self.echo(
             f"trainadvisor: {planned.rule} -> measuring fix {planned.fix} ({mode}) "
             f"[{_clock(self.elapsed_s())} elapsed, about {_clock(estimate)} left]"
@@ -165,7 +166,7 @@ class Tuning:
             return
         self.tried.add(planned.fix)
         self._current = planned.fix
-        self._progress(planned, "in this process" if mode == "in_process" else "restarting the script")
+        self._progress(planned, mode == "in_process")
         fix = fixes.REGISTRY[planned.fix]
         more = lambda: self.fits(self.cost_s(kind))  # noqa: E731
         trials = tune(fix, self.values, self._timed(measurer, kind), self.echo, more, [self.baseline])
