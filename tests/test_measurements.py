@@ -270,6 +270,34 @@ def test_the_next_worker_count_comes_from_what_the_last_window_showed() -> None:
     )
 
 
+def test_the_first_worker_count_comes_from_what_the_baseline_showed() -> None:
+    """The baseline's loop waited 87% of each step on loading in its own process, which used 56%
+    of a core: at most 56% - 13% x 2 cores of it went to loading, 34% of a core over the wait,
+    so loading mostly waited: 1 / (1 - 0.87) = 7.7 loaders would hide it, and the search starts
+    at 8 workers, not 2 (the estimate: 8, 16 and 32, as such a search goes past the cores, then
+    the deeper prefetch). A process busy loading (150% of a core) starts at 2; so does one whose
+    CPU was not sampled. With the script's 2 workers each busy 5% of a core and a 75% wait, it
+    starts at 8 (2 / 0.25), not 4; at --max-workers 4, at 4."""
+    fix = DataLoaderWorkers()
+    values = {
+        "dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 2, "steps_per_s": 12.0,
+        "data_wait_pct": 87.0, "main_process_cpu_pct": 56.0,
+    }  # fmt: skip
+    assert fix.next_candidate(values, []).label == "num_workers=8"
+    assert fix.expected_trials(values) == 4
+    assert fix.expected_trials({**values, "worker_cap": 16}) == 3
+    assert fix.next_candidate({**values, "main_process_cpu_pct": 150.0}, []).label == "num_workers=2"
+    assert fix.expected_trials({**values, "main_process_cpu_pct": 150.0}) == 4
+    assert fix.next_candidate({k: v for k, v in values.items() if "cpu_pct" not in k}, []).label == (
+        "num_workers=2"
+    )
+    two = {**values, "num_workers": 2, "data_wait_pct": 75.0, "workers_cpu_pct": 10.0, "cpu_count": 8}
+    assert fix.next_candidate(two, [trial(1, 11.0), trial(0, 9.0)]).label == "num_workers=8"
+    assert fix.next_candidate({**two, "worker_cap": 4}, [trial(1, 11.0), trial(0, 9.0)]).label == (
+        "num_workers=4"
+    )
+
+
 def test_worker_choice_prefers_the_simpler_setting_within_noise() -> None:
     fix = DataLoaderWorkers()
     trials = [trial(2, 20.0), trial(4, 35.0), trial(4, 36.0, prefetch=4)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,34 @@ def test_malformed_rule_files_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / "nolevel.toml").write_text('id = "nolevel"\ntitle = "t"\nmessage = "m"\n')
     with pytest.raises(RuleError, match="at least one"):
         engine.load_rule(tmp_path / "nolevel.toml")
+
+
+def test_hostile_rule_files_are_refused_before_they_are_read_whole_or_evaluated(tmp_path: Path) -> None:
+    """A --rules folder is input like any other: a condition of 20,000 terms, one nested 600
+    deep, a TOML array nested 100,000 deep, a 100 MB string, a message field 1.5 GB wide or with
+    a field inside its format, and a FIFO named like a rule are each refused with the reason,
+    none of them read whole, parsed to the end or formatted."""
+    cases = {
+        "a condition of 39,997 characters": write_rule(tmp_path, "terms", condition=" + ".join("a" * 10_000)),
+        "a condition of 1,206 terms": write_rule(tmp_path, "deep", condition="-" * 600 + "a > 1"),
+        r"message field '\{a:1500000000\}'": write_rule(tmp_path, "wide", message="{a:1500000000}"),
+        r"message field '\{a:\{b\}\}'": write_rule(tmp_path, "nested", message="{a:{b}}"),
+    }
+    array = tmp_path / "array.toml"
+    array.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    cases[r"array.toml: not a readable TOML rule file \(nested too deep\)"] = array
+    big = tmp_path / "big.toml"
+    big.write_text(f'id = "big"\ntitle = "{"A" * 10**8}"\n')
+    cases["big.toml: a rule file of more than 256 KiB"] = big
+    (tmp_path / "pipes").mkdir()
+    fifo = tmp_path / "pipes" / "fifo.toml"
+    os.mkfifo(fifo)
+    cases["fifo.toml: not a regular file"] = fifo
+    for reason, path in cases.items():
+        with pytest.raises(RuleError, match=reason):
+            engine.load_rule(path)
+    with pytest.raises(RuleError, match="fifo.toml: not a regular file"):
+        engine.load_rules([tmp_path / "pipes"])
 
 
 def test_a_user_rule_replaces_a_shipped_rule_of_the_same_id(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 import string
 import sys
 from dataclasses import dataclass, field
@@ -24,6 +25,14 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 SEVERITIES = ("high", "medium", "low")
+# What a rule file may hold: a user's --rules folder is read like any input, so that a file of
+# gigabytes, a condition of thousands of terms (nested thousands deep: the parser and the
+# interpreter recurse) or a message whose format asks for a field a gigabyte wide is refused
+# with its reason, not read, evaluated or written. The shipped rules use a tenth of each.
+MAX_RULE_FILE_BYTES = 256 * 1024
+MAX_CONDITION_CHARS = 2000
+MAX_CONDITION_NODES = 400
+MAX_FORMAT_WIDTH = 64  # a message field's width or precision
 LOOPS = ("training", "inference")
 # the frameworks a rule's advice may be written for (`[recommendation.<framework>]`), as the
 # `framework` measurement names the one that built the loop
@@ -92,6 +101,24 @@ def _names(tree: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def _parse_condition(condition: str, where: str) -> ast.Expression:
+    if len(condition) > MAX_CONDITION_CHARS:
+        raise RuleError(
+            f"{where}: a condition of {len(condition):,} characters (at most {MAX_CONDITION_CHARS:,})"
+        )
+    try:
+        tree = ast.parse(condition, mode="eval")
+    except SyntaxError as exc:
+        raise RuleError(f"{where}: condition '{condition}' is not an expression ({exc.msg})") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"{where}: condition nested too deep to read") from None
+    nodes = sum(1 for _ in ast.walk(tree))
+    if nodes > MAX_CONDITION_NODES:
+        raise RuleError(f"{where}: a condition of {nodes:,} terms (at most {MAX_CONDITION_NODES})")
+    _check(tree, f"{where}: condition '{condition}'")
+    return tree
+
+
 def _check(tree: ast.AST, where: str) -> None:
     allowed = (
         ast.Expression, ast.Compare, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
@@ -154,10 +181,19 @@ def _text(data: dict[str, Any], key: str, where: str) -> str:
 
 def load_rule(path: Path) -> Rule:
     where = str(path)
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise RuleError(f"{where}: not a regular file; a rule is a TOML file")
     try:
-        data = tomllib.loads(path.read_text())
+        with path.open("rb") as file:  # never more than the limit read, whatever the file is
+            raw = file.read(MAX_RULE_FILE_BYTES + 1)
+        if len(raw) > MAX_RULE_FILE_BYTES:
+            limit_kib = MAX_RULE_FILE_BYTES // 1024
+            raise RuleError(f"{where}: a rule file of more than {limit_kib} KiB; a rule is a few")
+        data = tomllib.loads(raw.decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RuleError(f"{where}: not a readable TOML rule file ({exc})") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"{where}: not a readable TOML rule file (nested too deep)") from None
     rule_id = _text(data, "id", where)
     if rule_id != path.stem:
         raise RuleError(f"{where}: the file must be named after the rule id ({rule_id}.toml)")
@@ -167,11 +203,7 @@ def load_rule(path: Path) -> Rule:
         if severity not in SEVERITIES:
             raise RuleError(f"{where}: severity '{severity}' is not one of {', '.join(SEVERITIES)}")
         condition = _text(level, "condition", f"{where} [[when]] #{i + 1}")
-        try:
-            tree = ast.parse(condition, mode="eval")
-        except SyntaxError as exc:
-            raise RuleError(f"{where}: condition '{condition}' is not an expression ({exc.msg})") from None
-        _check(tree, f"{where}: condition '{condition}'")
+        tree = _parse_condition(condition, where)
         levels.append(Level(severity, condition, tree, _names(tree)))
     if not levels:
         raise RuleError(f"{where}: a rule needs at least one [[when]] with severity and condition")
@@ -181,10 +213,7 @@ def load_rule(path: Path) -> Rule:
         for e in data.get("evidence") or []
     ]
     message = _text(data, "message", where)
-    in_message = {name for _, name, _, _ in string.Formatter().parse(message) if name}
-    for name in in_message:
-        if not name.isidentifier():
-            raise RuleError(f"{where}: message field '{{{name}}}' may only name measurements")
+    in_message = _message_fields(message, where)
     requires = sorted(in_message - {"step_unit"})  # step_unit has a default: "step"
     loops = tuple(data.get("loops") or LOOPS)
     if not set(loops) <= set(LOOPS):
@@ -206,6 +235,27 @@ def load_rule(path: Path) -> Rule:
         frameworks=_framework_advice(recommendation, where),
         supersedes=tuple(_names_list(data, "supersedes", where)),
     )
+
+
+_WIDTHS = re.compile(r"\d+")
+
+
+def _message_fields(message: str, where: str) -> set[str]:
+    """The measurements a message names; each field a name, with a format of modest width and
+    precision and no field nested in it."""
+    try:
+        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(message) if name is not None]
+    except ValueError as exc:
+        raise RuleError(f"{where}: its message is not a format string ({exc})") from None
+    for name, spec in fields:
+        if not name.isidentifier():
+            raise RuleError(f"{where}: message field '{{{name}}}' may only name measurements")
+        if "{" in (spec or "") or any(int(n) > MAX_FORMAT_WIDTH for n in _WIDTHS.findall(spec or "")):
+            raise RuleError(
+                f"{where}: message field '{{{name}:{spec}}}': a format's width and precision are "
+                f"at most {MAX_FORMAT_WIDTH}, with no field inside"
+            )
+    return {name for name, _ in fields}
 
 
 def _names_list(data: dict[str, Any], key: str, where: str) -> list[str]:

@@ -78,6 +78,49 @@ def wait_share(trial: Trial) -> float | None:
     return sum(step.data_wait_ms for step in steps) / total_ms if total_ms > 0 else None
 
 
+def _hidden_by(workers: int, wait: float, start: int, most: int) -> int:
+    """The count, doubling from `start` up to `most`, that would hide a loop's wait share `wait`
+    on `workers` loaders (`workers / (1 - wait)`)."""
+    count, needed = start, workers / max(1.0 - wait, 1e-3)
+    while count < needed and count < most:
+        count *= 2
+    return count
+
+
+def _baseline_loader_busy(values: dict[str, Any], current: int) -> float | None:
+    """The share of a core each of the script's own loaders was busy in the baseline's window:
+    its workers' sampled CPU, or, with none, the training process's CPU less what its steps'
+    compute could have used outside the wait (all its cores: an overestimate, so that a loader
+    bound by CPU is never read as waiting), over the wait's share."""
+    wait_pct = values.get("data_wait_pct")
+    if wait_pct is None or wait_pct <= 0:
+        return None
+    if current:
+        workers_pct = values.get("workers_cpu_pct")
+        return None if workers_pct is None else workers_pct / 100.0 / current
+    main_pct, cores = values.get("main_process_cpu_pct"), int(values.get("cpu_count") or 1)
+    if main_pct is None:
+        return None
+    wait = min(wait_pct / 100.0, 1.0)
+    return max(main_pct / 100.0 - (1.0 - wait) * cores, 0.0) / wait
+
+
+def first_count(values: dict[str, Any], current: int) -> int:
+    """The first count tried above the script's own: twice it (2 from none), or, where the
+    baseline's loading mostly waited (bound by latency) and the loop waited on it for a share
+    `w` of each step, the power of two that would hide that wait (`n / (1 - w)` for `n` loaders,
+    the training process itself where it has no workers), at most MAX_LEAP times twice it, and
+    never past four workers per core or --max-workers (nothing yet says how much memory more
+    workers take)."""
+    count = first_more(current)
+    busy, wait_pct = _baseline_loader_busy(values, current), values.get("data_wait_pct")
+    if busy is None or wait_pct is None or busy >= WAITING_BUSY:
+        return count
+    ceiling = min(worker_cap(values)[0], max_workers(int(values.get("cpu_count") or 1)))
+    hidden = _hidden_by(max(current, 1), wait_pct / 100.0, count, MAX_LEAP * count)
+    return max(count, min(hidden, ceiling))
+
+
 def leap(last: Trial, workers: int, ceiling: int) -> int:
     """The next count after `workers`: twice it, or, where its workers mostly waited (loading
     bound by latency) and the loop still waited on them, the power of two that would hide the
@@ -86,9 +129,7 @@ def leap(last: Trial, workers: int, ceiling: int) -> int:
     count = 2 * workers
     load, wait = _worker_load(last), wait_share(last)
     if load is not None and wait is not None and load[0] < WAITING_BUSY:
-        needed = workers / max(1.0 - wait, 1.0 / MAX_LEAP)
-        while count < needed and count < MAX_LEAP * workers:
-            count *= 2
+        count = _hidden_by(workers, wait, count, MAX_LEAP * workers)
     return min(count, max(ceiling, 2 * workers))
 
 
@@ -147,13 +188,15 @@ class DataLoaderWorkers(LoaderSetting):
         return None
 
     def expected_trials(self, values: dict[str, Any]) -> int:
-        """The fewer counts, the doublings up to four workers per core, and the deeper prefetch."""
+        """The fewer counts, the doublings up to four workers per core (up to four times the
+        first count where the baseline's loading waited: the search goes past the cores there),
+        and the deeper prefetch."""
         current = int(values.get("num_workers") or 0)
-        workers, ceiling, count = (
-            first_more(current),
-            min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0]),
-            len(fewer(current)) + 1,
-        )
+        workers = first_count(values, current)
+        ceiling = min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0])
+        if workers > first_more(current):  # loading bound by latency
+            ceiling = min(max(ceiling, MAX_LEAP * workers), worker_cap(values)[0])
+        count = len(fewer(current)) + 1
         while workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
         return count + 1
@@ -190,7 +233,7 @@ class DataLoaderWorkers(LoaderSetting):
         if len(trials) == len(below):  # the first count above the script's
             if self._fewer_won(values, trials) or first_more(current) > worker_cap(values)[0]:
                 return self._deeper(values, trials)
-            return self._setting(values, first_more(current), None)
+            return self._setting(values, first_count(values, current), None)
         last = trials[-1]
         if last.status != "measured" or self._prefetch(last):
             return None  # refused, failed or changed training: more workers will not do better
