@@ -26,7 +26,7 @@ BOMB_ADVICE = (
 )
 
 
-def _analyze(tmp_path: Path, *paths: Path) -> tuple[int, str, dict[str, Any] | None]:
+def _analyze(tmp_path: Path, *paths: Path | str) -> tuple[int, str, dict[str, Any] | None]:
     """Exit code, stderr and the JSON report (None on failure) of `analyze --json PATHS`."""
     done = run_cli("analyze", "--json", "--out", tmp_path / "r", *paths, cwd=tmp_path, timeout_s=120)
     return done.returncode, done.stderr, json.loads(done.stdout) if done.returncode == 0 else None
@@ -113,6 +113,30 @@ def test_a_zip_bomb_is_refused_before_anything_is_written(tmp_path: Path) -> Non
     with pytest.raises(UsageError):
         archives.unpack(archive, into)
     assert [p.name for p in into.iterdir()] == ["0000_rank0.json"]
+
+
+def test_a_zip_of_100000_empty_members_writes_none_of_them(tmp_path: Path) -> None:
+    """A 10 MB zip of 100,000 empty `*.json` members wrote them all before the first check; an
+    empty member is no trace and is passed over, and past MAX_TRACE_MEMBERS trace files the
+    archive is refused at the first one too many, before it is written."""
+    archive = tmp_path / "empty.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for i in range(100_000):
+            z.writestr(f"r{i}.json", b"")
+    into = tmp_path / "unpacked"
+    with pytest.raises(UsageError, match="no trace files"):
+        archives.unpack(archive, into)
+    assert not into.exists() or not any(into.iterdir())
+    many = tmp_path / "many.zip"
+    with zipfile.ZipFile(many, "w") as z:
+        for i in range(6):
+            z.writestr(f"r{i}.json", b"[]")
+    limited = tmp_path / "limited"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(archives, "MAX_TRACE_MEMBERS", 4)
+        with pytest.raises(UsageError, match=f"{many}: more than 4 trace files in one archive"):
+            archives.unpack(many, limited)
+    assert len(list(limited.iterdir())) == 4
 
 
 def test_a_zip_of_rank_traces_is_analysed(tmp_path: Path) -> None:
@@ -267,6 +291,20 @@ def test_a_folder_with_a_named_pipe_among_its_traces_is_refused(tmp_path: Path) 
     assert code == 2
     fifo = folder / "rank1.json"
     assert err.splitlines() == [f"trainadvisor: error: {fifo}: a named pipe (FIFO), {NOT_A_FILE}"]
+
+
+def test_a_named_pipe_named_by_a_file_url_is_refused_too(tmp_path: Path) -> None:
+    """`file://` is read through fsspec's local filesystem: it opened the pipe and waited for a
+    writer forever; a pipe in a folder named by a file:// URL, too."""
+    pytest.importorskip("fsspec")
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    fifo = folder / "rank0.json"
+    os.mkfifo(fifo)
+    for url in (f"file://{fifo}", f"file://{folder}/"):
+        code, err, _ = _analyze(tmp_path, url)
+        assert code == 2
+        assert err.splitlines() == [f"trainadvisor: error: {fifo}: a named pipe (FIFO), {NOT_A_FILE}"]
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero on this system")

@@ -25,6 +25,11 @@ from trainadvisor.analyze.sources import ARCHIVE_SUFFIXES, TRACE_SUFFIXES
 from trainadvisor.errors import UsageError
 
 _UNSAFE = re.compile(r"[^\w.-]+")
+# The most trace files one archive may hold: a job of thousands of ranks writes one trace each
+# (more are read from a folder or a store's prefix); 100,000 members of a few bytes each are a
+# bomb of another kind, refused at the one past this before it is written. An empty member is
+# no trace: it is passed over, never written.
+MAX_TRACE_MEMBERS = 16_384
 _REFUSED = (
     "a compression bomb or a damaged archive, not unpacked further; if it is genuine, unpack it "
     "yourself and pass the folder"
@@ -73,7 +78,7 @@ def _unpack_tar(archive: Path, unpacker: _Unpacker) -> None:
         with stream, tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
             for member in tar:
                 source = tar.extractfile(member) if member.isfile() else None
-                if source is not None and member.name.endswith(TRACE_SUFFIXES):
+                if source is not None and member.size and member.name.endswith(TRACE_SUFFIXES):
                     unpacker.write(member.name, source, member.size)
                 tar.members.clear()  # tar keeps every header read; a million empty members are a bomb too
 
@@ -82,7 +87,8 @@ def _unpack_zip(archive: Path, unpacker: _Unpacker) -> None:
     with zipfile.ZipFile(archive) as z:
         for info in z.infolist():
             link = stat.S_ISLNK(info.external_attr >> 16)
-            if not info.is_dir() and not link and info.filename.endswith(TRACE_SUFFIXES):
+            trace = info.file_size and info.filename.endswith(TRACE_SUFFIXES)
+            if trace and not info.is_dir() and not link:
                 unpacker.write(info.filename, z.open(info), info.file_size)
 
 
@@ -116,6 +122,12 @@ class _Unpacker:
         self.found.append((target, f"{self.archive.name}:{name}"))
 
     def _admit(self, name: str, size_bytes: int) -> None:
+        if len(self.found) >= MAX_TRACE_MEMBERS:
+            raise UsageError(
+                f"{self.archive}: more than {MAX_TRACE_MEMBERS:,} trace files in one archive, not "
+                "unpacked further; unpack it yourself and pass the folder, or store the traces under "
+                "a prefix (s3://...) and pass that"
+            )
         needed_bytes = self.written_bytes + size_bytes
         if needed_bytes > self.limit_bytes:
             raise too_expanded(

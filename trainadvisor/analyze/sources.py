@@ -118,6 +118,8 @@ def _open_local(path: Path) -> tuple[IO[bytes], int]:
 
 def _open_url(url: str) -> tuple[IO[bytes], int]:
     fs, path = _filesystem(url)
+    if "file" in _protocols(fs):  # file:// is a local path: a pipe or a device is refused as one
+        refuse_special(Path(path))
     try:
         stream = fs.open(path, "rb", block_size=RANGE_BYTES, cache_type="readahead")
         stored_bytes = getattr(stream, "size", None)
@@ -125,6 +127,11 @@ def _open_url(url: str) -> tuple[IO[bytes], int]:
         return typing.cast(IO[bytes], _StoreStream(stream, url)), stored_bytes
     except Exception as exc:
         raise _store_error(url, exc) from None
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 class _StoreStream(io.RawIOBase):
