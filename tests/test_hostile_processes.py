@@ -333,3 +333,20 @@ def test_a_second_signal_stops_at_once(tmp_path: Path, tree: Tree) -> None:
         "trainadvisor: signalled again: the script and its workers were killed without waiting"
     )
     assert tree.left() == []
+
+
+def test_a_dataloader_workers_death_is_reported_with_how_it_died(tmp_path: Path) -> None:
+    """torch says only "DataLoader worker (pid(s) N) exited unexpectedly"; the error, in the
+    console and the report, says how it died, by its exit status: here SIGBUS, which most often
+    means a /dev/shm too small."""
+    out = tmp_path / "r"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainadvisor", "profile", "--out", str(out), str(SCRIPTS / "worker_dies.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert "exited unexpectedly; trainadvisor: the DataLoader's worker pid " in said
+    died = "was killed by signal SIGBUS (most often shared memory (/dev/shm) too small for the batches"
+    assert died in said
+    assert died in load_report(out)["baseline"]["raw"]["error"]

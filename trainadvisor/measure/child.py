@@ -130,6 +130,9 @@ def main() -> int:
         _print_script_traceback(exc, script)
         recorder.died(exc)
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        from trainadvisor.measure.loaders import NOTE_PREFIX  # torch is imported by now
+
+        summary = summary.replace(f"\n{NOTE_PREFIX}", f"; {NOTE_PREFIX}")  # one line
         recorder.write("script_failed", 1, summary)
         return 1
     recorder.write("script_ended", 0, None)

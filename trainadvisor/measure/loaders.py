@@ -8,6 +8,7 @@ import inspect
 import multiprocessing
 import os
 import pickle
+import signal
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -131,6 +132,48 @@ def describe_iterator(iterator: _BaseDataLoaderIter, index: int) -> LoaderInfo:
     )
 
 
+NOTE_PREFIX = "trainadvisor: "  # of a note added to the script's exception
+# What a worker's death by a signal most often means (`note_worker_deaths`).
+_SIGNAL_CAUSES = {
+    signal.SIGKILL: "killed from outside it: most often the kernel's out-of-memory killer (dmesg says so)",
+    signal.SIGBUS: "most often shared memory (/dev/shm) too small for the batches in flight",
+    signal.SIGSEGV: "a crash in native code the dataset, a transform or a library it calls ran",
+}
+
+
+def worker_deaths(iterator: Any) -> list[str]:
+    """How each of an iterator's DataLoader workers that is no longer running ended, by its exit
+    status: a signal (with what it most often means) or an exit code."""
+    deaths = []
+    for worker in list(getattr(iterator, "_workers", None) or []):
+        code = getattr(worker, "exitcode", None)
+        if code is None or code == 0:
+            continue
+        if code < 0:
+            known = -code in signal.Signals._value2member_map_
+            name = signal.Signals(-code).name if known else str(-code)
+            cause = _SIGNAL_CAUSES.get(signal.Signals(-code)) if known else None
+            said = f" ({cause})" if cause else ""
+            deaths.append(f"worker pid {worker.pid} was killed by signal {name}{said}")
+        else:
+            deaths.append(f"worker pid {worker.pid} exited with code {code}")
+    return deaths
+
+
+def note_worker_deaths(iterator: Any, exc: BaseException) -> None:
+    """Adds to torch's "DataLoader worker (pid(s) ...) exited unexpectedly" how the workers
+    ended (a note, as Python 3.11 prints them: the exception stays the script's own); never
+    raises."""
+    try:
+        if "DataLoader worker" not in str(exc) or not hasattr(exc, "add_note"):
+            return
+        deaths = worker_deaths(iterator)
+        if deaths:
+            exc.add_note(NOTE_PREFIX + "the DataLoader's " + "; ".join(deaths))
+    except Exception:  # reading a worker's status: never the cause of another failure
+        pass
+
+
 def pinning_device_problem() -> str | None:
     """Why pinned memory would misbehave in this torchrun rank now, or None. The DataLoader's
     pinning thread runs on the CUDA device current when its iterator is created; a rank that
@@ -231,6 +274,9 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
                 raise
             delegate = self._trainadvisor_delegate = again()  # type: ignore[attr-defined]
             batch = original_next(delegate)
+        except RuntimeError as exc:  # torch's "worker ... exited unexpectedly": why it did
+            note_worker_deaths(getattr(self, "_trainadvisor_delegate", None) or self, exc)
+            raise
         index = getattr(self, "_trainadvisor_loader", None)
         recorder.data_wait(clock() - t0, batch, index)
         if index is not None:
