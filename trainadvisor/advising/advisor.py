@@ -43,9 +43,10 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from trainadvisor.advising import sites
 from trainadvisor.advising.report import advise_report, data_parallel_modules, main_script, profile_command
 from trainadvisor.errors import UsageError
-from trainadvisor.measure import gpu, hooks, loaders
+from trainadvisor.measure import gpu, hooks
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
@@ -282,9 +283,11 @@ class Advisor:
 
     def _loader_batch(self, iterator: _BaseDataLoaderIter, batch: Any) -> None:
         index = getattr(iterator, "_trainadvisor_advised", None)
-        if index is None:
-            index = iterator._trainadvisor_advised = len(self.loaders)  # type: ignore[attr-defined]
-            self.loaders.append(loaders.describe_iterator(iterator, index))
+        if index is None:  # a new iterator: of a loader met before (its next epoch), or a new one
+            info = sites.loader_of(iterator, self.loaders)
+            index = iterator._trainadvisor_advised = info.index  # type: ignore[attr-defined]
+            if index == len(self.loaders):
+                self.loaders.append(info)
         self._serving = (weakref.ref(iterator), index)
         if self.window.measuring and self.trials is None:
             self.loaders[index].batches_in_window += 1

@@ -129,6 +129,7 @@ def describe_iterator(iterator: _BaseDataLoaderIter, index: int) -> LoaderInfo:
         prefetch_factor=getattr(iterator, "_prefetch_factor", None),
         start_method=_start_method(getattr(iterator, "_multiprocessing_context", None)),
         collate_fn=None if default else getattr(collate, "__qualname__", repr(collate)),
+        dataset_id=id(iterator._dataset),
     )
 
 
