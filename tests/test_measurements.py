@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainadvisor.analyze.summary import named_measurements, percentile, stats, summarize
+import pytest
+from conftest import gpu_run
+
+from trainadvisor import _serial
+from trainadvisor.analyze.summary import named_measurements, percentile, stats, step_durations_ms, summarize
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.profile.judge import compare, judge_trial, loss_change, loss_check, verdict
@@ -15,8 +19,10 @@ from trainadvisor.records import (
     LoaderInfo,
     Overrides,
     RawRun,
+    Report,
     StepRecord,
     Trial,
+    timed_steps,
 )
 
 
@@ -379,3 +385,40 @@ def test_loaders_are_one_loader_rebuilt_by_identity_not_by_call_site() -> None:
     )
     alike = _loader("timm/loader.py:300", 3, 500)  # the dataset rebuilt with its loader
     assert loader_problem(run(train, alike)) is not None
+
+
+def test_on_a_gpu_the_steps_times_are_the_cuda_events_where_the_host_ran_ahead() -> None:
+    """The host queued 19 steps in 1 ms each and waited 81 ms for the queue to drain in the last
+    (the window ends drained); the GPU took 5 ms a step. The steps' times, their median and the
+    windows' throughputs are the CUDA events' (four windows of 5 steps, 200 steps/s each), not a
+    1 ms median and windows of 1,000 and 59 steps/s; the run's steps/s is the same either way.
+    Events that do not add up to the host's window (40 ms of 100), or a step without one, leave
+    the host's times."""
+    run = raw([1.0] * 19 + [81.0])
+    for step in run.steps:
+        step.gpu_ms = 5.0
+    summary = summarize(run)
+    assert summary.step_time_ms.median == 5.0 and summary.steps_per_s == pytest.approx(200.0)
+    assert summary.window_steps_per_s == pytest.approx([200.0] * 4)
+    for step in run.steps:
+        step.gpu_ms = 2.0
+    assert summarize(run).step_time_ms.median == 1.0
+    assert summarize(run).window_steps_per_s == pytest.approx([1000.0] * 3 + [5 / 0.085])
+    run.steps[3].gpu_ms = None
+    for step in run.steps[4:]:
+        step.gpu_ms = 5.0
+    assert summarize(run).step_time_ms.median == 1.0
+
+
+@pytest.mark.parametrize("name", ["compute", "fp32", "hf", "host", "lightning", "mnist", "smallb"])
+def test_the_h100_runs_cuda_events_add_up_to_their_host_windows(name: str) -> None:
+    """On the first H100 runs (../shared/gpu-runs) the CUDA events' step times add up to the
+    host's window within 1.6% (each a step that read its loss: the host never ran ahead): they
+    are the steps' times, their median within 2.5% of the host's."""
+    report = _serial.load_json(Report, gpu_run(f"{name}/report.json"))
+    raw_run = report.baseline.raw
+    durations = step_durations_ms(raw_run)
+    assert durations == [s.gpu_ms for s in timed_steps(raw_run)]
+    host = [s.step_ms for s in timed_steps(raw_run)]
+    assert abs(sum(durations) / sum(host) - 1) < 0.016
+    assert abs(percentile(durations, 50) / percentile(host, 50) - 1) < 0.025

@@ -24,6 +24,11 @@ T = TypeVar("T")
 WINDOW_STEPS = 5
 WINDOW_MIN_S = 0.1
 
+# A window's CUDA-event step times stand for its host ones where they add up to the same window
+# within this share (both span it from the drained start to the drained end; a gap says the
+# events do not cover the same steps).
+GPU_CLOCK_AGREEMENT = 0.05
+
 BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
 # An @advise-decorated function's steps: the loop's time outside the function, a part of its own
 OUTSIDE_CALL = "outside_call"
@@ -91,12 +96,28 @@ def input_shapes_fixed(raw: RawRun) -> bool | None:
     return len(shapes) == 1 if shapes else None
 
 
+def step_durations_ms(raw: RawRun) -> list[float]:
+    """The timed steps' durations: on a GPU, the times between the CUDA events recorded at their
+    boundaries, where every step has one and they add up to the window's host time; else the
+    host's. Where the host runs ahead of the GPU, its clock sees each step as the time to queue
+    it and the last one as the whole queue's drain (the window ends drained): the steps' own
+    times, their spread and the windows' throughputs are the GPU's."""
+    steps = timed_steps(raw)
+    host = [s.step_ms for s in steps]
+    device = [s.gpu_ms for s in steps]
+    host_ms = sum(host)
+    if not steps or any(ms is None for ms in device):
+        return host
+    device_ms = [float(ms or 0.0) for ms in device]
+    return device_ms if abs(sum(device_ms) - host_ms) <= GPU_CLOCK_AGREEMENT * host_ms else host
+
+
 def window_size(raw: RawRun) -> int:
     """Steps per throughput window: at least WINDOW_STEPS, two rounds of the workers (N workers
     deliver batches in bursts of about N), and WINDOW_MIN_S long where the timed steps make four
     windows of that (at GPU speed five steps are a few milliseconds: their spread is the timer's)."""
     workers = max((loader.num_workers for loader in raw.loaders), default=0)
-    durations = sorted(s.step_ms for s in timed_steps(raw))
+    durations = sorted(step_durations_ms(raw))
     by_time = 0
     if durations and durations[len(durations) // 2] > 0:
         by_time = min(math.ceil(WINDOW_MIN_S * 1e3 / durations[len(durations) // 2]), len(durations) // 4)
@@ -107,7 +128,7 @@ def window_throughputs(raw: RawRun) -> list[float]:
     """Steps per second in consecutive windows of `window_size` steps (a short tail is dropped
     unless it is the only window)."""
     window_steps = window_size(raw)
-    durations = [s.step_ms for s in timed_steps(raw)]
+    durations = step_durations_ms(raw)
     windows = [
         durations[i : i + window_steps]
         for i in range(0, len(durations), window_steps)
@@ -133,7 +154,7 @@ def summarize(raw: RawRun) -> Run:
     return Run(
         label=raw.label,
         steps=len(steps),
-        step_time_ms=stats([s.step_ms for s in steps]),
+        step_time_ms=stats(step_durations_ms(raw)),
         steps_per_s=steps_per_s,
         samples_per_s=(
             sum(n for n in samples if n is not None) / (total_ms / 1e3)
