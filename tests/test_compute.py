@@ -4,6 +4,11 @@ child process with inductor's cache, `test_compile_fix_end_to_end`)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -505,3 +510,32 @@ def test_a_compile_rejected_under_dropout_says_why_and_how_to_check(tmp_path: Pa
     assert outcome["status"] == "changed_training", outcome
     assert "inductor draws dropout's random masks otherwise than eager PyTorch" in outcome["reason"]
     assert "profile with dropout off (p=0) and --fix compile" in outcome["reason"]
+
+
+def test_a_compile_of_cached_graphs_is_said_to_be_warm() -> None:
+    """A trial whose graphs came from torch's on-disk caches compiled in a fraction of a cold
+    compile: its verdict says so, with the counts. The counts are torch's own: a model compiled,
+    dynamo reset, and compiled again in one process (an empty cache folder of its own) reads 3
+    graphs compiled, then 3 from the caches."""
+    trial = _trial(125.0, 10.0)
+    assert trial.raw is not None
+    trial.raw.runtime["compile"].update(compile_cache_hits=3, compile_cache_misses=1)
+    verdict = Compile().verdict(trial, {"steps_per_s": 100.0, "run_total_steps": 10000})
+    assert verdict is not None and verdict[2]["compile_cache_hits"] == 3
+    assert "compiling took 10.0 s with 3 of 4 graphs read from torch's on-disk compile caches" in verdict[1]
+    cold = Compile().verdict(_trial(125.0, 10.0), {"steps_per_s": 100.0})
+    assert cold is not None and "graphs read from" not in cold[1]
+    twice = (
+        "import json, torch\nfrom trainadvisor.compute.dynamo import compile_facts\nseen = []\n"
+        "for _ in range(2):\n    torch._dynamo.reset()\n    model = torch.compile(torch.nn.Linear(8, 8))\n"
+        "    model(torch.randn(2, 8)).sum().backward()\n    facts = compile_facts()\n"
+        "    seen.append([facts['compile_cache_hits'], facts['compile_cache_misses']])\n"
+        "print(json.dumps(seen))\n"
+    )
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        done = subprocess.run(
+            [sys.executable, "-c", twice], capture_output=True, text=True, env=env, timeout=300
+        )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[0, 3], [3, 3]]

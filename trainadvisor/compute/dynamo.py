@@ -59,7 +59,8 @@ def compile_facts() -> dict[str, Any]:
     and `recompile_reasons` ({reason: the failed guard, site "file:line" of the function
     recompiled, function, count}); `recompile_limit` and `recompile_limit_hits` (frames that
     hit it and run uncompiled since); `compile_s` (time spent compiling); `run_s` (the
-    process's age, the share's denominator)."""
+    process's age, the share's denominator); `compile_cache_hits` and `compile_cache_misses`
+    (graphs read from torch's on-disk caches, and compiled)."""
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is None:  # torch._dynamo never imported: nothing was compiled
         return {}
@@ -92,10 +93,21 @@ def _read(utils: Any) -> dict[str, Any]:
         ),
         "compile_s": _safely(lambda: compile_seconds(utils), None),
         "run_s": _safely(_process_age_s, None),
+        **_cache_counts(counters),
     }
     if facts["recompilations"] is None:  # no compile counter: one recompilation per guard failure
         facts["recompilations"] = sum(r["count"] for r in reasons)
     return {k: v for k, v in facts.items() if v is not None}
+
+
+def _cache_counts(counters: dict[str, dict[str, int]]) -> dict[str, int]:
+    """How many compiled graphs came from torch's on-disk caches (inductor's FX graphs,
+    AOTAutograd's) and how many were compiled: a compile of cached graphs is much faster than
+    one on a machine that never compiled them (`compile_cache_hits`, `compile_cache_misses`)."""
+    inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
+    hits = inductor.get("fxgraph_cache_hit", 0) + aot.get("autograd_cache_hit", 0)
+    misses = inductor.get("fxgraph_cache_miss", 0) + aot.get("autograd_cache_miss", 0)
+    return {"compile_cache_hits": hits, "compile_cache_misses": misses} if hits or misses else {}
 
 
 def _safely(read: Callable[[], T], default: T) -> T:
