@@ -1,7 +1,10 @@
 """Acceptance run on a GPU: profile the bundled examples, then check in each report what only a
 GPU produces and the verdicts a GPU owner should get.
 
-    python3 scripts/gpu_check.py [--out DIR] [--only NAME ...] [--record-traces]
+    python3 scripts/gpu_check.py [--out DIR] [--group GROUP ...] [--only NAME ...] [--list] [--record-traces]
+
+The whole run takes more than one 10-minute device command: run it a group at a time (`--list`
+names them: input, precision, batch, compile, memory, multi; each a few minutes).
 
 Runs from the source tree, offline (`python3 -m trainadvisor`; nothing is downloaded). For each
 example it checks:
@@ -9,9 +12,14 @@ example it checks:
   events), CUDA memory statistics were read, the baseline trace holds kernels and host-to-device
   copies, and each fix's switch was visibly in effect in its trial windows (bf16 outputs under
   autocast, the TF32 flag on, pinned batches copied without blocking);
-- the expected findings and verdicts: slow input keeps dataloader-workers; the fp32 matmul model
-  keeps amp with a large gain of its own; the small batch shows the batch-size opportunity in
-  its headline; the reduce-overhead compiled model's report has every seeded step's loss;
+- the expected findings and verdicts: slow input keeps dataloader-workers, with NVML's energy per
+  step; the fp32 matmul model keeps amp with a large gain of its own, its MFU within (0, 100]%
+  against its dtype's peak and its memory of one step adding up to its peak; the small batch
+  shows the batch-size opportunity in its headline; the reduce-overhead compiled model (its loss
+  computed inside the compiled function, a CUDA graph output) has every seeded step's loss;
+  `--fix compile` on the eager model measures compiling with its compile time; the deep blocks
+  under a 30 MB budget keep or recommend activation checkpointing within it; the model sized
+  to 1.3x the GPU's memory runs out of it and a fix that fits is kept or recommended;
 - honesty: every proposed fix kept, recommended, shown as an opportunity or refused with a
   stated reason (never a crashed trial), and training unchanged by what was kept.
 Exit codes: 0 every check held; 1 a check failed; 2 no CUDA GPU (nothing can be checked here).
@@ -84,6 +92,72 @@ def every_loss_read(report: Report) -> list[str]:
     )
 
 
+def mfu_measured(report: Report) -> list[str]:
+    """MFU taken from counted FLOPs against a datasheet peak of the step's dtype, within (0, 100]%."""
+    use = report["baseline"].get("utilization") or {}
+    mfu = use.get("mfu_pct")
+    if mfu is None:
+        return [f"no MFU ({use.get('status')})"]
+    problems = [] if 0 < mfu <= 100 else [f"MFU {mfu:.1f}% is outside (0, 100]"]
+    return problems + ([] if use.get("peak_dtype") else ["the MFU's peak names no dtype"])
+
+
+def energy_measured(report: Report) -> list[str]:
+    """NVML's energy counter read over the timed steps: joules per step and per sample."""
+    energy = report["baseline"].get("energy") or {}
+    if not energy.get("energy_j") or not energy.get("j_per_step"):
+        return [f"no energy measured ({energy.get('method')}: {energy.get('reason')})"]
+    return []
+
+
+def memory_step_adds_up(report: Report) -> list[str]:
+    """The memory of one step measured on the GPU, its parts adding up to its peak (within 10%)."""
+    memory = report["baseline"].get("memory") or {}
+    peak, parts = memory.get("peak_bytes") or 0, memory.get("breakdown") or {}
+    if not memory.get("status", "").startswith("measured") or not peak:
+        return [f"no memory of one step ({memory.get('status')})"]
+    total = sum(parts.values())
+    return [] if abs(total - peak) <= 0.1 * peak else [f"the step's parts add up to {total} of {peak} bytes"]
+
+
+def compile_measured(report: Report) -> list[str]:
+    """`compile` measured with its compile time and, where it gained, its break-even."""
+    outcome = _outcome(report, "compile")
+    if outcome is None:
+        return ["compile was not proposed"]
+    measured = [t for t in outcome.get("trials", []) if t.get("status") == "measured"]
+    if not measured:
+        return [f"no compile trial was measured ({outcome['status']}: {outcome.get('reason')})"]
+    if outcome.get("compile_s") is None:
+        return [f"compile is {outcome['status']} without its compile time"]
+    return []
+
+
+def fits_budget(fix: str) -> Verdict:
+    """The fix kept or recommended, its trial's peak within the run's memory budget."""
+
+    def check(report: Report) -> list[str]:
+        outcome = _outcome(report, fix)
+        if outcome is None or outcome["status"] not in ("kept", "recommended"):
+            return [f"{fix} is not kept or recommended ({(outcome or {}).get('status', 'not proposed')})"]
+        budget = (report["baseline"].get("memory") or {}).get("budget_bytes")
+        peak = outcome.get("peak_bytes")
+        if budget and peak and peak > budget:
+            return [f"{fix}'s peak {peak} bytes is over the budget of {budget}"]
+        return []
+
+    return check
+
+
+def rescued(report: Report) -> list[str]:
+    """The script ran out of memory, and a fix that lets it run is kept or recommended."""
+    fixes = report.get("fix_outcomes", [])
+    if not any(o["status"] in ("kept", "recommended") for o in fixes):
+        tried = ", ".join(f"{o['fix']}: {o['status']}" for o in fixes) or "none proposed"
+        return [f"no fix let the script run within the memory ({tried})"]
+    return []
+
+
 @dataclass
 class Check:
     name: str
@@ -93,24 +167,37 @@ class Check:
     verdicts: list[Verdict] = field(default_factory=list)
     options: list[str] = field(default_factory=list)  # trainadvisor profile options
     min_gpus: int = 1
+    group: str = ""  # checks run together as one command of a few minutes (`--group`)
+    minutes: float = 2.0  # about what it takes on an H100
 
 
 GPU = ["--device", "cuda"]
-# Sized so that every window fits at H100 speed (hundreds of steps per second).
+# Sized so that every window fits at H100 speed (hundreds of steps per second); grouped so that
+# each group is one device command of a few minutes (the whole is more than one 10-minute call).
 CHECKS = [
     Check("slow-input", "slow_input_mnist.py", ["--samples", "60000", *GPU], ["data-stall"],
-          [kept("dataloader-workers", 3.0)]),
+          [kept("dataloader-workers", 3.0), energy_measured], group="input", minutes=2.5),
+    Check("host-tensors", "host_tensors.py", ["--epochs", "4", *GPU], ["cpu-tensor-creation", "host-sync"],
+          group="input", minutes=1.5),
     Check("fp32-matmul", "fp32_matmul.py", ["--epochs", "40", *GPU], ["no-mixed-precision"],
-          [kept("amp", 1.3)]),
+          [kept("amp", 1.3), mfu_measured, memory_step_adds_up], group="precision", minutes=2.5),
+    Check("anomaly", "small_batch.py", ["--epochs", "2", "--detect-anomaly", *GPU], ["anomaly-detection-on"],
+          group="precision", minutes=1.5),
     Check("small-batch", "small_batch.py", ["--epochs", "4", *GPU], ["gpu-underutilized", "host-bound"],
-          [opportunity("batch-size")]),
-    Check("host-tensors", "host_tensors.py", ["--epochs", "4", *GPU], ["cpu-tensor-creation", "host-sync"]),
-    Check("anomaly", "small_batch.py", ["--epochs", "2", "--detect-anomaly", *GPU], ["anomaly-detection-on"]),
+          [opportunity("batch-size")], group="batch", minutes=3.0),
     Check("compiled", "compiled_step.py", ["--compile", "reduce-overhead", "--epochs", "20", *GPU], [],
-          [every_loss_read]),
-    Check("memory-limit", "memory_limit.py", ["--memory-fraction", "0.9", *GPU], ["memory-pressure"]),
+          [every_loss_read], group="compile", minutes=2.0),
+    Check("compile-fix", "compiled_step.py", ["--compile", "none", "--epochs", "40", *GPU], [],
+          [compile_measured], options=["--fix", "compile"], group="compile", minutes=3.0),
+    Check("memory-limit", "memory_limit.py", ["--memory-fraction", "0.9", *GPU], ["memory-pressure"],
+          [memory_step_adds_up], group="memory", minutes=2.0),
+    Check("checkpointing", "deep_blocks.py", ["--epochs", "40", *GPU], ["over-memory-budget"],
+          [fits_budget("activation-checkpointing")], options=["--memory-budget", "30MB"], group="memory",
+          minutes=2.0),
+    Check("oom-rescue", "memory_limit.py", ["--memory-fraction", "1.3", *GPU], ["out-of-memory"], [rescued],
+          group="memory", minutes=2.5),
     Check("ddp-straggler", "ddp_train.py", ["--epochs", "1", "--slow-rank", "1"], ["straggler"],
-          options=["--nproc-per-node", "2"], min_gpus=2),
+          options=["--nproc-per-node", "2"], min_gpus=2, group="multi", minutes=2.0),
 ]  # fmt: skip
 
 
@@ -250,9 +337,18 @@ def record_traces(out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-check", help="report folders and logs")
-    parser.add_argument("--only", action="append", help="run only these examples (by name)")
+    parser.add_argument("--only", action="append", help="run only these checks (by name)")
+    parser.add_argument(
+        "--group", action="append", choices=sorted({c.group for c in CHECKS}),
+        help="run only these groups of checks (each one device command of a few minutes)",
+    )  # fmt: skip
+    parser.add_argument("--list", action="store_true", help="list the checks, their groups and minutes")
     parser.add_argument("--record-traces", action="store_true", help="copy baseline traces to tests/data/own")
     args = parser.parse_args()
+    if args.list:
+        for check in CHECKS:
+            print(f"{check.group:<10} {check.name:<14} about {check.minutes:g} min on an H100")
+        return 0
     sys.path.insert(0, str(ROOT))  # the source tree's trainadvisor, for reading the reports
     import torch
 
@@ -268,7 +364,7 @@ def main() -> int:
     print(f"gpu_check: {torch.cuda.get_device_name(0)} x{gpus}, torch {torch.__version__}", flush=True)
     rows, failed = [], 0
     for check in CHECKS:
-        if args.only and check.name not in args.only:
+        if (args.only and check.name not in args.only) or (args.group and check.group not in args.group):
             continue
         if gpus < check.min_gpus:
             rows.append([check.name, "-", "-", "-", f"SKIPPED: needs {check.min_gpus} GPUs"])

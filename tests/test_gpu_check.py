@@ -63,6 +63,10 @@ def test_a_report_that_shows_every_gpu_fact_and_the_expected_verdict_passes() ->
                 trial["raw"]["runtime"]["switched"] = {"autocast_outputs": 40, "non_blocking_copies": 80}
     workers = report["fix_outcomes"][0]
     workers.update(status="kept", reason="measured 33.60x steps/s", gain=33.6)
+    assert gpu_check.judge(_check("slow-input"), 0, report, folder)[1] == [
+        "no energy measured (None: None)"  # the first runs had no energy figures yet
+    ]
+    report["baseline"]["energy"] = {"method": "nvml-energy", "energy_j": 41.0, "j_per_step": 2.05}
     assert gpu_check.judge(_check("slow-input"), 0, report, folder) == (True, [])
     [amp] = [o for o in report["fix_outcomes"] if o["fix"] == "amp"]
     amp_trial = amp["trials"][0]
@@ -111,3 +115,61 @@ def test_without_a_gpu_it_says_so_and_exits_2() -> None:
     )
     assert result.returncode == 2
     assert "gpu_check: no CUDA GPU is visible to this Python" in result.stderr
+
+
+def test_mfu_memory_compile_and_memory_verdicts_read_what_only_a_gpu_run_measures() -> None:
+    """The first H100 fp32 report predates MFU and the memory of one step: both verdicts say
+    so; filled in as a run measures them now, they hold, and an MFU past 100% or parts that do
+    not add up to the peak do not."""
+    fp32, _ = _h100("fp32")
+    assert gpu_check.mfu_measured(fp32) == ["no MFU (None)"]
+    assert gpu_check.memory_step_adds_up(fp32) == ["no memory of one step (None)"]
+    report = copy.deepcopy(fp32)
+    report["baseline"]["utilization"] = {"status": "measured", "mfu_pct": 38.5, "peak_dtype": "tf32"}
+    peak = {"parameters": 40, "gradients": 40, "optimizer_state": 80, "activations": 830, "other": 10}
+    report["baseline"]["memory"] = {"status": "measured", "peak_bytes": 1000, "breakdown": peak}
+    assert gpu_check.mfu_measured(report) == gpu_check.memory_step_adds_up(report) == []
+    report["baseline"]["utilization"]["mfu_pct"] = 512.0
+    report["baseline"]["memory"]["breakdown"]["activations"] = 600
+    assert gpu_check.mfu_measured(report) == ["MFU 512.0% is outside (0, 100]"]
+    assert gpu_check.memory_step_adds_up(report) == ["the step's parts add up to 770 of 1000 bytes"]
+    assert gpu_check.compile_measured(report) == ["compile was not proposed"]
+    report["fix_outcomes"] = [
+        {
+            "fix": "compile",
+            "status": "no_gain",
+            "reason": "r",
+            "trials": [{"status": "measured"}],
+            "compile_s": None,
+        },
+        {"fix": "activation-checkpointing", "status": "kept", "reason": "r", "trials": [], "peak_bytes": 900},
+    ]
+    assert gpu_check.compile_measured(report) == ["compile is no_gain without its compile time"]  # none saved
+    report["fix_outcomes"][0]["compile_s"] = 41.2
+    assert gpu_check.compile_measured(report) == []
+    report["baseline"]["memory"]["budget_bytes"] = 800
+    fits = gpu_check.fits_budget("activation-checkpointing")
+    assert fits(report) == ["activation-checkpointing's peak 900 bytes is over the budget of 800"]
+    assert gpu_check.rescued(report) == []
+    report["fix_outcomes"][1]["status"] = "no_gain"
+    assert gpu_check.rescued(report) == [
+        "no fix let the script run within the memory (compile: no_gain, activation-checkpointing: no_gain)"
+    ]
+
+
+def test_the_checks_run_a_group_at_a_time_each_within_one_device_command() -> None:
+    """Each group is one device command: its checks' minutes add up to at most 8 (a command
+    may run 10, the machine's start aside); `--list` names them."""
+    groups: dict[str, float] = {}
+    for check in gpu_check.CHECKS:
+        groups[check.group] = groups.get(check.group, 0.0) + check.minutes
+    assert set(groups) == {"input", "precision", "batch", "compile", "memory", "multi"}
+    assert max(groups.values()) <= 8.0
+    listed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--list"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0
+    assert [line.split()[:2] for line in listed.stdout.splitlines()] == [
+        [c.group, c.name] for c in gpu_check.CHECKS
+    ]
