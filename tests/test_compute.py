@@ -4,6 +4,7 @@ child process with inductor's cache, `test_compile_fix_end_to_end`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,6 +55,39 @@ def test_under_autocast_the_matmuls_count_in_their_low_precision() -> None:
     out.float().pow(2).mean().backward()
     flops.stop()
     assert flops.facts()["flops_by_dtype"] == {"torch.bfloat16": 2048.0}
+
+
+@pytest.mark.parametrize(("reentrant", "counted", "hfu"), [(False, 11264.0, "56.3"), (True, 12288.0, "61.4")])
+def test_a_step_that_recomputes_checkpointed_activations_counts_hardware_flops(
+    reentrant: bool, counted: float, hfu: str
+) -> None:
+    """Linear(8, 8), ReLU, Linear(8, 4) on 16 samples: 9216 FLOPs a step; checkpointed, backward
+    recomputes the first layer (2048 more: non-reentrant checkpoints stop once what backward
+    needs is back) or the whole forward (3072: reentrant). Those are hardware FLOPs: at 50 steps/s
+    against 1 MFLOP/s the figure is HFU, said so in its cell and the headline's words; the
+    checkpoint's own parts are torch's again once the step is counted."""
+    import torch.utils.checkpoint as checkpoint
+
+    from trainadvisor.report.utilization import mfu_cell, mfu_words
+
+    originals = (checkpoint._recomputation_hook, checkpoint.CheckpointFunction.__dict__["backward"])
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    x = torch.randn(16, 8, requires_grad=True)
+    flops = StepFlops()
+    flops.start()
+    checkpoint.checkpoint(model, x, use_reentrant=reentrant).pow(2).mean().backward()
+    flops.stop()
+    facts = flops.facts()
+    assert facts["flops_recomputed"] == 1 and facts["flops_per_step"] == counted
+    assert (checkpoint._recomputation_hook, checkpoint.CheckpointFunction.__dict__["backward"]) == originals
+    cpu = {"flops_per_s": 1e6, "dtype": "fp32", "how": "measured"}
+    use = utilization({**facts, "cpu_peak": cpu}, None, 50.0)
+    assert use is not None and use.hardware_flops and use.label == "HFU"
+    run = dataclasses.replace(summarize(_raw({}, 20.0)), utilization=use)
+    assert mfu_words(run) == f", HFU {hfu}%"
+    assert mfu_cell(run).endswith("(fp32, measured, HFU: its FLOPs count the recomputed activations)")
+    plain = utilization({"flops_status": "counted", "flops_per_step": 9216.0, "cpu_peak": cpu}, None, 50.0)
+    assert plain is not None and plain.label == "MFU" and not plain.hardware_flops
 
 
 def test_a_step_without_matmuls_is_not_counted_rather_than_zero() -> None:
@@ -521,7 +555,7 @@ def test_a_compile_of_cached_graphs_is_said_to_be_warm() -> None:
     assert trial.raw is not None
     trial.raw.runtime["compile"].update(compile_cache_hits=3, compile_cache_misses=1)
     verdict = Compile().verdict(trial, {"steps_per_s": 100.0, "run_total_steps": 10000})
-    assert verdict is not None and verdict[2]["compile_cache_hits"] == 3
+    assert verdict is not None and verdict[2] == {"compile_s": 10.0, "break_even_steps": 5000}
     assert "compiling took 10.0 s with 3 of 4 graphs read from torch's on-disk compile caches" in verdict[1]
     cold = Compile().verdict(_trial(125.0, 10.0), {"steps_per_s": 100.0})
     assert cold is not None and "graphs read from" not in cold[1]

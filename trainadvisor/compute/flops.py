@@ -117,6 +117,54 @@ def compiled_frames() -> int:
     return int(stats.get("unique_graphs", 0))
 
 
+class Recomputes:
+    """Counts, while entered, the recomputations of activation checkpointing
+    (`torch.utils.checkpoint`): non-reentrant checkpoints recompute under a
+    `_recomputation_hook`, reentrant ones in `CheckpointFunction.backward`. FLOPs counted over
+    a step that recomputes are hardware FLOPs: its utilisation is HFU, not MFU. Both are looked
+    up by name when a checkpoint runs, so a stand-in that counts, put in for one step and then
+    taken out, sees every one; a torch without them counts none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> Recomputes:
+        try:
+            import torch.utils.checkpoint as checkpoint
+        except ImportError:  # pragma: no cover - a torch without checkpointing
+            return self
+        recomputes = self
+        hook = getattr(checkpoint, "_recomputation_hook", None)
+        if isinstance(hook, type):
+
+            class Counted(hook):  # type: ignore[misc,valid-type]
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    recomputes.count += 1
+                    super().__init__(*args, **kwargs)
+
+            self._swap(checkpoint, "_recomputation_hook", Counted)
+        function = getattr(checkpoint, "CheckpointFunction", None)
+        backward = getattr(function, "backward", None)
+        if backward is not None:
+
+            def counted(ctx: Any, *args: Any) -> Any:
+                recomputes.count += 1
+                return backward(ctx, *args)
+
+            self._swap(function, "backward", staticmethod(counted))
+        return self
+
+    def _swap(self, owner: Any, name: str, value: Any) -> None:
+        self._undo.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+
 class StepFlops:
     """Counts one step: `start()` at the boundary before it, `stop()` at the boundary after.
     `facts()` is what the run records: `flops_per_step` and `flops_by_dtype`, or `status`
@@ -125,6 +173,8 @@ class StepFlops:
     def __init__(self) -> None:
         self._counter: Any = None
         self._dtypes: _Dtypes | None = None
+        self._recomputes: Recomputes | None = None
+        self.recomputed = 0  # checkpointed activations recomputed in the counted step
         self.status = "not counted"
         self.flops_per_step: float | None = None
         self.flops_by_dtype: dict[str, float] = {}
@@ -146,6 +196,7 @@ class StepFlops:
             dtypes = _Dtypes(_cpu_attention())
             dtypes.__enter__()
             self._dtypes = dtypes
+            self._recomputes = Recomputes().__enter__()
         except Exception as exc:
             self.status = f"not counted: {type(exc).__name__}: {exc}"
             self._leave()
@@ -167,6 +218,9 @@ class StepFlops:
     def _leave(self) -> bool:
         """Leave both modes (innermost first); False where leaving failed."""
         ok = True
+        if self._recomputes is not None:
+            self._recomputes.__exit__(None, None, None)
+            self.recomputed, self._recomputes = self._recomputes.count, None
         for mode in (self._dtypes, self._counter):
             if mode is None:
                 continue
@@ -184,6 +238,7 @@ class StepFlops:
             "flops_status": self.status,
             "flops_per_step": self.flops_per_step,
             "flops_by_dtype": self.flops_by_dtype,
+            **({"flops_recomputed": self.recomputed} if self.recomputed else {}),
         }
 
 

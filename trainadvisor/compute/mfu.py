@@ -27,7 +27,10 @@ def utilization(
         return Utilization(status="no timed steps", flops_per_step=flops)
     achieved_flops_per_s = flops * steps_per_s
     figures = Utilization(
-        status="measured", flops_per_step=flops, achieved_tflops=achieved_flops_per_s / 1e12
+        status="measured",
+        flops_per_step=flops,
+        achieved_tflops=achieved_flops_per_s / 1e12,
+        hardware_flops=bool(runtime.get("flops_recomputed")),
     )
     by_dtype = runtime.get("flops_by_dtype") or {}
     if runtime.get("cuda_used"):

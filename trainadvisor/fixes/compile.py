@@ -81,7 +81,7 @@ class Compile(Fix):
         break_even = math.ceil(compile_s / saved_s)
         figures["break_even_steps"] = break_even
         said = (
-            f"compiling took {compile_s:.1f} s{_warm_caches(trial, figures)} and saves "
+            f"compiling took {compile_s:.1f} s{_warm_caches(trial)} and saves "
             f"{1e3 * saved_s:.2f} ms a step: it pays after {break_even} steps"
         )
         total, seen = values.get("run_total_steps"), values.get("run_seen_steps") or 0
@@ -126,7 +126,7 @@ def _faster(trial: Trial, values: dict[str, Any]) -> bool:
     return trial.status == "measured" and (trial.steps_per_s or 0.0) >= KEEP_MIN_SPEEDUP * base
 
 
-def _warm_caches(trial: Trial, figures: dict[str, Any]) -> str:
+def _warm_caches(trial: Trial) -> str:
     """Where the trial's graphs came from torch's on-disk caches (an earlier compile of the same
     model on this machine), words that say its compile time is a warm one; '' where it compiled
     them all."""
@@ -134,7 +134,6 @@ def _warm_caches(trial: Trial, figures: dict[str, Any]) -> str:
     hits, misses = int(facts.get("compile_cache_hits") or 0), int(facts.get("compile_cache_misses") or 0)
     if not hits:
         return ""
-    figures["compile_cache_hits"] = hits
     return (
         f" with {hits} of {hits + misses} graphs read from torch's on-disk compile caches (warm from "
         "an earlier compile here: where they are cold, as on a new machine or in CI, compiling takes "

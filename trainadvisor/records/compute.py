@@ -22,3 +22,10 @@ class Utilization:
     peak_how: str = ""  # "datasheet" or "measured"
     # the FLOPs are the baseline's: this run's compiled code dispatched no operators to count
     flops_from_baseline: bool = False
+    # the counted step recomputed checkpointed activations: its FLOPs are hardware FLOPs, and
+    # `mfu_pct` is the hardware FLOPs utilisation (HFU), above the model's MFU
+    hardware_flops: bool = False
+
+    @property
+    def label(self) -> str:
+        return "HFU" if self.hardware_flops else "MFU"

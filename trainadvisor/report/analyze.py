@@ -68,7 +68,7 @@ def _utilization(a: Any) -> list[str]:
     if use.mfu_pct is None or use.peak_tflops is None:
         return _wrap(f"  {counted}; {use.status}")
     peak = f"{use.peak_tflops:.4g} TFLOP/s, the {use.peak_device} {use.peak_dtype} peak"
-    return _wrap(f"  MFU {use.mfu_pct:.1f}% of {peak} ({counted})") + _wrap(
+    return _wrap(f"  {use.label} {use.mfu_pct:.1f}% of {peak} ({counted})") + _wrap(
         f"  peak ({use.peak_how}): {use.peak_source}"
     )
 

@@ -26,7 +26,8 @@ def mfu_cell(run: Run) -> str:
         return "not counted"
     if use.mfu_pct is None or use.peak_tflops is None:
         return use.status
-    return f"{use.mfu_pct:.1f}% of {use.peak_tflops:.3g} TFLOP/s ({use.peak_dtype}, {use.peak_how})"
+    hfu = ", HFU: its FLOPs count the recomputed activations" if use.hardware_flops else ""
+    return f"{use.mfu_pct:.1f}% of {use.peak_tflops:.3g} TFLOP/s ({use.peak_dtype}, {use.peak_how}{hfu})"
 
 
 def mfu_title(run: Run) -> str:
@@ -48,6 +49,7 @@ def flops_cell(run: Run) -> str:
 
 
 def mfu_words(run: Run) -> str:
-    """The headline's ', MFU 39.9%' ('' where there is none)."""
+    """The headline's ', MFU 39.9%' (HFU where the step recomputed checkpointed activations;
+    '' where there is none)."""
     use = run.utilization
-    return f", MFU {use.mfu_pct:.1f}%" if use is not None and use.mfu_pct is not None else ""
+    return f", {use.label} {use.mfu_pct:.1f}%" if use is not None and use.mfu_pct is not None else ""
