@@ -242,6 +242,19 @@ def test_a_warmup_that_never_settles_ends_at_its_cap_and_says_so() -> None:
     assert window.shape.warmup_end == "time cap" and window.shape.warmup_s >= 1.0
 
 
+def test_a_cold_compile_in_the_counted_warmup_leaves_the_loop_its_whole_time_to_settle() -> None:
+    """The first warm-up step compiles for 90 s (a real model's cold compile), far past the
+    1 s cap: the cap counts from the end of the counted steps, so the loop's steady 2 ms steps
+    settle in three blocks of 5 (a warm-up of 90.032 s) instead of being timed at once."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=2, steps=2, settle=SETTLE), clock.clock())
+    _steps(window, clock, [90_000.0, 2.0])
+    assert window.phase == "warmup"
+    while window.phase == "warmup":
+        _steps(window, clock, [2.0])
+    assert window.shape.warmup_end == "settled" and round(window.shape.warmup_s, 6) == 90.032
+
+
 def test_where_the_script_has_few_steps_left_the_window_ends_with_them() -> None:
     """max_steps 30: the warm-up may take a third of them (10), the timed ones end at step 30
     even though their time floor (1 s) is not reached."""

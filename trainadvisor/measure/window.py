@@ -235,7 +235,10 @@ class Window:
             return "settled"
         if self.plan.race_below is not None and lost_in_warmup(self.blocks, self.plan.race_below):
             return "raced"
-        if now - self.opened_at >= self.blocks.settling.max_s:
+        # the cap counts from the end of the counted warm-up steps: a cold compile of a real
+        # model (a minute and more, in the first step) leaves the loop its whole time to settle
+        since = self.blocks_since if self.blocks_since is not None else self.opened_at
+        if now - since >= self.blocks.settling.max_s:
             return "time cap"
         blocks_max_s = self.blocks.settling.blocks_max_s
         if (
