@@ -90,6 +90,44 @@ def silent_server() -> Iterator[int]:
             connection.close()
 
 
+@contextlib.contextmanager
+def trickling_server(every_s: float = 0.5) -> Iterator[int]:
+    """A port on 127.0.0.1 where a server answers every request with an HTTP response sent one
+    byte every `every_s` (a store that trickles: no socket read ever waits long enough to time
+    out): its port, for as long as the block runs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    done = threading.Event()
+    response = b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: 100000\r\n\r\n"
+
+    def trickle(connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.recv(65536)
+                for byte in response + b" " * 100000:
+                    if done.wait(every_s):
+                        return
+                    connection.sendall(bytes([byte]))
+            except OSError:  # the client gave up
+                return
+
+    def accept() -> None:
+        while True:
+            try:
+                connection = server.accept()[0]
+            except OSError:  # closed: the block has ended
+                return
+            threading.Thread(target=trickle, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        done.set()
+        server.close()
+
+
 # Traces recorded by others live beside the checkout, not in it (see ../shared/README.md).
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 

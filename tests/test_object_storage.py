@@ -247,6 +247,8 @@ def test_a_store_that_never_answers_is_one_line_after_its_timeout(
     from conftest import silent_server
 
     monkeypatch.setenv(sources.STORE_TIMEOUT_ENV, "2")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # else it fails unsigned, before it connects
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     started = time.monotonic()
     with silent_server() as port:
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
@@ -254,10 +256,40 @@ def test_a_store_that_never_answers_is_one_line_after_its_timeout(
             "analyze", "--out", tmp_path / "r", f"s3://{BUCKET}/runs/7/", cwd=tmp_path, timeout_s=120
         )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.startswith(
-        f"trainadvisor: error: s3://{BUCKET}/runs/7/: cannot read from the store ("
+    said = result.stderr.removeprefix(f"trainadvisor: error: s3://{BUCKET}/runs/7/: ")
+    # the client's read timeouts (2 s an attempt), or the listing's deadline (4x) where they add up past it
+    assert said.startswith(("cannot read from the store (ReadTimeout", "the store sent too little in 8 s")), (
+        said
     )
     assert time.monotonic() - started < 60
+
+
+def test_a_store_that_trickles_its_answers_is_given_up_on_at_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endpoint that answers a byte every half second never trips a socket's read timeout
+    (analyze was still running at 300 s); each call to the store now has a deadline (its
+    listing: 4x the store timeout, 4 s here), and the command says why it stopped."""
+    import time
+
+    from conftest import trickling_server
+
+    monkeypatch.setenv(sources.STORE_TIMEOUT_ENV, "1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # signed requests reach the endpoint
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    started = time.monotonic()
+    with trickling_server() as port:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        result = run_cli(
+            "analyze", "--out", tmp_path / "r", f"s3://{BUCKET}/runs/7/", cwd=tmp_path, timeout_s=120
+        )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == (
+        f"trainadvisor: error: s3://{BUCKET}/runs/7/: the store sent too little in 4 s (a stalled or "
+        "trickling connection); check the endpoint (AWS_ENDPOINT_URL) and the network, or give it "
+        "longer with TRAINADVISOR_STORE_TIMEOUT_S"
+    )
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize(

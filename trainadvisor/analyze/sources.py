@@ -20,6 +20,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from trainadvisor.analyze.bounds import Capped, expansion_limit_bytes, refuse_special, too_expanded
+from trainadvisor.analyze.deadline import store_deadline
 from trainadvisor.errors import UsageError
 
 _gzip: types.ModuleType = gzip
@@ -70,9 +71,12 @@ def list_urls(url: str) -> list[str]:
         )
     fs, root = _filesystem(url)
     try:
-        if fs.isfile(root):
-            return [url]
-        found = fs.find(root)
+        with store_deadline(shown(url), 4 * store_timeout_s()):  # a listing: pages of keys
+            if fs.isfile(root):
+                return [url]
+            found = fs.find(root)
+    except UsageError:  # the deadline's, already said
+        raise
     except Exception as exc:  # whatever the store's client raises: said as a usage problem
         raise _store_error(url, exc) from None
     traces = [fs.unstrip_protocol(p) for p in found if p.endswith(TRACE_SUFFIXES)]
@@ -86,7 +90,10 @@ def size_bytes(url: str) -> int:
     """The size of a trace in storage (compressed, if it is)."""
     fs, path = _filesystem(url)
     try:
-        return int(fs.size(path))
+        with store_deadline(shown(url), store_timeout_s()):
+            return int(fs.size(path))
+    except UsageError:  # the deadline's, already said
+        raise
     except Exception as exc:
         raise _store_error(url, exc) from None
 
@@ -121,10 +128,13 @@ def _open_url(url: str) -> tuple[IO[bytes], int]:
     if "file" in _protocols(fs):  # file:// is a local path: a pipe or a device is refused as one
         refuse_special(Path(path))
     try:
-        stream = fs.open(path, "rb", block_size=RANGE_BYTES, cache_type="readahead")
-        stored_bytes = getattr(stream, "size", None)
-        stored_bytes = int(stored_bytes if stored_bytes is not None else fs.size(path))
-        return typing.cast(IO[bytes], _StoreStream(stream, url)), stored_bytes
+        with store_deadline(shown(url), store_timeout_s()):
+            stream = fs.open(path, "rb", block_size=RANGE_BYTES, cache_type="readahead")
+            stored_bytes = getattr(stream, "size", None)
+            stored_bytes = int(stored_bytes if stored_bytes is not None else fs.size(path))
+        return typing.cast(IO[bytes], _StoreStream(stream, url, stored_bytes)), stored_bytes
+    except UsageError:  # the deadline's, already said
+        raise
     except Exception as exc:
         raise _store_error(url, exc) from None
 
@@ -138,13 +148,17 @@ class _StoreStream(io.RawIOBase):
     """An object's stream whose failures (the connection lost mid-read) are usage errors that
     name the URL without credentials, not the client's exception with the endpoint in it."""
 
-    def __init__(self, stream: Any, url: str) -> None:
+    def __init__(self, stream: Any, url: str, stored_bytes: int) -> None:
         super().__init__()
-        self._stream, self._url = stream, url
+        self._stream, self._url, self._stored_bytes = stream, url, stored_bytes
 
     def read(self, size: int | None = -1) -> bytes:
+        wanted = self._stored_bytes if size is None or size < 0 else max(size, RANGE_BYTES)
         try:
-            return self._stream.read(-1 if size is None else size)  # type: ignore[no-any-return]
+            with store_deadline(shown(self._url), store_timeout_s(), min(wanted, self._stored_bytes)):
+                return self._stream.read(-1 if size is None else size)  # type: ignore[no-any-return]
+        except UsageError:  # the deadline's, already said
+            raise
         except Exception as exc:
             raise _store_error(self._url, exc) from None
 
@@ -200,14 +214,20 @@ STORE_TIMEOUT_ENV = "TRAINADVISOR_STORE_TIMEOUT_S"
 STORE_TIMEOUT_S = 30.0
 
 
+def store_timeout_s() -> float:
+    """TRAINADVISOR_STORE_TIMEOUT_S where it is a positive number, else STORE_TIMEOUT_S."""
+    try:
+        timeout_s = float(os.environ.get(STORE_TIMEOUT_ENV) or STORE_TIMEOUT_S)
+    except ValueError:
+        return STORE_TIMEOUT_S
+    return timeout_s if 0 < timeout_s < float("inf") else STORE_TIMEOUT_S
+
+
 def _timeouts(scheme: str) -> dict[str, Any]:
     """The S3 client's timeouts and attempts (other stores keep their clients' own)."""
     if scheme not in _S3:
         return {}
-    try:
-        timeout_s = float(os.environ.get(STORE_TIMEOUT_ENV) or STORE_TIMEOUT_S)
-    except ValueError:
-        timeout_s = STORE_TIMEOUT_S
+    timeout_s = store_timeout_s()
     config: dict[str, Any] = {"connect_timeout": timeout_s, "read_timeout": timeout_s}
     if not os.environ.get("AWS_MAX_ATTEMPTS"):
         config["retries"] = {"max_attempts": 2, "mode": "standard"}
