@@ -333,9 +333,20 @@ class Tuning:
         chosen = [o for o in self.outcomes if o.mode == "in_process" and o.status == "unconfirmed"]
         if len(chosen) < 2:
             return
-        self.echo(f"trainadvisor: measuring {', '.join(o.fix for o in chosen)} together and without each")
+        names = ", ".join(o.fix for o in chosen)
+        over = f"The combination of {names} was not measured with and without each: its windows would "
+        over += "have run past the --budget; each keeps the gain of its own windows."
+        if not self.fits((len(chosen) + 1) * self.cost_s("window")):  # one round: together, without each
+            self.notes.append(over)
+            return
+        self.echo(f"trainadvisor: measuring {names} together and without each")
+        spent = False
 
         def measure_setting(label: str, setting: fixes.Setting) -> Run | None:
+            nonlocal spent
+            if spent or not self.fits(self.cost_s("window")):
+                spent = True
+                return None
             found = measure(AsScript(), label, setting)
             self.echo(
                 f"  tried {setting.label}: "
@@ -344,6 +355,7 @@ class Tuning:
             return found.run if found.run is not None and found.run.steps_per_s else None
 
         decided, notes = attribution.attribute(chosen, measure_setting)
+        notes = [over] if spent and notes else notes
         for outcome in decided:
             self.outcomes[self.outcomes.index(next(o for o in self.outcomes if o.fix == outcome.fix))] = (
                 outcome
