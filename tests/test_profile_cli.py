@@ -53,7 +53,9 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     # kept means: 5% faster or more, and the slow windows after beat the fast ones before
     assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
     trials = report["fix_outcomes"][0]["trials"]
-    assert trials[0]["label"] == "num_workers=2"
+    # the first count is 2, or where the baseline's loading was seen waiting (its sleeps), the
+    # count that would hide its wait, at most four per core (fixes.dataloader_workers.first_count)
+    assert trials[0]["label"] in ("num_workers=2", "num_workers=4", "num_workers=8")
     site = next(iter(trials[0]["overrides"]["loaders"]))
     assert site.endswith("slow_input_mnist.py:56")
     assert all(t["overrides"]["loaders"][site]["persistent_workers"] for t in trials)
