@@ -92,6 +92,25 @@ def test_a_user_rule_that_cannot_be_evaluated_names_its_file(tmp_path: Path) -> 
     )
 
 
+def test_a_user_rule_that_reads_an_unknown_measurement_is_refused_with_the_closest_name(
+    tmp_path: Path,
+) -> None:
+    """`data_wait_pc` (a typo) would have kept the rule silent forever: loading it fails, exit 2,
+    naming the file, the line and the measurement meant."""
+    rules = _user_rule(tmp_path, "my-rule", "data_wait_pc >= 20")
+    line = next(
+        i for i, text in enumerate((rules / "my-rule.toml").read_text().splitlines(), 1) if "_pc " in text
+    )
+    trace = DATA / "own" / "host_tensors_cpu.pt.trace.json.gz"
+    code, output = _run("analyze", "--out", tmp_path / "a", "--rules", rules, trace)
+    assert code == 2, output
+    assert output.strip() == (
+        f"trainadvisor: error: {rules / 'my-rule.toml'}:{line}: 'data_wait_pc' is not a measurement "
+        "trainadvisor makes; did you mean 'data_wait_pct'? (every measurement, with its unit and meaning, "
+        "is listed in trainadvisor/records/measurements.py)"
+    )
+
+
 def test_a_user_rule_over_num_workers_runs_on_traces_of_multi_process_loaders(tmp_path: Path) -> None:
     """analyze used to set num_workers to the text "1 or more", and `num_workers < 2` raised."""
     rules = _user_rule(tmp_path, "few-workers", "num_workers < 2")

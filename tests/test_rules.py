@@ -27,7 +27,9 @@ best_practice = "good()"
 """
 
 
-def write_rule(folder: Path, rule_id: str = "x", condition: str = "a > 1", message: str = "a={a}") -> Path:
+def write_rule(
+    folder: Path, rule_id: str = "x", condition: str = "steps > 1", message: str = "steps={steps}"
+) -> Path:
     path = folder / f"{rule_id}.toml"
     path.write_text(RULE.format(id=rule_id, condition=condition, message=message))
     return path
@@ -83,9 +85,9 @@ def test_a_rule_is_not_evaluated_without_its_measurements(tmp_path: Path) -> Non
     rule = shipped("data-stall")
     assert engine.evaluate_rule(rule, {"data_wait_pct": 90.0}) is None  # message needs more
     # A level whose measurements are missing does not hold; the next level is tried.
-    two = engine.load_rule(write_rule(tmp_path, condition="b > 1", message="a={a}"))
-    two.levels.insert(0, engine.Level("high", "c > 1", ast.parse("c > 1", mode="eval"), {"c"}))
-    assert engine.evaluate_rule(two, {"a": 1, "b": 2}).severity == "medium"  # type: ignore[union-attr]
+    two = engine.load_rule(write_rule(tmp_path, condition="batch_size > 1", message="steps={steps}"))
+    two.levels.insert(0, engine.Level("high", "ranks > 1", ast.parse("ranks > 1", mode="eval"), {"ranks"}))
+    assert engine.evaluate_rule(two, {"steps": 1, "batch_size": 2}).severity == "medium"  # type: ignore[union-attr]
 
 
 def test_conditions_are_expressions_over_measurements_only(tmp_path: Path) -> None:
@@ -102,10 +104,12 @@ def test_messages_cannot_reach_attributes(tmp_path: Path) -> None:
 
 
 def test_arithmetic_and_boolean_conditions(tmp_path: Path) -> None:
-    rule = engine.load_rule(write_rule(tmp_path, condition="a * 2 >= b and not c or -a > 0"))
-    assert engine.evaluate_rule(rule, {"a": 3, "b": 6, "c": False}) is not None
-    assert engine.evaluate_rule(rule, {"a": 3, "b": 7, "c": False}) is None
-    assert engine.evaluate_rule(rule, {"a": -1, "b": 7, "c": True}) is not None
+    rule = engine.load_rule(
+        write_rule(tmp_path, condition="steps * 2 >= batch_size and not cuda_used or -steps > 0")
+    )
+    assert engine.evaluate_rule(rule, {"steps": 3, "batch_size": 6, "cuda_used": False}) is not None
+    assert engine.evaluate_rule(rule, {"steps": 3, "batch_size": 7, "cuda_used": False}) is None
+    assert engine.evaluate_rule(rule, {"steps": -1, "batch_size": 7, "cuda_used": True}) is not None
 
 
 def test_malformed_rule_files_name_the_problem(tmp_path: Path) -> None:
@@ -159,9 +163,46 @@ def test_a_user_rule_replaces_a_shipped_rule_of_the_same_id(tmp_path: Path) -> N
 
 
 def test_findings_are_ordered_by_severity(tmp_path: Path) -> None:
-    write_rule(tmp_path, rule_id="a-medium", condition="a > 1")
+    write_rule(tmp_path, rule_id="a-medium", condition="steps > 1")
     (tmp_path / "b-high.toml").write_text(
-        RULE.format(id="b-high", condition="a > 1", message="m").replace('"medium"', '"high"')
+        RULE.format(id="b-high", condition="steps > 1", message="m").replace('"medium"', '"high"')
     )
-    findings = engine.evaluate(engine.load_rules([tmp_path]), {"a": 2})
+    findings = engine.evaluate(engine.load_rules([tmp_path]), {"steps": 2})
     assert [f.rule for f in findings] == ["b-high", "a-medium"]
+
+
+UNITS = {
+    "%",
+    "ms",
+    "us",
+    "s",
+    "bytes",
+    "count",
+    "steps/s",
+    "samples/s",
+    "FLOP",
+    "TFLOP/s",
+    "bool",
+    "text",
+    "list",
+}
+
+
+def test_every_measurement_a_fix_or_stage_reads_is_declared_with_its_unit() -> None:
+    """The catalogue (records/measurements.py) declares every name the package reads from the
+    measurement table (`values.get("...")`, `values["..."]`); each has a unit, a meaning and a
+    producer. (Every name a run makes is checked as the suite runs: `engine.CHECK_ENV`.)"""
+    import re
+
+    from trainadvisor.records.measurements import CATALOGUE
+
+    read = re.compile(r'values\.get\(\s*"([a-z0-9_]+)"|values\[\s*"([a-z0-9_]+)"\]')
+    package = Path(engine.__file__).parent
+    names = {
+        next(group for group in found.groups() if group)
+        for path in package.rglob("*.py")
+        for found in read.finditer(path.read_text())
+    }
+    assert len(names) >= 30 and names <= CATALOGUE.keys(), sorted(names - CATALOGUE.keys())
+    for name, measurement in CATALOGUE.items():
+        assert measurement.unit in UNITS and measurement.meaning and measurement.producer, name

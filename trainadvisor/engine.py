@@ -7,7 +7,9 @@ evaluated by a whitelist interpreter (comparisons, and/or/not, arithmetic): no P
 from __future__ import annotations
 
 import ast
+import difflib
 import operator
+import os
 import re
 import string
 import sys
@@ -17,6 +19,7 @@ from typing import Any, cast
 
 from trainadvisor.errors import RuleError
 from trainadvisor.records import Evidence, Finding, Severity
+from trainadvisor.records.measurements import CATALOGUE
 from trainadvisor.resources import rules_dir
 
 if sys.version_info >= (3, 11):
@@ -215,6 +218,12 @@ def load_rule(path: Path) -> Rule:
     message = _text(data, "message", where)
     in_message = _message_fields(message, where)
     requires = sorted(in_message - {"step_unit"})  # step_unit has a default: "step"
+    read = {
+        *requires,
+        *(name for level in levels for name in level.names),
+        *(e.measurement for e in evidence),
+    }
+    _known(read, raw.decode(), where)
     loops = tuple(data.get("loops") or LOOPS)
     if not set(loops) <= set(LOOPS):
         raise RuleError(f"{where}: loops must name some of {', '.join(LOOPS)}, not {list(loops)}")
@@ -234,6 +243,28 @@ def load_rule(path: Path) -> Rule:
         loops=loops,
         frameworks=_framework_advice(recommendation, where),
         supersedes=tuple(_names_list(data, "supersedes", where)),
+    )
+
+
+def _known(names: set[str], text: str, where: str) -> None:
+    """Every measurement a rule reads is one the catalogue declares (`records.measurements`):
+    a misspelt name would silence the rule without a word. The first unknown one, by the line
+    it is on, is refused with the closest known name."""
+    unknown = sorted(names - CATALOGUE.keys())
+    if not unknown:
+        return
+    lines = text.splitlines()
+
+    def line_of(name: str) -> int:
+        pattern = re.compile(rf"\b{re.escape(name)}\b")
+        return next((i for i, line in enumerate(lines, 1) if pattern.search(line)), 0)
+
+    name = min(unknown, key=line_of)
+    close = difflib.get_close_matches(name, CATALOGUE.keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise RuleError(
+        f"{where}:{line_of(name)}: '{name}' is not a measurement trainadvisor makes{hint} (every "
+        "measurement, with its unit and meaning, is listed in trainadvisor/records/measurements.py)"
     )
 
 
@@ -359,6 +390,15 @@ def rules_for(user_dirs: list[Path]) -> list[Rule]:
     return load_rules([rules_dir(), *user_dirs])
 
 
+# Set (by the test suite, for its own processes and the scripts' it starts): every measurement
+# made must be one the catalogue declares, or the diagnosis fails naming the undeclared ones.
+CHECK_ENV = "TRAINADVISOR_CHECK_MEASUREMENTS"
+
+
 def diagnose(values: dict[str, Any], rules: list[Rule]) -> Diagnosis:
     """The diagnosis stage of every command: profile, @advise, analyze and the multi-node merge."""
+    if os.environ.get(CHECK_ENV):
+        undeclared = sorted(values.keys() - CATALOGUE.keys())
+        if undeclared:
+            raise AssertionError(f"measurements not in records/measurements.py: {', '.join(undeclared)}")
     return Diagnosis(values, evaluate(rules, values))
