@@ -10,8 +10,10 @@ import gzip
 import logging
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -236,32 +238,42 @@ def test_a_store_that_cannot_be_reached_is_one_line_without_the_endpoint(
     assert closed.split("//")[1] not in result.stderr
 
 
+def _analyze_at(
+    server: AbstractContextManager[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`analyze` of a prefix at an endpoint on 127.0.0.1 (`server` gives its port), with signed
+    requests (unsigned, the client fails on missing credentials before it connects) and the
+    store timeout given: its result, and how long it took."""
+    import time
+
+    monkeypatch.setenv(sources.STORE_TIMEOUT_ENV, str(timeout_s))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    started = time.monotonic()
+    with server as port:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        result = run_cli(
+            "analyze", "--out", tmp_path / "r", f"s3://{BUCKET}/runs/7/", cwd=tmp_path, timeout_s=120
+        )
+    return result, time.monotonic() - started
+
+
 def test_a_store_that_never_answers_is_one_line_after_its_timeout(
     tmp_path: Path, s3: tuple[str, _Requests], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An endpoint that accepts the connection and never answers: analyze waited on it for as
     long as it was left (still running at 300 s); now each request gives up after the store
     timeout (30 s by default; 2 s here), and the command says so in one line."""
-    import time
-
     from conftest import silent_server
 
-    monkeypatch.setenv(sources.STORE_TIMEOUT_ENV, "2")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # else it fails unsigned, before it connects
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    started = time.monotonic()
-    with silent_server() as port:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-        result = run_cli(
-            "analyze", "--out", tmp_path / "r", f"s3://{BUCKET}/runs/7/", cwd=tmp_path, timeout_s=120
-        )
+    result, took_s = _analyze_at(silent_server(), tmp_path, monkeypatch, timeout_s=2)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     said = result.stderr.removeprefix(f"trainadvisor: error: s3://{BUCKET}/runs/7/: ")
     # the client's read timeouts (2 s an attempt), or the listing's deadline (4x) where they add up past it
     assert said.startswith(("cannot read from the store (ReadTimeout", "the store sent too little in 8 s")), (
         said
     )
-    assert time.monotonic() - started < 60
+    assert took_s < 60
 
 
 def test_a_store_that_trickles_its_answers_is_given_up_on_at_its_deadline(
@@ -270,26 +282,16 @@ def test_a_store_that_trickles_its_answers_is_given_up_on_at_its_deadline(
     """An endpoint that answers a byte every half second never trips a socket's read timeout
     (analyze was still running at 300 s); each call to the store now has a deadline (its
     listing: 4x the store timeout, 4 s here), and the command says why it stopped."""
-    import time
-
     from conftest import trickling_server
 
-    monkeypatch.setenv(sources.STORE_TIMEOUT_ENV, "1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # signed requests reach the endpoint
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    started = time.monotonic()
-    with trickling_server() as port:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-        result = run_cli(
-            "analyze", "--out", tmp_path / "r", f"s3://{BUCKET}/runs/7/", cwd=tmp_path, timeout_s=120
-        )
+    result, took_s = _analyze_at(trickling_server(), tmp_path, monkeypatch, timeout_s=1)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip() == (
         f"trainadvisor: error: s3://{BUCKET}/runs/7/: the store sent too little in 4 s (a stalled or "
         "trickling connection); check the endpoint (AWS_ENDPOINT_URL) and the network, or give it "
         "longer with TRAINADVISOR_STORE_TIMEOUT_S"
     )
-    assert time.monotonic() - started < 30
+    assert took_s < 30
 
 
 @pytest.mark.parametrize(
