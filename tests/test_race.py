@@ -231,3 +231,18 @@ def test_measuring_chosen_fixes_together_and_without_each_holds_the_budget() -> 
     spent = tuning(6.5, calls, 3.0)
     assert len(calls) == 2 and spent.notes == [over]
     assert [o.status for o in spent.outcomes] == ["unconfirmed", "unconfirmed"]
+
+
+def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_warmup() -> None:
+    """Before any window was measured, one is estimated from the baseline's: its settling, its
+    timed steps and 1 s. A baseline that never settled (60 s of warm-up on a busy machine) gave
+    each window a minute; a trial's warm-up is capped at 10 s, and so is its estimate."""
+    settled = _shape("settled", 2.5)
+    assert settled.shape is not None
+    settled.shape.timed_s = 1.2
+    assert pace.cost_s("window", [], settled) == pytest.approx(2.5 + 1.2 + 1.0)
+    unsettled = _shape("time cap", 60.0)
+    assert unsettled.shape is not None
+    unsettled.shape.timed_s = 1.2
+    assert pace.cost_s("window", [], unsettled) == pytest.approx(10.0 + 1.2 + 1.0)
+    assert pace.cost_s("window", [3.0, 5.0, 4.0], unsettled) == 4.0  # measured windows decide

@@ -125,7 +125,10 @@ def cost_s(kind: str, walls: list[float], baseline: RawRun) -> float:
     if shape is None:
         return baseline.wall_s
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
-    window_s = settled_s + shape.timed_s + WINDOW_EXTRA_S
+    # a trial window's warm-up is capped (`trial_settle_cap`): a baseline that settled slowly,
+    # or never (its warm-up ran to --max-warmup on a busy machine), does not make each window
+    # that long
+    window_s = min(settled_s, TRIAL_SETTLE_MAX_S) + shape.timed_s + WINDOW_EXTRA_S
     if kind == "window":
         return window_s
     if kind == "prestarted":
