@@ -192,7 +192,8 @@ def load_rule(path: Path) -> Rule:
         if len(raw) > MAX_RULE_FILE_BYTES:
             limit_kib = MAX_RULE_FILE_BYTES // 1024
             raise RuleError(f"{where}: a rule file of more than {limit_kib} KiB; a rule is a few")
-        data = tomllib.loads(raw.decode())
+        text = raw.decode()
+        data = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RuleError(f"{where}: not a readable TOML rule file ({exc})") from None
     except (RecursionError, MemoryError):
@@ -223,7 +224,7 @@ def load_rule(path: Path) -> Rule:
         *(name for level in levels for name in level.names),
         *(e.measurement for e in evidence),
     }
-    _known(read, raw.decode(), where)
+    _known(read, text, where)
     loops = tuple(data.get("loops") or LOOPS)
     if not set(loops) <= set(LOOPS):
         raise RuleError(f"{where}: loops must name some of {', '.join(LOOPS)}, not {list(loops)}")

@@ -52,17 +52,13 @@ def _names_of_loader(frame: FrameType, dataset: Any) -> list[str]:
     `dataset`."""
     from torch.utils.data import DataLoader
 
-    found = []
-    scopes = (frame.f_locals, frame.f_globals)
-    for scope in scopes:
-        for name, value in list(scope.items()):
-            if isinstance(value, DataLoader) and value.dataset is dataset:
-                found.append(name)
-    owner = frame.f_locals.get("self")
-    for attribute, value in list(getattr(owner, "__dict__", {}).items()):
-        if isinstance(value, DataLoader) and value.dataset is dataset:
-            found.append(attribute)
-    return found
+    owner = getattr(frame.f_locals.get("self"), "__dict__", {})
+    return [
+        name
+        for scope in (frame.f_locals, frame.f_globals, owner)
+        for name, value in list(scope.items())
+        if isinstance(value, DataLoader) and value.dataset is dataset
+    ]
 
 
 def _assignment_line(path: str, name: str, near_line: int) -> int | None:

@@ -15,6 +15,8 @@ import re
 import types
 import typing
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -70,15 +72,10 @@ def list_urls(url: str) -> list[str]:
             "store its traces under a prefix and pass that"
         )
     fs, root = _filesystem(url)
-    try:
-        with store_deadline(shown(url), 4 * store_timeout_s()):  # a listing: pages of keys
-            if fs.isfile(root):
-                return [url]
-            found = fs.find(root)
-    except UsageError:  # the deadline's, already said
-        raise
-    except Exception as exc:  # whatever the store's client raises: said as a usage problem
-        raise _store_error(url, exc) from None
+    with _store_call(url, 4 * store_timeout_s()):  # a listing: pages of keys
+        if fs.isfile(root):
+            return [url]
+        found = fs.find(root)
     traces = [fs.unstrip_protocol(p) for p in found if p.endswith(TRACE_SUFFIXES)]
     if not traces:
         what = "no trace files (*.json, *.json.gz)" if found else "nothing"
@@ -89,13 +86,8 @@ def list_urls(url: str) -> list[str]:
 def size_bytes(url: str) -> int:
     """The size of a trace in storage (compressed, if it is)."""
     fs, path = _filesystem(url)
-    try:
-        with store_deadline(shown(url), store_timeout_s()):
-            return int(fs.size(path))
-    except UsageError:  # the deadline's, already said
-        raise
-    except Exception as exc:
-        raise _store_error(url, exc) from None
+    with _store_call(url, store_timeout_s()):
+        return int(fs.size(path))
 
 
 def open_trace(location: Location) -> IO[bytes]:
@@ -127,13 +119,21 @@ def _open_url(url: str) -> tuple[IO[bytes], int]:
     fs, path = _filesystem(url)
     if "file" in _protocols(fs):  # file:// is a local path: a pipe or a device is refused as one
         refuse_special(Path(path))
+    with _store_call(url, store_timeout_s()):
+        stream = fs.open(path, "rb", block_size=RANGE_BYTES, cache_type="readahead")
+        stored_bytes = getattr(stream, "size", None)
+        stored_bytes = int(stored_bytes if stored_bytes is not None else fs.size(path))
+    return typing.cast(IO[bytes], _StoreStream(stream, url, stored_bytes)), stored_bytes
+
+
+@contextmanager
+def _store_call(url: str, timeout_s: float, size_bytes: int = 0) -> Iterator[None]:
+    """One call to the store, within its deadline (`deadline`); whatever the store's client
+    raises is said as a usage problem (`_store_error`), the deadline's own error as it is."""
     try:
-        with store_deadline(shown(url), store_timeout_s()):
-            stream = fs.open(path, "rb", block_size=RANGE_BYTES, cache_type="readahead")
-            stored_bytes = getattr(stream, "size", None)
-            stored_bytes = int(stored_bytes if stored_bytes is not None else fs.size(path))
-        return typing.cast(IO[bytes], _StoreStream(stream, url, stored_bytes)), stored_bytes
-    except UsageError:  # the deadline's, already said
+        with store_deadline(shown(url), timeout_s, size_bytes):
+            yield
+    except UsageError:
         raise
     except Exception as exc:
         raise _store_error(url, exc) from None
@@ -154,13 +154,8 @@ class _StoreStream(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         wanted = self._stored_bytes if size is None or size < 0 else max(size, RANGE_BYTES)
-        try:
-            with store_deadline(shown(self._url), store_timeout_s(), min(wanted, self._stored_bytes)):
-                return self._stream.read(-1 if size is None else size)  # type: ignore[no-any-return]
-        except UsageError:  # the deadline's, already said
-            raise
-        except Exception as exc:
-            raise _store_error(self._url, exc) from None
+        with _store_call(self._url, store_timeout_s(), min(wanted, self._stored_bytes)):
+            return self._stream.read(-1 if size is None else size)  # type: ignore[no-any-return]
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))

@@ -112,23 +112,24 @@ def step_durations_ms(raw: RawRun) -> list[float]:
     return device_ms if abs(sum(device_ms) - host_ms) <= GPU_CLOCK_AGREEMENT * host_ms else host
 
 
-def window_size(raw: RawRun) -> int:
+def window_size(raw: RawRun, durations: list[float]) -> int:
     """Steps per throughput window: at least WINDOW_STEPS, two rounds of the workers (N workers
     deliver batches in bursts of about N), and WINDOW_MIN_S long where the timed steps make four
     windows of that (at GPU speed five steps are a few milliseconds: their spread is the timer's)."""
     workers = max((loader.num_workers for loader in raw.loaders), default=0)
-    durations = sorted(step_durations_ms(raw))
+    durations = sorted(durations)
     by_time = 0
     if durations and durations[len(durations) // 2] > 0:
         by_time = min(math.ceil(WINDOW_MIN_S * 1e3 / durations[len(durations) // 2]), len(durations) // 4)
     return max(WINDOW_STEPS, 2 * workers, by_time)
 
 
-def window_throughputs(raw: RawRun) -> list[float]:
+def window_throughputs(raw: RawRun, durations: list[float] | None = None) -> list[float]:
     """Steps per second in consecutive windows of `window_size` steps (a short tail is dropped
-    unless it is the only window)."""
-    window_steps = window_size(raw)
-    durations = step_durations_ms(raw)
+    unless it is the only window); `durations`: the timed steps' (`step_durations_ms`), where
+    the caller has them already."""
+    durations = step_durations_ms(raw) if durations is None else durations
+    window_steps = window_size(raw, durations)
     windows = [
         durations[i : i + window_steps]
         for i in range(0, len(durations), window_steps)
@@ -141,6 +142,7 @@ def summarize(raw: RawRun) -> Run:
     """Timing from the timed steps; device-side copy time (only in the trace) from the traced
     steps, as a mean per step."""
     steps = timed_steps(raw)
+    durations = step_durations_ms(raw)
     # the steps the trace recorded (not the profiler's warmup step); all traced ones in runs
     # saved before steps carried their trace step
     traced = [s for s in raw.steps if s.trace_step is not None] or [s for s in raw.steps if s.profiled]
@@ -154,7 +156,7 @@ def summarize(raw: RawRun) -> Run:
     return Run(
         label=raw.label,
         steps=len(steps),
-        step_time_ms=stats(step_durations_ms(raw)),
+        step_time_ms=stats(durations),
         steps_per_s=steps_per_s,
         samples_per_s=(
             sum(n for n in samples if n is not None) / (total_ms / 1e3)
@@ -163,7 +165,7 @@ def summarize(raw: RawRun) -> Run:
         ),
         breakdown_pct={k: 100.0 * v / mean_ms for k, v in per_step.items()} if mean_ms else {},
         breakdown_ms_per_step=per_step,
-        window_steps_per_s=window_throughputs(raw),
+        window_steps_per_s=window_throughputs(raw, durations),
         raw=raw,
         gpu_step_time_ms=stats(gpu_ms) if gpu_ms else None,
         utilization=utilization(raw.runtime, gpu_name, steps_per_s),
