@@ -9,7 +9,7 @@ import click
 import pytest
 import torch
 
-from trainadvisor.cli_options import SIZE
+from trainadvisor.options.kinds import SIZE
 from trainadvisor.memory.peak import memory_measurements, step_memory
 from trainadvisor.memory.step import StepMemory, breakdown
 from trainadvisor.report.memory import memory_cell

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from trainadvisor import __version__
-from trainadvisor.cli_options import (
+from trainadvisor.options.kinds import (
     ANALYZE_EXIT_CODES,
     DURATION,
     DURATION_OR_ZERO,
