@@ -51,6 +51,7 @@ from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
+from trainadvisor.options.table import default
 from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
 from trainadvisor.report.folder import check_out_dir, hold_out_dir
 from trainadvisor.report.mdtext import terminal
@@ -66,14 +67,18 @@ _open_window: Advisor | None = None  # the advisor whose window runs in this pro
 _announced: set[Path] = set()  # report folders already announced in this process
 _OWNING = threading.Lock()  # the first thread to call an advisor becomes the one it measures
 
+# `profile`'s defaults, defined once in its option table
+WARMUP_STEPS: int = default("warmup")
+TIMED_STEPS: int = default("steps")
+
 
 class Advisor:
     """One profiling window inside this process. Use it through `advise`."""
 
     def __init__(
         self,
-        warmup: int = 5,
-        steps: int = 20,
+        warmup: int = WARMUP_STEPS,
+        steps: int = TIMED_STEPS,
         out: str | Path | None = None,
         rules: list[str | Path] | None = None,
         echo: Callable[[str], None] | None = None,
@@ -523,8 +528,8 @@ def advise(
     fn: None = None,
     /,
     *,
-    warmup: int = 5,
-    steps: int = 20,
+    warmup: int = WARMUP_STEPS,
+    steps: int = TIMED_STEPS,
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
     trials: bool = False,
@@ -537,8 +542,8 @@ def advise(
     fn: Callable[P, R] | None = None,
     /,
     *,
-    warmup: int = 5,
-    steps: int = 20,
+    warmup: int = WARMUP_STEPS,
+    steps: int = TIMED_STEPS,
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
     trials: bool = False,

@@ -18,7 +18,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.advising.advisor import Advisor
+from trainadvisor.advising.advisor import TIMED_STEPS, WARMUP_STEPS, Advisor
 from trainadvisor.errors import MissingDependencyError
 from trainadvisor.frameworks.watch import described
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S
@@ -74,8 +74,8 @@ def _reduce(self: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance of
-    warmup: int = 5,
-    steps: int = 20,
+    warmup: int = WARMUP_STEPS,
+    steps: int = TIMED_STEPS,
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
     min_time: float = MIN_TIME_S,
@@ -120,8 +120,8 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
 
 
 def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instance of
-    warmup: int = 5,
-    steps: int = 20,
+    warmup: int = WARMUP_STEPS,
+    steps: int = TIMED_STEPS,
     out: str | Path | None = None,
     rules: list[str | Path] | None = None,
     min_time: float = MIN_TIME_S,

@@ -12,21 +12,10 @@ from typing import Any, NoReturn
 import click
 
 from trainadvisor import __version__
-from trainadvisor.options.kinds import (
-    ANALYZE_EXIT_CODES,
-    DURATION,
-    DURATION_OR_ZERO,
-    EXIT_CODES,
-    SIZE,
-    Finite,
-    Seconds,
-    TraceLocation,
-    option,
-    out_option,
-    rules_option,
-    torchrun_options,
-)
+from trainadvisor.cli import exits
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
+from trainadvisor.options import table
+from trainadvisor.options.kinds import TraceLocation
 from trainadvisor.records import SCHEMA_VERSION, Report
 from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
@@ -56,146 +45,12 @@ def main() -> None:
 @main.command(
     "profile",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    epilog=EXIT_CODES,
+    epilog=exits.PROFILE,
 )
-@option(
-    "--warmup",
-    5,
-    click.IntRange(min=1),
-    "Training steps to run at least before timing (compilation, caches, worker start-up); the "
-    "warm-up then goes on until step time settles (consecutive blocks of steps agree to 10%).",
-)
-@option(
-    "--steps",
-    20,
-    click.IntRange(min=2),
-    "Training steps to time at least (then 10 more are traced with torch.profiler).",
-)
-@option(
-    "--min-time",
-    "1s",
-    DURATION_OR_ZERO,
-    "Every timed window lasts at least this long (at GPU speed 20 steps are a few ms), within "
-    "the steps the script has; 0: exactly --steps steps.",
-    "min_time_s",
-)
-@option(
-    "--max-warmup",
-    "60s",
-    DURATION_OR_ZERO,
-    "The longest a warm-up may wait for step time to settle; a window measured unsettled is "
-    "named in the report. 0: exactly --warmup steps, no steadiness test.",
-    "max_warmup_s",
-)
-@option(
-    "--memory-budget",
-    None,
-    SIZE,
-    "The memory the run may use (24GB, 500MiB): a peak above it is diagnosed as not fitting, "
-    "though it did not crash (on a CPU: will it fit on that card?). On a GPU the default is what "
-    "the allocator may use.",
-    "memory_budget_bytes",
-)
-@option(
-    "--max-workers",
-    None,
-    click.IntRange(min=1),
-    "The most DataLoader workers the search may try above the script's own count (the processes "
-    "a job may start on a shared node). Default: it doubles up to four per core, and on to 64 "
-    "while the workers mostly wait (storage or network latency) and their memory fits.",
-    "max_workers",
-)
-@out_option("Report folder: report.html, report.md, report.json and the raw traces.")
-@rules_option
-@click.option(
-    "--run-to-end",
-    is_flag=True,
-    help="Let the script finish after the profiled window instead of stopping it.",
-)
-@click.option(
-    "--no-fix", "no_fix", is_flag=True, help="Only diagnose: do not rerun the script with fixes applied."
-)
-@option(
-    "--seed",
-    0,
-    int,
-    "Seed for random, torch and numpy before the script starts, the same in every "
-    "run, so the loss of the same steps can be compared.",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=Seconds(min=1),
-    help="Seconds a run may take before it is stopped (a hung rank under torchrun ends here).",
-)
-@click.option(
-    "--stall-timeout",
-    "stall_s",
-    type=Seconds(min=1),
-    help="Seconds without a training step after which a run counts as stuck (a deadlocked "
-    "worker, a collective waiting forever): it is stopped and the report shows where each "
-    "process was (Python stacks). Default: 20x the longest gap between steps or batches "
-    "seen, at least 600 s.",
-)
-@click.option(
-    "--budget",
-    "budget_s",
-    type=DURATION,
-    help="The most all trials may take, e.g. 10m, 90s or 1h: fixes are tried most-to-gain first, "
-    "and those left are listed with the command that measures them.",
-)
-@click.option(
-    "--fix",
-    "only_fixes",
-    multiple=True,
-    metavar="ID",
-    help="Measure only this fix (repeatable), e.g. --fix dataloader-workers.",
-)
-@option(
-    "--trials",
-    "auto",
-    click.Choice(["auto", "restart"]),
-    "auto: try settings that can switch while the loop runs (DataLoader workers, TF32, "
-    "bf16 autocast, ...) in windows of the first run, without restarting the script; restart: "
-    "every candidate in a fresh run.",
-)
-@click.option(
-    "--nproc-per-node",
-    type=click.IntRange(min=1),
-    help="Launch SCRIPT through torch.distributed.run (torchrun) with this many processes per "
-    "node; every rank is profiled and the report compares them.",
-)
-@click.option("--nnodes", help="torchrun: number of nodes (or MIN:MAX).")
-@click.option("--node-rank", type=int, help="torchrun: this node's rank.")
-@click.option("--rdzv-endpoint", help="torchrun: rendezvous host:port.")
-@click.option("--rdzv-backend", help="torchrun: rendezvous backend (c10d, static, ...).")
-@click.option("--rdzv-id", help="torchrun: job id shared by every node.")
-@click.option("--master-addr", help="torchrun: address of the rank-0 node (static rendezvous).")
-@click.option("--master-port", type=int, help="torchrun: port on the rank-0 node (static rendezvous).")
+@table.decorators(table.PROFILE)
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def profile_command(
-    warmup: int,
-    steps: int,
-    min_time_s: float,
-    max_warmup_s: float,
-    memory_budget_bytes: int | None,
-    max_workers: int | None,
-    out_dir: Path,
-    rule_dirs: tuple[Path, ...],
-    run_to_end: bool,
-    no_fix: bool,
-    seed: int,
-    timeout_s: float | None,
-    stall_s: float | None,
-    budget_s: float | None,
-    only_fixes: tuple[str, ...],
-    trials: str,
-    nproc_per_node: int | None,
-    script: Path,
-    script_args: tuple[str, ...],
-    **launcher: Any,
-) -> None:
+def profile_command(script: Path, script_args: tuple[str, ...], **given: Any) -> None:
     """Profile SCRIPT, diagnose it, rerun it with the fixes, and write a before/after report.
 
     SCRIPT runs unmodified as __main__ in a child process, with SCRIPT_ARGS as its own
@@ -221,29 +76,9 @@ def profile_command(
     Example:
       trainadvisor profile --out report/ train.py --lr 0.1 --epochs 3
     """
-    from trainadvisor.profile.runs import ProfileOptions
+    from trainadvisor.profile.runs import options_from
 
-    options = ProfileOptions(
-        torchrun=torchrun_options(nproc_per_node, launcher),
-        timeout_s=timeout_s,
-        stall_s=stall_s,
-        script=script,
-        args=list(script_args),
-        out_dir=out_dir,
-        warmup=warmup,
-        steps=steps,
-        seed=seed,
-        rule_dirs=list(rule_dirs),
-        run_to_end=run_to_end,
-        apply_fixes=not no_fix,
-        budget_s=budget_s,
-        only_fixes=list(only_fixes),
-        trials=trials,
-        min_time_s=min_time_s,
-        max_warmup_s=max_warmup_s,
-        memory_budget_bytes=memory_budget_bytes,
-        max_workers=max_workers,
-    )
+    options = options_from({"script": script, "script_args": script_args, **given})
     _run(lambda: _profile(options))
 
 
@@ -275,26 +110,8 @@ def _profile(options: Any) -> int:
     return 0
 
 
-@main.command(epilog=ANALYZE_EXIT_CODES)
-@out_option("Report folder: report.html, report.md and report.json.")
-@rules_option
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print the report JSON to stdout instead of the diagnosis."
-)
-@option(
-    "--engine",
-    "local",
-    click.Choice(["local", "ray"]),
-    "Where each trace is analysed: `local`, on this machine's cores; `ray`, one Ray task per "
-    "trace, each reading its own file where it is, only the summaries sent back (pip install "
-    "'trainadvisor[ray]').",
-)
-@click.option(
-    "--address",
-    default=None,
-    help="With --engine ray: the Ray cluster to join (HOST:PORT of the head node; default "
-    "RAY_ADDRESS). Without either, a local Ray is started for the run.",
-)
+@main.command(epilog=exits.ANALYZE)
+@table.decorators(table.ANALYZE)
 @click.argument("paths", nargs=-1, required=True, type=TraceLocation())
 def analyze(
     out_dir: Path,
@@ -414,20 +231,8 @@ def _load(path: Path) -> Any:
     return report
 
 
-@main.command(
-    epilog="""\b
-Exit codes:
-  0  the report was written
-  2  no report.json in a DIR, one this version cannot read, or several DIRs without --out
-  1  trainadvisor itself failed (please report it)"""
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Write the report here instead of into DIR (needed with several DIRs).",
-)
-@rules_option
+@main.command(epilog=exits.REPORT)
+@table.decorators(table.REPORT)
 @click.argument("folders", metavar="DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
 def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Path, ...]) -> None:
     """Re-render report.html and report.md from DIR/report.json, without rerunning anything
@@ -462,33 +267,8 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
     _run(work)
 
 
-@main.command(
-    epilog="""\b
-Exit codes:
-  0  no regression beyond --max-regression (or within the runs' noise)
-  1  HEAD's throughput is lower than BASE's by more than --max-regression, beyond noise
-  2  a usage problem: no report at a path, a report without the run asked for"""
-)
-@option(
-    "--max-regression",
-    5.0,
-    Finite(min=0),
-    "Largest throughput loss, in percent, that still passes.",
-)
-@option(
-    "--format",
-    "markdown",
-    click.Choice(["markdown", "json"]),
-    "Markdown for a pull-request comment, or JSON for scripts.",
-    "output",
-)
-@option(
-    "--run",
-    "baseline",
-    click.Choice(["baseline", "after"]),
-    "Compare each report's first run (the code as it is) or its run with the kept fixes.",
-    "which",
-)
+@main.command(epilog=exits.COMPARE)
+@table.decorators(table.COMPARE)
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("head", type=click.Path(path_type=Path))
 def compare(max_regression: float, output: str, which: str, base: Path, head: Path) -> None:

@@ -1,55 +1,13 @@
-"""The command line's shared option types and texts: exit codes, durations, options whose
-default `--help` shows, the report folder and rule folders, and torchrun's options."""
+"""The options' own types: durations, amounts of memory, finite numbers and seconds, trace
+locations (a path on this machine or a URL of object storage)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-
-EXIT_CODES = """\b
-Exit codes:
-  0  the report was written
-  2  a usage problem: no such script, no training step seen, bad --out or rule file
-  3  the script failed (its error is shown; what was measured is still reported)
-  1  trainadvisor itself failed (please report it)"""
-
-
-rules_option = click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rule files (*.toml); may be given several times; a rule with a "
-    "built-in id replaces the built-in rule.",
-)
-
-
-def option(name: str, default: Any, kind: Any, help_text: str, *names: str) -> Any:
-    """An option whose default `--help` shows."""
-    return click.option(name, *names, default=default, show_default=True, type=kind, help=help_text)
-
-
-def out_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option(
-        "--out",
-        "out_dir",
-        default="trainadvisor-report",
-        show_default=True,
-        type=click.Path(file_okay=False, path_type=Path),
-        help=help_text + " A folder of yours that is not a report is never written into.",
-    )
-
-
-ANALYZE_EXIT_CODES = """\b
-Exit codes:
-  0  the report was written
-  2  a usage problem: a missing path, a folder without traces, a file that is not a complete
-     trace, an empty trace, a bad --out or rule file
-  1  trainadvisor itself failed (please report it)"""
 
 
 class Duration(click.ParamType):
@@ -140,17 +98,3 @@ class TraceLocation(click.ParamType):
 
         text = str(value)
         return text if is_url(text) else Path(text)
-
-
-def torchrun_options(nproc_per_node: int | None, launcher: dict[str, Any]) -> list[str]:
-    """The torch.distributed.run options given, in its own spelling; none: no torchrun. A
-    single node without rendezvous options gets --standalone (a free local port)."""
-    given = {key: value for key, value in launcher.items() if value is not None}
-    if nproc_per_node is None and not given:
-        return []
-    options = ["--nproc-per-node", str(nproc_per_node or 1)]
-    for key, value in given.items():
-        options += [f"--{key.replace('_', '-')}", str(value)]
-    if not given:
-        options.append("--standalone")
-    return options

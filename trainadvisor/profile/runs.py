@@ -14,7 +14,15 @@ from trainadvisor.analyze.shapes import traced_whole
 from trainadvisor.analyze.summary import attach_trace, summarize
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure, measures_memory
-from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
+from trainadvisor.measure.settle import Settling
+from trainadvisor.options.table import (
+    default,
+    launcher_values,
+    receiving,
+    record_values,
+    repeated,
+    torchrun_argv,
+)
 from trainadvisor.profile.judge import usable
 from trainadvisor.records import Overrides, RawRun, Run, RunLength
 from trainadvisor.redact import mask_arguments
@@ -22,77 +30,55 @@ from trainadvisor.redact import mask_arguments
 
 @dataclass
 class ProfileOptions:
+    """`profile`'s options: one field for each option of its table (`options.table.PROFILE`,
+    with its default), torchrun's as one list, and where the runs write until a report is
+    published."""
+
     script: Path
     args: list[str]
     out_dir: Path
-    warmup: int = 5
-    steps: int = 20
-    seed: int | None = 0
+    warmup: int = default("warmup")
+    steps: int = default("steps")
+    seed: int | None = default("seed")
     rule_dirs: list[Path] = field(default_factory=list)
-    run_to_end: bool = False
-    apply_fixes: bool = True
+    run_to_end: bool = default("run_to_end")
+    apply_fixes: bool = default("apply_fixes")
     torchrun: list[str] = field(default_factory=list)  # torch.distributed.run options, if any
-    timeout_s: float | None = None  # the longest a run may take (a hung rank ends here)
-    stall_s: float | None = None  # no step for this long ends a run; None: the watchdog's own limit
-    budget_s: float | None = None  # the longest all of profile may take; None: no cap
-    only_fixes: list[str] = field(default_factory=list)  # measure only these fixes (--fix)
-    trials: str = "auto"  # "auto": windows of one process where they can run; "restart": fresh runs
-    min_time_s: float = MIN_TIME_S  # every timed window lasts at least this long (--min-time)
-    max_warmup_s: float = MAX_WARMUP_S  # a warm-up that has not settled ends here (--max-warmup)
-    memory_budget_bytes: int | None = None  # --memory-budget; None: on a GPU, what the allocator may use
-    max_workers: int | None = None  # --max-workers: the most DataLoader workers a trial may start
+    timeout_s: float | None = default("timeout_s")
+    stall_s: float | None = default("stall_s")
+    budget_s: float | None = default("budget_s")
+    only_fixes: list[str] = field(default_factory=list)
+    trials: str = default("trials")
+    min_time_s: float = default("min_time_s")
+    max_warmup_s: float = default("max_warmup_s")
+    memory_budget_bytes: int | None = default("memory_budget_bytes")
+    max_workers: int | None = default("max_workers")
     # Where the runs write their traces and logs until a report is published (the writer's
     # staging folder, `report.folder`); None: into out_dir itself.
     stage_dir: Path | None = None
 
 
+def options_from(params: dict[str, Any]) -> ProfileOptions:
+    """The options record of what click parsed (`SCRIPT`, its arguments, the table's options)."""
+    given = dict(params)
+    return ProfileOptions(
+        script=given.pop("script"),
+        args=list(given.pop("script_args")),
+        torchrun=torchrun_argv(launcher_values(given)),
+        **record_values(given),
+    )
+
+
 def reproduce_command(options: ProfileOptions) -> list[str]:
-    """The command line that repeats this run, every option spelled out; the values of the
+    """The command line that repeats this run: every option that differs from its default (and
+    the window's size, the folder and the seed always), in the table's order; the values of the
     script's credential-like arguments masked (`redact`): reports are published."""
-    command = [
-        "trainadvisor",
-        "profile",
-        "--warmup",
-        str(options.warmup),
-        "--steps",
-        str(options.steps),
-        "--out",
-        str(options.out_dir),
-    ]
-    if options.seed is not None:
-        command += ["--seed", str(options.seed)]
-    for folder in options.rule_dirs:
-        command += ["--rules", str(folder)]
-    if options.run_to_end:
-        command.append("--run-to-end")
-    if not options.apply_fixes:
-        command.append("--no-fix")
-    if options.timeout_s is not None:
-        command += ["--timeout", f"{options.timeout_s:g}"]
-    if options.stall_s is not None:
-        command += ["--stall-timeout", f"{options.stall_s:g}"]
-    if options.budget_s is not None:
-        command += ["--budget", f"{options.budget_s:g}s"]
-    for fix in options.only_fixes:
-        command += ["--fix", fix]
-    if options.trials != "auto":
-        command += ["--trials", options.trials]
-    if options.min_time_s != MIN_TIME_S:
-        command += ["--min-time", f"{options.min_time_s:g}s"]
-    if options.max_warmup_s != MAX_WARMUP_S:
-        command += ["--max-warmup", f"{options.max_warmup_s:g}s"]
-    if options.memory_budget_bytes is not None:
-        command += ["--memory-budget", str(options.memory_budget_bytes)]
-    if options.max_workers is not None:
-        command += ["--max-workers", str(options.max_workers)]
+    command = ["trainadvisor", "profile", *repeated(options)]
     return [*command, *options.torchrun, str(options.script), *mask_arguments(options.args)[0]]
 
 
 # What every run of the script takes from the command's options.
-RUN_OPTIONS = (
-    "script", "args", "out_dir", "warmup", "steps", "seed", "torchrun", "timeout_s", "stall_s",
-    "memory_budget_bytes",
-)  # fmt: skip
+RUN_OPTIONS = ("script", "args", "out_dir", "torchrun", *receiving("run"))
 
 
 def spec_for(options: ProfileOptions, label: str, **changes: Any) -> RunSpec:

@@ -1,0 +1,28 @@
+"""What each command's exit codes mean, as `--help` shows them under the options (and the
+docs' CLI reference repeats them)."""
+
+PROFILE = """\b
+Exit codes:
+  0  the report was written
+  2  a usage problem: no such script, no training step seen, bad --out or rule file
+  3  the script failed (its error is shown; what was measured is still reported)
+  1  trainadvisor itself failed (please report it)"""
+
+ANALYZE = """\b
+Exit codes:
+  0  the report was written
+  2  a usage problem: a missing path, a folder without traces, a file that is not a complete
+     trace, an empty trace, a bad --out or rule file
+  1  trainadvisor itself failed (please report it)"""
+
+REPORT = """\b
+Exit codes:
+  0  the report was written
+  2  no report.json in a DIR, one this version cannot read, or several DIRs without --out
+  1  trainadvisor itself failed (please report it)"""
+
+COMPARE = """\b
+Exit codes:
+  0  no regression beyond --max-regression (or within the runs' noise)
+  1  HEAD's throughput is lower than BASE's by more than --max-regression, beyond noise
+  2  a usage problem: no report at a path, a report without the run asked for"""
