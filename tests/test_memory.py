@@ -9,9 +9,9 @@ import click
 import pytest
 import torch
 
-from trainadvisor.options.kinds import SIZE
 from trainadvisor.memory.peak import memory_measurements, step_memory
 from trainadvisor.memory.step import StepMemory, breakdown
+from trainadvisor.options.kinds import SIZE
 from trainadvisor.report.memory import memory_cell
 
 
