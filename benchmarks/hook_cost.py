@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainadvisor.measure import hooks
+from trainadvisor.training import hooks
 
 
 def step_time_us(loader: DataLoader, weight: torch.Tensor, optimizer: torch.optim.Optimizer) -> float:

@@ -21,8 +21,8 @@ from trainadvisor.compute.flops import StepFlops
 from trainadvisor.compute.mfu import utilization, with_baseline_flops
 from trainadvisor.compute.peaks import matmul_dtype
 from trainadvisor.fixes.compile import Compile, compile_change
-from trainadvisor.measure.window import Window, WindowPlan
 from trainadvisor.records import Overrides, RawRun, Trial, WindowShape
+from trainadvisor.training.window import Window, WindowPlan
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -305,7 +305,7 @@ def test_the_switch_compiles_the_module_the_optimizer_trains(tmp_path: Path) -> 
     code = """
 import torch
 from trainadvisor.fixes.compile import install_compile
-from trainadvisor.measure.hooks import Patches
+from trainadvisor.training.hooks import Patches
 
 patches = Patches()
 install_compile(patches, "default", backend="eager")
@@ -507,7 +507,7 @@ def test_the_switch_compiles_each_model_an_optimizer_trains(tmp_path: Path) -> N
     code = """
 import torch
 from trainadvisor.fixes.compile import install_compile
-from trainadvisor.measure.hooks import Patches
+from trainadvisor.training.hooks import Patches
 
 class Generator(torch.nn.Linear): pass
 class Discriminator(torch.nn.Linear): pass

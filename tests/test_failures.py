@@ -12,8 +12,8 @@ import pytest
 from conftest import EXAMPLES, load_report, processes_running
 
 from trainadvisor import _serial, fixes
-from trainadvisor.measure import hooks
 from trainadvisor.measure.runner import RunSpec, _result
+from trainadvisor.training import hooks
 
 
 def test_a_child_that_cannot_save_its_measurements_says_why(

@@ -15,8 +15,8 @@ from conftest import EXAMPLES, SETTLE_CAP, SHORT, run_cli
 from trainadvisor import engine
 from trainadvisor.frameworks.change import fix_change
 from trainadvisor.frameworks.vocab import translate
-from trainadvisor.measure.hooks import Patches
 from trainadvisor.records import FrameworkCall, LoaderInfo, Overrides, RawRun
+from trainadvisor.training.hooks import Patches
 
 transformers = pytest.importorskip("transformers")
 LIGHTNING = (EXAMPLES / "lightning_slow_data.py").resolve()

@@ -21,9 +21,10 @@ from conftest import EXAMPLES, ROOT, SCRIPTS, SETTLE_CAP, SHORT, load_report, ru
 
 from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
 from trainadvisor.analyze.summary import summarize
-from trainadvisor.measure import gpu, hooks, loaders, switches
+from trainadvisor.fixes import switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, StepRecord
+from trainadvisor.training import gpu, hooks, loaders
 
 FAKES = ROOT / "tests" / "fakes"
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "uuid": "2f5e8c3a-0d1b-4b7e-9a55-0c1d2e3f4a5b"}

@@ -161,9 +161,9 @@ def test_when_the_script_ends_during_the_combination_each_keeps_its_own_trial() 
 def test_a_window_counts_what_the_switches_did_in_it() -> None:
     """The proof that a trial ran with its switch on: module outputs that came back from
     autocast in bf16 (on this CPU, autocast's CPU device), counted from the timed steps on."""
-    from trainadvisor.measure import switches
-    from trainadvisor.measure.hooks import Patches
-    from trainadvisor.measure.window import Window, WindowPlan
+    from trainadvisor.fixes import switches
+    from trainadvisor.training.hooks import Patches
+    from trainadvisor.training.window import Window, WindowPlan
 
     model = torch.nn.Linear(4, 2)
     window = Window(WindowPlan(warmup=1, steps=3), profiler=lambda *_: None)

@@ -248,7 +248,7 @@ def test_the_windows_peak_keeps_the_timed_steps_past_the_memory_steps_reset(
     """The window resets the allocator's peaks when timing begins, and the memory step resets
     them again: the window's peak was the memory step's alone. The timed steps' peak is kept
     before that reset. (torch.cuda's statistics calls stood in for: no GPU here.)"""
-    from trainadvisor.measure.gpu import GpuWindow
+    from trainadvisor.training.gpu import GpuWindow
 
     state = {"allocated": 0, "reserved": 0}
 

@@ -13,10 +13,10 @@ from trainadvisor import engine, fixes
 from trainadvisor.fixes.optimizer_foreach import CPU_DEFAULT
 from trainadvisor.frameworks import vocab
 from trainadvisor.frameworks.change import fix_change
-from trainadvisor.measure.gpu import optimizer_facts
-from trainadvisor.measure.hooks import Patches
 from trainadvisor.records import Finding, Overrides, RawRun, Trial
 from trainadvisor.resources import rules_dir
+from trainadvisor.training.gpu import optimizer_facts
+from trainadvisor.training.hooks import Patches
 
 FIX = fixes.REGISTRY["optimizer-foreach"]
 OFF = Overrides(runtime={"optimizer_foreach_off": True})

@@ -9,9 +9,9 @@ from test_window import FakeClock
 
 from trainadvisor.analyze.summary import summarize
 from trainadvisor.measure.settle import Settling
-from trainadvisor.measure.window import Window, WindowPlan
 from trainadvisor.profile import pace
 from trainadvisor.records import Overrides, RawRun, Run, StepRecord, Trial, WindowShape
+from trainadvisor.training.window import Window, WindowPlan
 
 # blocks of 5 steps and 10 ms, three alike within 10% settle, at most 1 s of warm-up
 SETTLE = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=1.0)

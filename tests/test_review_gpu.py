@@ -23,11 +23,12 @@ from trainadvisor import engine
 from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
 from trainadvisor.analyze.reading import read_table
+from trainadvisor.fixes import switches
 from trainadvisor.fixes.amp import Amp
-from trainadvisor.measure import gpu, hooks, loaders, switches
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.records import Overrides
 from trainadvisor.resources import rules_dir
+from trainadvisor.training import gpu, hooks, loaders
 
 FAKES = ROOT / "tests" / "fakes"
 H100_TOTAL_BYTES = 85017493504  # totalGlobalMem of the H100 80GB HBM3 in the H100 run's traces
@@ -187,7 +188,7 @@ def test_the_injected_step_reads_the_scalers_stage_before_torch_2_3(monkeypatch:
 _TF32_CHILD = r"""
 import json, os, sys
 import torch
-from trainadvisor.measure import gpu
+from trainadvisor.training import gpu
 
 B = torch.backends
 READS = {

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from trainadvisor.advising.advisor import Advisor
-from trainadvisor.measure import hooks
 from trainadvisor.measure.config import ChildConfig
 from trainadvisor.measure.settle import Settling
-from trainadvisor.measure.window import Clock, Window, WindowPlan
+from trainadvisor.training import hooks
+from trainadvisor.training.window import Clock, Window, WindowPlan
 
 
 class FakeClock:

@@ -31,7 +31,7 @@ def step() -> None:
     Needed only when the script does not step a `torch.optim` optimizer (steps are found through
     the optimizers' global step hooks otherwise). Once called, optimizer steps are no longer
     counted, so a step is never counted twice. Outside a trainadvisor run this is a no-op."""
-    from trainadvisor.measure import hooks
+    from trainadvisor.training import hooks
 
     if hooks.ACTIVE is not None:
         hooks.ACTIVE.manual_step()

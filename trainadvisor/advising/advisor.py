@@ -46,17 +46,17 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from trainadvisor.advising import sites
 from trainadvisor.advising.report import advise_report, data_parallel_modules, main_script, profile_command
 from trainadvisor.errors import UsageError
-from trainadvisor.measure import gpu, hooks
 from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
-from trainadvisor.measure.window import Clock, Window, WindowPlan, start_profiler
 from trainadvisor.options.table import default
 from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
 from trainadvisor.report.folder import check_out_dir, hold_out_dir
 from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
+from trainadvisor.training import gpu, hooks
+from trainadvisor.training.window import Clock, Window, WindowPlan, start_profiler
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -14,8 +14,8 @@ from types import FrameType
 from typing import Any
 
 from trainadvisor.frameworks import ours_or_torch
-from trainadvisor.measure.loaders import describe_iterator
 from trainadvisor.records import LoaderInfo
+from trainadvisor.training.loaders import describe_iterator
 
 # How many of the user's frames, from the one iterating, are searched for the loader.
 FRAMES = 8

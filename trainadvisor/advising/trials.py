@@ -22,13 +22,13 @@ from torch.utils.data import DataLoader
 
 from trainadvisor import fixes
 from trainadvisor.analyze.summary import summarize
-from trainadvisor.measure import gpu, loaders
-from trainadvisor.measure.hooks import Patches, window_run
-from trainadvisor.measure.window import Window, WindowPlan
 from trainadvisor.profile.runs import ProfileOptions, window_steps
 from trainadvisor.profile.trials import decide
 from trainadvisor.profile.tuning import AS_SCRIPT, ordered
 from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Report, Trial, TrialWindow
+from trainadvisor.training import gpu, loaders
+from trainadvisor.training.hooks import Patches, window_run
+from trainadvisor.training.window import Window, WindowPlan
 
 MAX_TRIALS_PER_FIX = 8
 

@@ -125,7 +125,7 @@ def memory_measurements(
 
 
 def runtime_measurements(runtime: dict[str, Any]) -> dict[str, Any]:
-    """The torch state the child read at the window (see `measure.gpu.torch_facts`)."""
+    """The torch state the child read at the window (see `training.gpu.torch_facts`)."""
     table = {k: v for k, v in runtime.items() if not isinstance(v, dict) and v is not None}
     memory = runtime.get("cuda_memory") or {}
     if memory:

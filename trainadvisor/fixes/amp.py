@@ -49,7 +49,7 @@ class Amp(Switch):
             return
         import torch
 
-        from trainadvisor.measure import switches
+        from trainadvisor.fixes import switches
 
         switches.install_autocast(recorder, torch.bfloat16 if amp == "bf16" else torch.float16)
         if amp == "fp16":  # the scaler steps with gradient accumulation when both are asked for

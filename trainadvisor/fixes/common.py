@@ -111,7 +111,7 @@ class Fix:
         return trial.label
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
-        """The fix's switch in the script's process (`measure.hooks.Recorder` undoes it)."""
+        """The fix's switch in the script's process (`training.hooks.Recorder` undoes it)."""
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         """`source` changed to do at every run what the fix did at run time; None when the fix

@@ -27,7 +27,7 @@ class CudnnBenchmark(GpuFlag):
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
         if overrides.runtime.get("cudnn_benchmark"):
-            from trainadvisor.measure import gpu
+            from trainadvisor.training import gpu
 
             recorder.on_uninstall(gpu.switch_flags(cudnn_benchmark=True))
 

@@ -203,7 +203,7 @@ class DataLoaderWorkers(LoaderSetting):
 
     def _setting(self, values: dict[str, Any], workers: int, prefetch: int | None) -> Setting:
         cuda = bool(values.get("cuda_used"))
-        # none: the loader's worker-only arguments go (`measure.loaders.apply`; the code change
+        # none: the loader's worker-only arguments go (`training.loaders.apply`; the code change
         # sets them off where the script sets them)
         loader: dict[str, Any] = {"num_workers": workers}
         if workers:

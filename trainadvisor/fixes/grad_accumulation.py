@@ -3,7 +3,7 @@
 The DataLoader's batch size is divided by `k` and the script's loop is left as it is: the loss
 is divided by `k` before backward, the optimizer applies its update on every `k`-th `step()`
 only, and `zero_grad()` clears gradients only after an update (see
-`measure.switches.install_step_control`). So one trainadvisor step is still one update over the same
+`fixes.switches.install_step_control`). So one trainadvisor step is still one update over the same
 number of samples. The step structure allows it only with one optimizer, no LR scheduler (it
 would step `k` times per update), and a batch size divisible by `k`; a loss that is a mean over
 the batch is assumed, and the loss check (mean over the window, the micro-batches differ from
@@ -77,6 +77,6 @@ class GradAccumulation(MemoryFix):
         """Micro-batches: the update on every k-th step() (with fp16, `amp` installs both)."""
         k = int(overrides.runtime.get("grad_accumulation") or 1)
         if k > 1 and overrides.runtime.get("amp") != "fp16":
-            from trainadvisor.measure import switches
+            from trainadvisor.fixes import switches
 
             switches.install_step_control(recorder, None, k)

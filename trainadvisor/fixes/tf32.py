@@ -31,7 +31,7 @@ class Tf32(GpuFlag):
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
         if overrides.runtime.get("tf32"):
-            from trainadvisor.measure import gpu
+            from trainadvisor.training import gpu
 
             recorder.on_uninstall(gpu.switch_flags(tf32=True))
 

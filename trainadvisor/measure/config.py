@@ -26,7 +26,7 @@ def traced_whole(steps: list[StepRecord], profile_steps: int) -> int:
 
 @dataclass(frozen=True)
 class WindowSize:
-    """Beyond its minimum step counts, how long a window runs (`measure.window.WindowPlan`): its
+    """Beyond its minimum step counts, how long a window runs (`training.window.WindowPlan`): its
     timed steps last at least `min_time_s`, its warm-up until step time settles (`settle`;
     None: the warm-up is a count of steps), and warm-up and timed steps end at `max_steps`
     where the script has only so many left (None: not known to be short)."""
@@ -54,9 +54,9 @@ class ChildConfig:
     with_stack: bool = False  # record Python stacks in the trace (the call-sites run)
     # where the child names the GPU it trains on, for the parent's NVML sampler ({rank} in it)
     device_file: str | None = None
-    # where the parent sends trial windows after the baseline's (`measure.session`); None: none
+    # where the parent sends trial windows after the baseline's (`training.session`); None: none
     session_dir: str | None = None
-    # where the parent sends the settings of a run started ahead of them (`measure.gate`)
+    # where the parent sends the settings of a run started ahead of them (`training.gate`)
     gate_file: str | None = None
     # the stall watchdog's: the step count, kept in place ({rank} in it), and where the Python
     # stacks go when the parent asks (`measure.watchdog`)

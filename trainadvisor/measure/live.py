@@ -1,4 +1,4 @@
-"""The parent's side of trial windows in one process (`measure.session` is the child's): the
+"""The parent's side of trial windows in one process (`training.session` is the child's): the
 baseline run is kept alive after its window, and each trial is a window of it measured with
 another setting. Commands and results are small JSON files in the run's session folder, each
 written whole (temporary file and rename)."""
@@ -144,7 +144,7 @@ def _how_it_ended(returncode: int) -> str:
 
 
 class Prestarted:
-    """A fresh run started before its settings are known (`measure.gate`): its set-up overlaps
+    """A fresh run started before its settings are known (`training.gate`): its set-up overlaps
     the trials; `run(...)` hands it the settings and measures it as `runner.measure` would."""
 
     def __init__(self, spec: RunSpec) -> None:

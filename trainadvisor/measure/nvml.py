@@ -65,7 +65,7 @@ class NvmlSampler:
         self.nvml = pynvml
 
     def add(self, label: str, identity: dict[str, Any]) -> None:
-        """Sample the GPU a training process named (`measure.gpu.device_identity`)."""
+        """Sample the GPU a training process named (`training.gpu.device_identity`)."""
         if label in self.devices or label in self.refused:
             return
         if identity.get("rocm"):

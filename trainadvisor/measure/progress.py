@@ -28,7 +28,7 @@ from trainadvisor.measure.watchdog import Heartbeat, read_steps
 from trainadvisor.records import RawRun
 
 if TYPE_CHECKING:
-    from trainadvisor.measure.hooks import Recorder
+    from trainadvisor.training.hooks import Recorder
 
 SAVE_MIN_S = 0.1
 SAVE_BUDGET = 400  # a save at most every 400 times the last one's cost: 0.25% of the loop's time

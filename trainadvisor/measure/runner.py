@@ -57,7 +57,7 @@ class RunSpec:
     timeout_s: float | None = None  # None: no limit
     stall_s: float | None = None  # no step for this long: stuck (None: `watchdog`'s own limit)
     session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
-    gate_file: Path | None = None  # start ahead of its settings, which arrive here (`measure.gate`)
+    gate_file: Path | None = None  # start ahead of its settings, which arrive here (`training.gate`)
     size: WindowSize = field(default_factory=WindowSize)  # time floor, settling, the steps it may use
     profile_steps: int = PROFILE_STEPS  # traced after the timed steps (at most as many as those)
     memory_budget_bytes: int | None = None  # what the run may use (--memory-budget), for its report
@@ -210,7 +210,7 @@ def measures_memory(profile: bool, overrides: Overrides) -> bool:
 
 
 def _command(spec: RunSpec, files: _Files) -> list[str]:
-    """`python -m trainadvisor.measure.child CONFIG SCRIPT ARGS`, through torchrun when asked
+    """`python -m trainadvisor.training.child CONFIG SCRIPT ARGS`, through torchrun when asked
     (torchrun's own process then starts the ranks, each running the child module)."""
     config = ChildConfig(
         label=spec.label,
@@ -233,7 +233,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)
-    command = [sys.executable, "-m", "trainadvisor.measure.child", str(config_file), str(spec.script)]
+    command = [sys.executable, "-m", "trainadvisor.training.child", str(config_file), str(spec.script)]
     if spec.torchrun:
         command = [sys.executable, "-m", "torch.distributed.run", *spec.torchrun, "--module", *command[2:]]
     return [*command, *spec.args]

@@ -2,7 +2,7 @@
 the error's own figures ("Tried to allocate 128.00 MiB ... 3.17 GiB allowed; ... 3.06 GiB is
 allocated by PyTorch"), the allocator's statistics and snapshot on a GPU
 (`torch.cuda.memory_stats()`, `torch.cuda.memory._snapshot()`), and the storages the optimizer
-owns. Pure: the child gathers the inputs (`measure.failure`), the parent reads the facts
+owns. Pure: the child gathers the inputs (`training.failure`), the parent reads the facts
 (`oom_measurements`), and tests feed it snapshots recorded on a GPU.
 
 A snapshot's live blocks carry the stack that allocated them only where the allocator's history

@@ -18,7 +18,7 @@ WHY_RESTART = "the script died of out-of-memory: each candidate runs it afresh"
 
 
 def died_of_oom(raw: RawRun) -> bool:
-    """Whether the run failed with an out-of-memory error (`measure.failure` recorded it)."""
+    """Whether the run failed with an out-of-memory error (`training.failure` recorded it)."""
     return raw.status == "script_failed" and bool(raw.runtime.get("oom"))
 
 

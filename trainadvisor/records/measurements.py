@@ -21,7 +21,7 @@ class Measurement:
 
 _STEP = "analyze.summary"
 _TRACE = "analyze.measures"
-_RUNTIME = "measure.gpu (the child's runtime facts), analyze.measures"
+_RUNTIME = "training.gpu (the child's runtime facts), analyze.measures"
 _MEMORY = "memory.peak"
 _OOM = "memory.oom"
 _DYNAMO = "compute.dynamo"

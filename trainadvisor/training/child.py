@@ -1,6 +1,6 @@
 """Entry point of the child process that runs the user's script under instrumentation:
 
-    python -m trainadvisor.measure.child CONFIG.json SCRIPT [ARGS...]
+    python -m trainadvisor.training.child CONFIG.json SCRIPT [ARGS...]
 
 The script runs as `__main__` with `sys.argv = [SCRIPT, *ARGS]` and `sys.path[0]` its folder,
 as `python SCRIPT ARGS` would run it. Exit codes: the script's own, or 0 once the profiled
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainadvisor.measure import hooks
+    from trainadvisor.training import hooks
 
 
 def _seed(seed: int) -> None:
@@ -79,8 +79,8 @@ def main() -> int:
     from trainadvisor.measure.console import quiet_numpy_warning
 
     quiet_numpy_warning()
-    from trainadvisor.measure import hooks
     from trainadvisor.measure.config import load_config
+    from trainadvisor.training import hooks
 
     config = load_config(config_path)
     # Under torchrun every rank runs this with the same config: each writes files of its own.
@@ -100,11 +100,11 @@ def main() -> int:
         _seed(config.seed)
     recorder = hooks.install(config)
     if config.session_dir is not None:  # trial windows follow the run's own
-        from trainadvisor.measure.session import Session
+        from trainadvisor.training.session import Session
 
         recorder.session = Session(Path(config.session_dir))
     if config.gate_file is not None:  # started ahead of its settings
-        from trainadvisor.measure.gate import hold
+        from trainadvisor.training.gate import hold
 
         hold(recorder, Path(config.gate_file))
     if config.heartbeat_file is not None:  # the stall watchdog's, and the steps so far (`progress`)
@@ -130,7 +130,7 @@ def main() -> int:
         _print_script_traceback(exc, script)
         recorder.died(exc)
         summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        from trainadvisor.measure.loaders import NOTE_PREFIX  # torch is imported by now
+        from trainadvisor.training.loaders import NOTE_PREFIX  # torch is imported by now
 
         summary = summary.replace(f"\n{NOTE_PREFIX}", f"; {NOTE_PREFIX}")  # one line
         recorder.write("script_failed", 1, summary)

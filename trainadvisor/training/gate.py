@@ -16,7 +16,7 @@ import psutil
 
 from trainadvisor import _serial
 from trainadvisor.measure.config import WindowCommand
-from trainadvisor.measure.hooks import Recorder, WindowComplete
+from trainadvisor.training.hooks import Recorder, WindowComplete
 
 POLL_S = 0.005
 

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from trainadvisor import _serial, fixes
-from trainadvisor.measure import gpu, loaders
 from trainadvisor.measure.config import WindowCommand, command_file, window_file
-from trainadvisor.measure.hooks import Patches, Recorder, WindowComplete, window_plan, window_run
-from trainadvisor.measure.window import Window
 from trainadvisor.records import LoaderInfo, Overrides
+from trainadvisor.training import gpu, loaders
+from trainadvisor.training.hooks import Patches, Recorder, WindowComplete, window_plan, window_run
+from trainadvisor.training.window import Window
 
 POLL_S = 0.005
 
@@ -142,7 +142,7 @@ class Session:
         patches = self.patches = WindowPatches(recorder)
         wanted = command.overrides
         if wanted.non_blocking_h2d and torch.cuda.is_available():
-            from trainadvisor.measure import switches
+            from trainadvisor.fixes import switches
 
             switches.install_non_blocking_copies(patches)
             recorder.non_blocking_h2d = True

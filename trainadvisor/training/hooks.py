@@ -1,4 +1,4 @@
-"""Instrumentation installed inside the user's process (see `measure.child`).
+"""Instrumentation installed inside the user's process (see `training.child`).
 
 Steps are found through torch's global optimizer step hook (or `trainadvisor.step()`); the
 DataLoader's iterator `__next__` is timed; the scalar `.backward()` is called on is kept as the
@@ -25,12 +25,13 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainadvisor import _serial, fixes
+from trainadvisor.fixes import switches
 from trainadvisor.frameworks import watch
-from trainadvisor.measure import failure, gpu, loaders, switches
 from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file
-from trainadvisor.measure.window import Clock, Window, WindowPlan
 from trainadvisor.memory.blocks import find_trained, repeated_blocks
 from trainadvisor.records import DeviceInfo, FrameworkCall, LoaderInfo, RawRun
+from trainadvisor.training import failure, gpu, loaders
+from trainadvisor.training.window import Clock, Window, WindowPlan
 
 ACTIVE: Recorder | None = None
 
@@ -63,7 +64,7 @@ class Patches:
 
 
 class Recorder(Patches):
-    """Finds the script's steps and feeds them to the measuring window (`measure.window`); owns
+    """Finds the script's steps and feeds them to the measuring window (`training.window`); owns
     every patch installed in the process, and writes what the baseline window measured."""
 
     def __init__(self, config: ChildConfig, clock: Clock | None = None) -> None:
@@ -90,12 +91,12 @@ class Recorder(Patches):
         self.loss_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         # DataLoader arguments by call site for loaders built from now on (a trial window's)
         self.loader_overrides = config.overrides.loaders
-        # Trial windows after the baseline's, in this process (`measure.session`), or None.
+        # Trial windows after the baseline's, in this process (`training.session`), or None.
         self.session: Any = None
-        # A run started ahead of its settings (`measure.gate`): called once, at the script's
+        # A run started ahead of its settings (`training.gate`): called once, at the script's
         # first DataLoader, backward() or step, it waits for them and applies them.
         self.gate: Callable[[], None] | None = None
-        self.death_facts: dict[str, Any] = {}  # what an out-of-memory left (`measure.failure`)
+        self.death_facts: dict[str, Any] = {}  # what an out-of-memory left (`training.failure`)
         self.model_blocks: dict[str, Any] = {}  # the trained model's repeated blocks (`memory.blocks`)
         super().__init__()
         self.window = self.new_window()

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from trainadvisor.measure import gpu
 from trainadvisor.memory import oom
 from trainadvisor.memory.step import optimizer_tensors
+from trainadvisor.training import gpu
 
 # The allocation trace kept beside the live blocks' stacks: its last entry is the refused
 # request (exact bytes, where the message rounds them); older ones are not read.

@@ -3,8 +3,8 @@
 steps timed with clocks alone for at least `min_time_s`, then (when asked) the profiler's warmup
 step and `profile_steps` steps traced with torch.profiler, whose overhead would bias the timing.
 Where the script has only so many steps left (`max_steps`), warm-up and timed steps end there.
-Profile's child (`measure.hooks.Recorder`) and `@advise` (`advisor.Advisor`) both drive one; the
-child then goes on through a sequence of trial windows in the same process (`measure.session`).
+Profile's child (`training.hooks.Recorder`) and `@advise` (`advisor.Advisor`) both drive one; the
+child then goes on through a sequence of trial windows in the same process (`training.session`).
 
 The window knows nothing of how steps are found: its owner calls `boundary()` at the end of each
 step and reports what happened inside it (`add_data_wait`, `add_batch`, `set_loss`,
@@ -21,12 +21,13 @@ import torch
 
 from trainadvisor.compute.dynamo import compile_facts
 from trainadvisor.compute.flops import StepFlops, compiled_frames, measure_cpu_peak_facts
-from trainadvisor.measure import gpu, switches
+from trainadvisor.fixes import switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, traced_whole
 from trainadvisor.measure.race import lost_in_timed, lost_in_warmup
 from trainadvisor.measure.settle import Blocks, Settling
 from trainadvisor.memory.step import StepMemory
 from trainadvisor.records import StepRecord, WindowShape
+from trainadvisor.training import gpu
 
 Phase = Literal["warmup", "timed", "traced", "done"]
 

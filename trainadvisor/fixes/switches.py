@@ -15,7 +15,7 @@ import torch
 
 
 class Patcher(Protocol):
-    """What a switch needs of the recorder (see `measure.hooks.Recorder`)."""
+    """What a switch needs of the recorder (see `training.hooks.Recorder`)."""
 
     loss_transform: Callable[[torch.Tensor], torch.Tensor] | None
 

@@ -242,7 +242,7 @@ def check_pinning_device(loader: DataLoader, info: LoaderInfo, refuse: Callable[
 @dataclass
 class LiveLoaders:
     """The DataLoaders this process built, for trial windows that change their settings while
-    the loop runs (`measure.session`): each loader's arguments as built, the loader itself (a
+    the loop runs (`training.session`): each loader's arguments as built, the loader itself (a
     weak reference: the script decides when it goes), and the iterator that served its last
     batch (the one the loop is calling)."""
 
