@@ -21,7 +21,7 @@ from conftest import EXAMPLES, ROOT, SCRIPTS, SETTLE_CAP, SHORT, load_report, ru
 
 from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
 from trainadvisor.analyze.summary import summarize
-from trainadvisor.fixes import switches
+from trainadvisor.fixes import flags, switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, StepRecord
 from trainadvisor.training import gpu, hooks, loaders
@@ -399,7 +399,7 @@ def test_bf16_and_tf32_on_older_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", old_check)
     monkeypatch.setattr(torch.backends.cuda, "matmul", SimpleNamespace(allow_tf32=True))
     assert gpu.native_bf16(0) is True
-    assert (gpu.tf32_api(), gpu.tf32_enabled()) == ("legacy", True)
+    assert (flags.tf32_api(), flags.tf32_enabled()) == ("legacy", True)
 
 
 def test_pinned_memory_is_left_out_where_no_gpu_is_there() -> None:
@@ -435,22 +435,22 @@ def test_tf32_is_read_and_switched_in_the_api_the_script_uses() -> None:
     read from the new API and the switch writes it, and both come back as they were."""
     new = _in_child(
         "import torch\n"
-        "from trainadvisor.measure import gpu\n"
+        "from trainadvisor.fixes import flags\n"
         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
         "torch.backends.cudnn.conv.fp32_precision = 'ieee'\n"
-        "restore = gpu.switch_flags(tf32=True, cudnn_benchmark=True)\n"
-        "on = (gpu.tf32_api(), gpu.tf32_enabled(), gpu.float32_matmul_precision(),\n"
+        "restore = flags.switch_flags(tf32=True, cudnn_benchmark=True)\n"
+        "on = (flags.tf32_api(), flags.tf32_enabled(), flags.float32_matmul_precision(),\n"
         "      torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.benchmark)\n"
         "restore()\n"
         "print(on, torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.benchmark,\n"
-        "      gpu.tf32_api())\n"
+        "      flags.tf32_api())\n"
     )
     assert new == "('new', True, 'high', 'tf32', True) ieee False new"
     legacy = _in_child(
         "import torch\n"
-        "from trainadvisor.measure import gpu\n"
-        "restore = gpu.switch_flags(tf32=True)\n"
-        "on = (gpu.tf32_api(), torch.backends.cuda.matmul.allow_tf32, gpu.float32_matmul_precision())\n"
+        "from trainadvisor.fixes import flags\n"
+        "restore = flags.switch_flags(tf32=True)\n"
+        "on = (flags.tf32_api(), torch.backends.cuda.matmul.allow_tf32, flags.float32_matmul_precision())\n"
         "restore()\n"
         "print(on, torch.backends.cuda.matmul.allow_tf32)\n"
     )

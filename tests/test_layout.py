@@ -4,8 +4,10 @@ way (cli -> commands -> stages -> measure / analyze -> records), without circles
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "trainadvisor"
@@ -74,25 +76,79 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_lower_layers_never_import_the_commands_above_them() -> None:
-    """report/ renders saved records (no running anything), analyze/ and measure/ are the
-    stages' tools: none of them imports a command's package or the command line."""
-    above = ("trainadvisor.profile", "trainadvisor.advising", "trainadvisor.cli")
-    forbidden = {
-        "trainadvisor.report": (*above, "trainadvisor.measure"),
-        "trainadvisor.analyze": above,
-        "trainadvisor.measure": (*above, "trainadvisor.report", "trainadvisor.analyze"),
-        "trainadvisor.records": ("trainadvisor.",),  # records import only their own modules
-    }
-    wrong = [
-        f"{module} imports {target}"
-        for module, targets in _imports().items()
-        for layer, banned in forbidden.items()
-        if module == layer or module.startswith(f"{layer}.")
-        for target in targets
-        if target.startswith(banned) and not target.startswith(f"{layer}.")
-    ]
+def _unit(module: str) -> str:
+    """The boundary a module belongs to: its package under trainadvisor/, or the top-level module
+    itself (`trainadvisor` for the package's own `__init__`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _unit_paths() -> dict[str, Path]:
+    """Each boundary's file that declares what it may import: a package's `__init__.py`, a
+    top-level module itself."""
+    found = {"trainadvisor": PACKAGE / "__init__.py"}
+    for path in PACKAGE.iterdir():
+        if path.is_dir() and (path / "__init__.py").is_file():
+            found[path.name] = path / "__init__.py"
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            found[path.stem] = path
+    return found
+
+
+MAY_IMPORT = re.compile(r"May import: (.*?)\.\s*\Z", re.S)
+
+
+def declared(docstring: str, known: set[str]) -> set[str]:
+    """The boundaries a docstring's closing "May import: a (why), b, c." names ("nothing of the
+    package": none); a name that is no boundary, or no such line, is an error."""
+    found = MAY_IMPORT.search(docstring)
+    assert found, 'its docstring must end with "May import: ...." naming the packages it imports'
+    text = re.sub(r"\([^()]*\)", "", " ".join(found[1].split()))
+    if text == "nothing of the package":
+        return set()
+    names = {name.strip() for name in text.split(",")}
+    assert names <= known, f"not packages or modules of trainadvisor: {sorted(names - known)}"
+    return names
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, targets in _imports().items():
+        graph.setdefault(_unit(module), set()).update(_unit(t) for t in targets)
+    return {unit: targets - {unit} for unit, targets in graph.items()}
+
+
+def test_each_package_imports_only_what_its_docstring_says_it_may() -> None:
+    """A folder (or top-level module) is a boundary: its docstring's "May import" line is the
+    rule, so it cannot say one thing while the code does another."""
+    paths = _unit_paths()
+    wrong = []
+    for unit, targets in sorted(_unit_graph().items()):
+        allowed = declared(ast.get_docstring(ast.parse(paths[unit].read_text())) or "", set(paths))
+        wrong += [f"{unit} imports {target}" for target in sorted(targets - allowed)]
     assert wrong == []
+
+
+def test_the_boundaries_form_layers_no_arrow_runs_back_up() -> None:
+    assert _cycles(_unit_graph()) == []
+
+
+def test_the_may_import_line_is_read_as_written() -> None:
+    known = {"records", "errors", "measure", "fixes"}
+    assert declared("Text.\n\nMay import: records, errors (its codes),\nmeasure.", known) == {
+        "records", "errors", "measure"
+    }  # fmt: skip
+    assert declared("Text.\n\nMay import: nothing of the package.", known) == set()
+    with pytest.raises(AssertionError, match="not packages"):
+        declared("May import: records, reports.", known)
+    with pytest.raises(AssertionError, match="must end with"):
+        declared("May import records and errors; never cli.", known)
+
+
+def test_the_users_process_never_imports_trainadvisors_side_of_a_run() -> None:
+    """measure/ (trainadvisor's process, torch-free) never imports training/ (the user's process,
+    which imports torch): the parent of every run stays light."""
+    assert "training" not in _unit_graph()["measure"]
 
 
 def test_the_top_holds_few_modules_and_every_package_says_what_it_is() -> None:

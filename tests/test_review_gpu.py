@@ -23,7 +23,7 @@ from trainadvisor import engine
 from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
 from trainadvisor.analyze.reading import read_table
-from trainadvisor.fixes import switches
+from trainadvisor.fixes import flags, switches
 from trainadvisor.fixes.amp import Amp
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.records import Overrides
@@ -188,7 +188,7 @@ def test_the_injected_step_reads_the_scalers_stage_before_torch_2_3(monkeypatch:
 _TF32_CHILD = r"""
 import json, os, sys
 import torch
-from trainadvisor.training import gpu
+from trainadvisor.fixes import flags
 
 B = torch.backends
 READS = {
@@ -228,7 +228,7 @@ def later():
 def case(setup):
     exec(setup)
     before, before_later = snapshot(), later()
-    restore = gpu.switch_flags(tf32=True, cudnn_benchmark=True)
+    restore = flags.switch_flags(tf32=True, cudnn_benchmark=True)
     during = snapshot()
     restore()
     return {"before": before, "during": during, "after": snapshot(), "later": [before_later, later()]}
@@ -327,7 +327,7 @@ def test_tf32_and_autotuning_come_back_exactly_on_the_legacy_api(
     cudnn = SimpleNamespace(allow_tf32=cudnn_tf32, benchmark=benchmark)
     monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
     monkeypatch.setattr(torch.backends, "cudnn", cudnn)
-    restore = gpu.switch_flags(tf32=True, cudnn_benchmark=True)
+    restore = flags.switch_flags(tf32=True, cudnn_benchmark=True)
     assert (matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark) == (True, True, True)
     restore()
     assert (matmul.precision, cudnn.allow_tf32, cudnn.benchmark) == (precision, cudnn_tf32, benchmark)

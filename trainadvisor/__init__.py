@@ -6,11 +6,12 @@ From the command line: `trainadvisor profile train.py [script args]`.
 Steps are found through `torch.optim` optimizers, or through backward() where the script builds
 none; a loop can also mark each step with `trainadvisor.step()`, which does nothing outside a
 trainadvisor run.
-"""
+
+May import: advising, training, _version."""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from trainadvisor._version import __version__
 
 __all__ = ["advise", "step", "__version__"]
 

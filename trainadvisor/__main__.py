@@ -1,3 +1,7 @@
+"""`python -m trainadvisor`: the command line.
+
+May import: cli."""
+
 from trainadvisor.cli import main
 
 main()

@@ -1,5 +1,7 @@
 """Plain-data (de)serialisation of the pipeline's dataclasses, so every stage can be saved as
-JSON and loaded back to re-render a report without rerunning anything."""
+JSON and loaded back to re-render a report without rerunning anything.
+
+May import: errors."""
 
 from __future__ import annotations
 

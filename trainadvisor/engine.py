@@ -2,7 +2,9 @@
 against a run's named measurements. Rules only propose fixes; `fixes` applies them.
 
 A rule's conditions are small expressions over measurement names, e.g. `data_wait_pct >= 20`,
-evaluated by a whitelist interpreter (comparisons, and/or/not, arithmetic): no Python `eval`."""
+evaluated by a whitelist interpreter (comparisons, and/or/not, arithmetic): no Python `eval`.
+
+May import: records, errors, resources."""
 
 from __future__ import annotations
 

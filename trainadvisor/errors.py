@@ -1,5 +1,7 @@
 """Exceptions of trainadvisor. Each carries the exit code the CLI ends with and a message
-that tells the user what to do next."""
+that tells the user what to do next.
+
+May import: nothing of the package."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
     from trainadvisor.integrations import HuggingFaceAdvisor, LightningAdvisor
 
-(defined in `trainadvisor.advising.integrations`)."""
+(defined in `trainadvisor.advising.integrations`).
+
+May import: advising."""
 
 from trainadvisor.advising.integrations import HuggingFaceAdvisor, LightningAdvisor
 

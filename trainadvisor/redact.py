@@ -3,7 +3,9 @@ argument whose name looks like a credential (`--hf-token hf_...`, `--wandb-key=.
 `api_key=...`) and the password of a URL (`postgres://user:PASSWORD@host/db`) are shown as
 `***` wherever a report repeats the command line (`mask_arguments`), and wherever else the
 value turns up (`Secrets`): an exception that quotes it, a log the script printed it to, the
-results its process saved."""
+results its process saved.
+
+May import: nothing of the package."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Where the shipped rule files and report templates are: inside the installed package
 (the wheel maps the repository's top-level `rules/` and `templates/` there), or the repository's
-own folders when running from a source checkout."""
+own folders when running from a source checkout.
+
+May import: nothing of the package."""
 
 from __future__ import annotations
 

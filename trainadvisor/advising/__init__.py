@@ -2,5 +2,5 @@
 (`advisor`), its trial windows (`trials`), its report (`report`), and the Lightning and Hugging
 Face callbacks (`integrations`, public as `trainadvisor.integrations`).
 
-May import: measure/, analyze/, fixes/, frameworks/, report/, profile/ (the trial decisions and
-window sizes the `profile` command shares), engine, records; never cli."""
+May import: profile (the trial decisions and window sizes the `profile` command shares), training,
+report, analyze, engine, options, fixes, frameworks, measure, records, redact, resources, errors."""

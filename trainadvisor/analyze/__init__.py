@@ -8,5 +8,5 @@ measurements for the rules (`measures`, `summary`), a run's windows and the scri
 (`ranks`, `rank_table`, and `rank_overview` for many of them) and the engines that analyse each
 trace, on this machine's cores or a Ray cluster (`engines`).
 
-May import: engine (the command's diagnosis), frameworks/ (a loop's framework), records and the
-top-level helpers; never profile/, advising/, report/, measure/ or cli."""
+May import: engine (the command's diagnosis), frameworks (a loop's framework), compute, memory,
+measure (the torch-free window configuration), records, _serial, _version, errors."""

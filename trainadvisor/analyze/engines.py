@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainadvisor import __version__
+from trainadvisor._version import __version__
 from trainadvisor.analyze.kineto import TraceAnalysis, analyze_trace
 from trainadvisor.analyze.reading import cores, on_workers
 from trainadvisor.errors import MissingDependencyError, TrainAdvisorError, UsageError

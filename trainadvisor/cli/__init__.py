@@ -1,4 +1,7 @@
-"""The `trainadvisor` command line."""
+"""The `trainadvisor` command line.
+
+May import: profile, analyze, report, options, measure (signals noted where they arrive), records,
+resources, _version, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
-from trainadvisor import __version__
+from trainadvisor._version import __version__
 from trainadvisor.cli import exits
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
 from trainadvisor.options import table

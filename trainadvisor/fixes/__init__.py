@@ -2,7 +2,10 @@
 Each fix is one module here (see `common.Fix`): when it applies, its candidate settings and its
 choice among their measured trials, its run-time switch, and its code change. Adding a fix means
 one module, its entry in REGISTRY, one rule file listing it and one case in the tests. Policies
-are pure: only `profile` runs processes."""
+are pure: only `profile` runs processes. Their run-time switches share `switches` (autocast, the
+optimizer step's control, non-blocking copies) and `flags` (TF32, cuDNN autotuning).
+
+May import: memory (the model's repeated blocks), records, units."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ class BatchSize(Fix):
 
     def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
         """Against a budget: the largest batch measured to fit it, and the first that did not."""
-        from trainadvisor.report.utilization import scaled
+        from trainadvisor.units import scaled
 
         budget = values.get("memory_budget_bytes")
         if budget is None:

@@ -215,7 +215,7 @@ class MemoryFix(Fix):
 
     def cost(self, trial: Trial, values: dict[str, Any]) -> str:
         """'peak 40.1 MB -> 21.3 MB, fits the budget of 30.0 MB; 1.31x slower per step'."""
-        from trainadvisor.report.utilization import scaled
+        from trainadvisor.units import scaled
 
         peak, base = trial_peak(trial) or 0, baseline_peak(values) or 0
         text = f"peak {scaled(base, 'B', 'kMGT')} -> {scaled(peak, 'B', 'kMGT')}"

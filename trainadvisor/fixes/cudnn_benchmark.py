@@ -27,9 +27,9 @@ class CudnnBenchmark(GpuFlag):
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
         if overrides.runtime.get("cudnn_benchmark"):
-            from trainadvisor.training import gpu
+            from trainadvisor.fixes import flags
 
-            recorder.on_uninstall(gpu.switch_flags(cudnn_benchmark=True))
+            recorder.on_uninstall(flags.switch_flags(cudnn_benchmark=True))
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         from trainadvisor.fixes import codechange  # libcst: not in the measured run

@@ -31,9 +31,9 @@ class Tf32(GpuFlag):
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
         if overrides.runtime.get("tf32"):
-            from trainadvisor.training import gpu
+            from trainadvisor.fixes import flags
 
-            recorder.on_uninstall(gpu.switch_flags(tf32=True))
+            recorder.on_uninstall(flags.switch_flags(tf32=True))
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         from trainadvisor.fixes import codechange  # libcst: not in the measured run

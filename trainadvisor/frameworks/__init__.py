@@ -7,7 +7,9 @@ permanent. `watch` records, in the script's process, each framework settings obj
 builds (`TrainingArguments`, `Trainer`, `Accelerator`: where, and from code, the command line or
 a config file) and which framework built each DataLoader; `vocab` says a fix's settings in the
 framework's own terms; `change` turns them into a diff of the user's call, or the flags and
-config keys to set when the values come from the command line or a file."""
+config keys to set when the values come from the command line or a file.
+
+May import: fixes (their code changes, in a framework's terms), records."""
 
 from __future__ import annotations
 

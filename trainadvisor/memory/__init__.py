@@ -1,3 +1,4 @@
 """What fills a step's memory: the peak split into parameters, gradients, optimizer state,
-activations kept for backward and the rest, measured on one step of the window (`step`). May
-import trainadvisor.records and trainadvisor.errors; never a command's package."""
+activations kept for backward and the rest, measured on one step of the window (`step`).
+
+May import: records, errors."""

@@ -3,4 +3,4 @@ trace locations) and the table of each command's options (`table`), from which t
 line's decorators, the options record, what each run and the user's process receive, the command
 that repeats a run and the docs' CLI reference are derived.
 
-May import: records, redact, and analyze.sources (a trace location's URL test)."""
+May import: analyze (a trace location's URL test), measure (the window's default size)."""

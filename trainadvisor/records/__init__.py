@@ -3,7 +3,9 @@
     profile -> RawRun -> Run (measurements) -> [Finding] -> FixPlan -> FixOutcome -> Comparison
     -> Report
 
-Every class here is a dataclass of plain values, saved as JSON (see `_serial`)."""
+Every class here is a dataclass of plain values, saved as JSON (see `_serial`).
+
+May import: nothing of the package."""
 
 from __future__ import annotations
 

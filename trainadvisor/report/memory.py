@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainadvisor.records import Report, Run
-from trainadvisor.report.utilization import scaled
+from trainadvisor.units import scaled
 
 PARTS = (
     ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),

@@ -108,8 +108,9 @@ def main() -> int:
 
         hold(recorder, Path(config.gate_file))
     if config.heartbeat_file is not None:  # the stall watchdog's, and the steps so far (`progress`)
-        from trainadvisor.measure.progress import Progress, progress_file
+        from trainadvisor.measure.progress import progress_file
         from trainadvisor.measure.watchdog import Heartbeat
+        from trainadvisor.training.progress import Progress
 
         heartbeat = Heartbeat(config.heartbeat_file.replace("{rank}", rank))
         recorder.heartbeat = Progress(recorder, heartbeat, progress_file(config.result_file))

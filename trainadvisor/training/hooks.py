@@ -25,7 +25,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainadvisor import _serial, fixes
-from trainadvisor.fixes import switches
+from trainadvisor.fixes import flags, switches
 from trainadvisor.frameworks import watch
 from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file
 from trainadvisor.memory.blocks import find_trained, repeated_blocks
@@ -212,7 +212,7 @@ class Recorder(Patches):
         failure.stop_history()  # no timed step pays for the allocator's history
         runtime = self.config.overrides.runtime
         if runtime.get("tf32") or runtime.get("cudnn_benchmark"):  # again, in case the script reset them
-            gpu.switch_flags(
+            flags.switch_flags(
                 tf32=bool(runtime.get("tf32")), cudnn_benchmark=bool(runtime.get("cudnn_benchmark"))
             )
         return gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"), window.device)
