@@ -15,8 +15,9 @@ import tomllib
 from conftest import DATA, ROOT, shared_trace
 
 from trainadvisor import engine
-from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.kineto import analyze_trace
+from trainadvisor.analyze.summary import named_measurements
 from trainadvisor.resources import rules_dir
 
 CASES = ROOT / "tests" / "rule_cases"
@@ -34,7 +35,7 @@ def _cases() -> list[Any]:
 @cache
 def _trace_values(path: Path) -> dict[str, Any]:
     analysis = analyze_trace(path)
-    return measurements(analysis, to_run(analysis))
+    return named_measurements(to_run(analysis))
 
 
 def test_every_rule_has_firing_and_quiet_cases() -> None:

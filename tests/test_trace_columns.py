@@ -17,11 +17,12 @@ from trainadvisor import engine
 from trainadvisor._serial import to_plain
 from trainadvisor.analyze import reading
 from trainadvisor.analyze.columns import FLOAT32, REDUCED
-from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.device import combined
 from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.rank_table import RankRow, _straggler, rank_values
 from trainadvisor.analyze.stream import split_points
+from trainadvisor.analyze.summary import named_measurements
 from trainadvisor.resources import rules_dir
 
 NVJET = "nvjet_sm103_tst_384x16_64x4_4x1_v_bz_TNT"  # B300 decode trace
@@ -134,7 +135,7 @@ def test_allocator_calls_in_steady_steps_fire_allocator_churn(tmp_path: Path) ->
     a = analyze_trace(write(tmp_path / "churn.json", events))
     assert [s.allocator_calls for s in a.steps] == [2, 2, 2]
     assert [round(s.allocator_ms, 3) for s in a.steps] == [0.15, 0.15, 0.15]
-    values = measurements(a, to_run(a))
+    values = named_measurements(to_run(a))
     assert values["allocator_calls_per_step"] == 2 and round(values["allocator_pct"], 1) == 15.0
     rules = engine.load_rules([rules_dir()])
     churn = [f for f in engine.diagnose(values, rules).findings if f.rule == "allocator-churn"]

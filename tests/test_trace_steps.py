@@ -12,8 +12,9 @@ import pytest
 from conftest import DATA, run_cli, shared_trace
 
 from trainadvisor import engine
-from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.kineto import analyze_trace
+from trainadvisor.analyze.summary import named_measurements
 from trainadvisor.resources import rules_dir
 
 OWN = DATA / "traces"
@@ -23,7 +24,7 @@ SGD = "optimizer steps (Optimizer.step#SGD.step): 6 iterations, the first (warm-
 
 def findings(path: Path) -> dict[str, str]:
     a = analyze_trace(path)
-    return {f.rule: f.severity for f in engine.diagnose(measurements(a, to_run(a)), RULES).findings}
+    return {f.rule: f.severity for f in engine.diagnose(named_measurements(to_run(a)), RULES).findings}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,7 @@ def test_a_trace_where_nothing_marks_an_iteration_stays_one_window() -> None:
     )
     assert a.step_method == "nothing marks an iteration: the trace is one window"
     assert len(a.steps) == 1 and not a.steps_found and a.h2d_pageable == 16
-    values = measurements(a, to_run(a))
+    values = named_measurements(to_run(a))
     assert values["step_unit"] == "window" and values["h2d_pageable_per_step"] == 16
     assert "kernels_per_step" not in values  # launch-bound needs steps, not a window
 
@@ -151,7 +152,7 @@ def test_graph_launches_count_their_kernels_once_and_as_the_graphs_work() -> Non
         )
     )
     assert (b300.graph_launches, b300.graph_kernels, b300.kernels, b300.short_kernels) == (1, 676, 713, 36)
-    values = measurements(b300, to_run(b300))
+    values = named_measurements(to_run(b300))
     assert values["graph_kernels"] == 676 and round(values["short_kernel_pct"], 1) == round(100 * 36 / 37, 1)
 
 

@@ -8,7 +8,6 @@ import dataclasses
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
@@ -16,12 +15,12 @@ from trainadvisor.analyze import archives
 from trainadvisor.analyze.bounds import refuse_special, regular_file
 from trainadvisor.analyze.engines import Engine, LocalEngine
 from trainadvisor.analyze.kineto import TraceAnalysis
-from trainadvisor.analyze.measures import trace_measurements
+from trainadvisor.analyze.measures import trace_measurements, traced_only
 from trainadvisor.analyze.rank_overview import ranges
 from trainadvisor.analyze.rank_table import RankTable, rank_table, rank_values
 from trainadvisor.analyze.sources import TRACE_SUFFIXES, Location, is_url, list_urls
 from trainadvisor.analyze.sources import shown as shown_url
-from trainadvisor.analyze.summary import stats, window_throughputs
+from trainadvisor.analyze.summary import TRACED, named_measurements, stats, window_throughputs
 from trainadvisor.engine import Rule
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
@@ -80,6 +79,7 @@ def to_run(analysis: TraceAnalysis) -> Run:
         loaders=[],
         device=DeviceInfo("unknown", "unknown", 0, analysis.gpu_name is not None, None, analysis.gpu_name),
         trace_file=analysis.path,
+        step_source=TRACED,
     )
     count = len(records) or 1
     total_ms = sum(r.step_ms for r in records)
@@ -96,32 +96,8 @@ def to_run(analysis: TraceAnalysis) -> Run:
         window_steps_per_s=window_throughputs(raw),
         raw=raw,
         utilization=analysis.utilization,
+        trace=trace_measurements(analysis) | traced_only(analysis),
     )
-
-
-def measurements(analysis: TraceAnalysis, run: Run) -> dict[str, Any]:
-    """The named measurements rules read, as far as a trace tells them."""
-    values: dict[str, Any] = trace_measurements(analysis)
-    values.update({
-        "steps": run.steps,
-        "step_time_ms_median": run.step_time_ms.median,
-        "step_time_ms_mean": run.step_time_ms.mean,
-        "steps_per_s": run.steps_per_s,
-        "data_wait_ms_per_step": run.breakdown_ms_per_step.get("data_wait"),
-        "cuda_used": analysis.gpu_name is not None or bool(analysis.kernels),
-        "h2d_pageable": analysis.h2d_pageable,
-        "h2d_pinned": analysis.h2d_pinned,
-    })  # fmt: skip
-    for key, pct in analysis.breakdown_pct.items():
-        values[f"{key}_pct"] = pct
-    # A measurement is a number or absent: the iterator's class tells 0 workers apart from some,
-    # not how many (a multi-process loader is its own measurement).
-    iterators = analysis.loader_iterators
-    if iterators == ["_SingleProcessDataLoaderIter"]:
-        values["num_workers"] = 0
-    elif iterators:
-        values["multiprocess_loader"] = True
-    return {k: v for k, v in values.items() if v is not None}
 
 
 def _unit(analysis: TraceAnalysis, label: str, several: bool) -> str:
@@ -235,7 +211,7 @@ def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[st
     runs = [to_run(a) for a in analyses]
     labels = _labels(analyses, runs)
     per_trace = [
-        (label, a, engine.diagnose(measurements(a, run), rules).findings)
+        (label, a, engine.diagnose(named_measurements(run), rules).findings)
         for label, a, run in zip(labels, analyses, runs)
     ]
     findings = merged_findings(per_trace)

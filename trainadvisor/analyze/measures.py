@@ -67,6 +67,23 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
     return {k: v for k, v in table.items() if v is not None}
 
 
+def traced_only(a: TraceAnalysis) -> dict[str, Any]:
+    """What a trace alone must stand in for where no process of the script was watched
+    (`analyze`): whether a GPU ran, the host-to-device copies, and the DataLoader's workers as
+    far as its iterator's class tells them (0, or some: a multi-process loader is its own
+    measurement, not a count)."""
+    table: dict[str, Any] = {
+        "cuda_used": a.gpu_name is not None or bool(a.kernels),
+        "h2d_pageable": a.h2d_pageable,
+        "h2d_pinned": a.h2d_pinned,
+    }
+    if a.loader_iterators == ["_SingleProcessDataLoaderIter"]:
+        table["num_workers"] = 0
+    elif a.loader_iterators:
+        table["multiprocess_loader"] = True
+    return {k: v for k, v in table.items() if v is not None}
+
+
 def utilization_measurements(a: TraceAnalysis) -> dict[str, Any]:
     """FLOPs per step (per window where no steps were found) from the trace's own ops, the FLOP/s
     they ran at, and MFU where the device's peak is known (`trace_flops`); nothing where the

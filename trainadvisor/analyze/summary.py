@@ -31,6 +31,8 @@ GPU_CLOCK_AGREEMENT = 0.05
 
 BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
 # An @advise-decorated function's steps: the loop's time outside the function, a part of its own
+# the steps of a trace `analyze` read: its ProfilerStep markers, or the iterations found in it
+TRACED = "trace"
 OUTSIDE_CALL = "outside_call"
 NO_LOADER = "no DataLoader was seen: input time is part of the step"
 # The main DataLoader's measurements: name -> LoaderInfo field.
@@ -217,22 +219,27 @@ def main_loader(raw: RawRun) -> LoaderInfo | None:
 
 
 def named_measurements(run: Run) -> dict[str, Any]:
-    """The flat table rules are evaluated against; a name absent here is 'not measured'.
-    Measurements from the trace come first; the child's exact CUDA memory statistics replace
-    the trace's memory events, and the clock-timed steps replace the traced ones."""
+    """The flat table rules are evaluated against, for `profile`, `@advise` and `analyze` alike;
+    a name absent here is 'not measured'. Measurements from the trace come first (`run.trace`);
+    a run the script's own process watched adds what only that process saw (torch's state, the
+    exact CUDA memory statistics, its DataLoaders, the sampled CPU), its clock-timed steps
+    replacing the traced ones; a trace `analyze` read gives its own steps' times and breakdown
+    (`step_source` "trace")."""
     raw = run.raw
+    watched = raw.step_source != TRACED
     table: dict[str, Any] = dict(run.trace)
-    table.update(runtime_measurements(raw.runtime))
-    if (raw.step_source == "optimizer" and raw.runtime.get("optimizers")) or (
-        raw.step_source == "backward" and raw.steps
-    ):
-        # The run's own hooks ended its steps at its optimizer's step (or at backward passes):
-        # a training loop, whatever a trace that holds none of them (one the script's end cut)
-        # would say. Not where a step is a decorated function's (@advise): an inference
-        # function called between training steps would see their optimizer step too.
-        table.update(training_loop=True, inference_loop=False)
-    table["input_shapes_fixed"] = input_shapes_fixed(raw)
-    table.update(rank_measurements(run.ranks))
+    if watched:
+        table.update(runtime_measurements(raw.runtime))
+        if (raw.step_source == "optimizer" and raw.runtime.get("optimizers")) or (
+            raw.step_source == "backward" and raw.steps
+        ):
+            # The run's own hooks ended its steps at its optimizer's step (or at backward passes):
+            # a training loop, whatever a trace that holds none of them (one the script's end cut)
+            # would say. Not where a step is a decorated function's (@advise): an inference
+            # function called between training steps would see their optimizer step too.
+            table.update(training_loop=True, inference_loop=False)
+        table["input_shapes_fixed"] = input_shapes_fixed(raw)
+        table.update(rank_measurements(run.ranks))
     table.update({
         "steps": run.steps,
         "step_time_ms_median": run.step_time_ms.median,
@@ -241,34 +248,51 @@ def named_measurements(run: Run) -> dict[str, Any]:
         "steps_per_s": run.steps_per_s,
         "samples_per_s": run.samples_per_s,
     })  # fmt: skip
+    table.update(_watched(run, table) if watched else _traced(run))
+    return {k: v for k, v in table.items() if v is not None}
+
+
+def _traced(run: Run) -> dict[str, Any]:
+    """A trace's share of each part of the step (kernels, copies, communication, data wait,
+    idle, ...) and its data wait per step."""
+    table: dict[str, Any] = {f"{key}_pct": pct for key, pct in run.breakdown_pct.items()}
+    table["data_wait_ms_per_step"] = run.breakdown_ms_per_step.get("data_wait")
+    return table
+
+
+def _watched(run: Run, table: dict[str, Any]) -> dict[str, Any]:
+    """What only the script's own process saw: the clock-timed breakdown, the machine, the
+    framework and DataLoader that built the loop, one step's memory, the counted FLOPs against
+    the peak, and the CPU sampled in the window."""
+    raw, added = run.raw, dict[str, Any]()
     for key in (*BREAKDOWN_KEYS, OUTSIDE_CALL):
         if key in run.breakdown_pct:
-            table[f"{key}_pct"] = run.breakdown_pct[key]
-            table[f"{key}_ms_per_step"] = run.breakdown_ms_per_step[key]
+            added[f"{key}_pct"] = run.breakdown_pct[key]
+            added[f"{key}_ms_per_step"] = run.breakdown_ms_per_step[key]
     if not raw.loaders and run.steps:  # no DataLoader wait to stall on (rules read it as zero)
-        table.update(data_wait_pct=0.0, data_wait_ms_per_step=0.0)
+        added.update(data_wait_pct=0.0, data_wait_ms_per_step=0.0)
     if raw.device is not None:
-        table["cpu_count"] = raw.device.cpu_count
-        table["cuda_used"] = raw.device.cuda_used
+        added["cpu_count"] = raw.device.cpu_count
+        added["cuda_used"] = raw.device.cuda_used
     framework = loop_call(raw)
     if framework is not None:  # the framework that built the loop: advice in its terms
-        table["framework"] = framework.framework
+        added["framework"] = framework.framework
     loader = main_loader(raw)
-    table["dataloaders"] = len(raw.loaders)
+    added["dataloaders"] = len(raw.loaders)
     if loader is not None:
-        table.update({name: getattr(loader, field) for name, field in LOADER_MEASUREMENTS.items()})
-    table.update(memory_measurements(run.memory))
+        added.update({name: getattr(loader, field) for name, field in LOADER_MEASUREMENTS.items()})
+    added.update(memory_measurements(run.memory))
     use = run.utilization
     if use is not None:  # FLOPs of the step against the hardware's peak (compute.mfu)
-        table.update(mfu_pct=use.mfu_pct, achieved_tflops=use.achieved_tflops, peak_tflops=use.peak_tflops)
+        added.update(mfu_pct=use.mfu_pct, achieved_tflops=use.achieved_tflops, peak_tflops=use.peak_tflops)
     inside = window_samples(raw, raw.host_samples)
     workers = [h.workers_cpu_pct for h in inside]
     main = [h.main_cpu_pct for h in inside]
     if main:
-        table["main_process_cpu_pct"] = sum(main) / len(main)
-        table["workers_cpu_pct"] = sum(workers) / len(workers)
-        table.update(_cores(table, [h.other_cpu_pct for h in inside]))
-    return {k: v for k, v in table.items() if v is not None}
+        added["main_process_cpu_pct"] = sum(main) / len(main)
+        added["workers_cpu_pct"] = sum(workers) / len(workers)
+        added.update(_cores({**table, **added}, [h.other_cpu_pct for h in inside]))
+    return added
 
 
 def _cores(table: dict[str, Any], other: list[float]) -> dict[str, float]:

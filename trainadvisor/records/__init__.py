@@ -271,7 +271,8 @@ class RawRun:
     runtime: dict[str, Any] = field(default_factory=dict)
     ended_unix_s: float | None = None  # when the child last wrote this (its failure, say)
     # what ended each step: "optimizer" (the first torch.optim optimizer's step()),
-    # "trainadvisor.step()", or "backward" (a loop without any optimizer)
+    # "trainadvisor.step()", "backward" (a loop without any optimizer), what @advise decorated;
+    # "trace": a trace `analyze` read, its steps those the trace shows (no process was watched)
     step_source: str = "optimizer"
     rank: int | None = None  # under torchrun: this run's global rank
     frameworks: list[FrameworkCall] = field(default_factory=list)  # the training frameworks' settings built

@@ -1,5 +1,5 @@
 """The measurement catalogue: every name in the table that rules are evaluated against and fixes
-read (`analyze.summary.named_measurements` for a run, `analyze.command.measurements` for a trace),
+read (`analyze.summary.named_measurements`, one table for a watched run and a trace alike),
 declared once with its unit, its meaning and the module that makes it. A rule that reads a name
 not declared here is refused when it is loaded (`engine`), with the closest declared name; the
 test suite fails a run whose table holds a name not declared here (`engine.CHECK_ENV`).
@@ -26,7 +26,8 @@ _MEMORY = "memory.peak"
 _OOM = "memory.oom"
 _DYNAMO = "compute.dynamo"
 _RANKS = "analyze.ranks, analyze.rank_table"
-_BOTH = "analyze.summary, analyze.command"
+_BREAKDOWN = "analyze.summary (a trace's breakdown)"
+_BOTH = "analyze.summary (a trace's: analyze.measures.traced_only)"
 _OPTIONS = "profile.command (from the command's options and the machine)"
 
 _DECLARED: dict[str, tuple[str, str, str]] = {
@@ -59,17 +60,37 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "compute_ms_per_step": ("ms", "time per step that is neither data wait nor copies", _STEP),
     "outside_call_pct": ("%", "share of an @advise step spent outside the decorated function", _STEP),
     "outside_call_ms_per_step": ("ms", "time per @advise step spent outside the decorated function", _STEP),
-    "kernel_pct": ("%", "share of the traced steps with a GPU kernel running", "analyze.command"),
-    "memcpy_pct": ("%", "share of the traced steps in GPU memory copies", "analyze.command"),
-    "memset_pct": ("%", "share of the traced steps in GPU memsets", "analyze.command"),
+    "kernel_pct": (
+        "%",
+        "share of the traced steps with a GPU kernel running",
+        "analyze.summary (a trace's breakdown)",
+    ),
+    "memcpy_pct": (
+        "%",
+        "share of the traced steps in GPU memory copies",
+        "analyze.summary (a trace's breakdown)",
+    ),
+    "memset_pct": ("%", "share of the traced steps in GPU memsets", _BREAKDOWN),
     "communication_pct": (
         "%",
         "share of the step in collective communication",
         f"{_TRACE}, {_RANKS}",
     ),
-    "runtime_pct": ("%", "share of the traced steps in CUDA runtime calls on the host", "analyze.command"),
-    "other_host_pct": ("%", "share of the traced steps in other host work", "analyze.command"),
-    "idle_pct": ("%", "share of the traced steps with nothing running", "analyze.command"),
+    "runtime_pct": (
+        "%",
+        "share of the traced steps in CUDA runtime calls on the host",
+        "analyze.summary (a trace's breakdown)",
+    ),
+    "other_host_pct": (
+        "%",
+        "share of the traced steps in other host work",
+        "analyze.summary (a trace's breakdown)",
+    ),
+    "idle_pct": (
+        "%",
+        "share of the traced steps with nothing running",
+        "analyze.summary (a trace's breakdown)",
+    ),
     # ---- the GPU, from the trace ----
     "gpu_busy_pct": ("%", "share of the traced steps the GPU had a kernel running", _TRACE),
     "host_busy_pct": ("%", "share of the traced steps the host thread was busy", _TRACE),
@@ -95,8 +116,8 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "h2d_pageable_pct": ("%", "share of host-to-device copies made from pageable memory", _TRACE),
     "h2d_pageable_per_step": ("count", "host-to-device copies from pageable memory per step", _TRACE),
     "h2d_pinned_per_step": ("count", "host-to-device copies from pinned memory per step", _TRACE),
-    "h2d_pageable": ("count", "host-to-device copies from pageable memory in the trace", "analyze.command"),
-    "h2d_pinned": ("count", "host-to-device copies from pinned memory in the trace", "analyze.command"),
+    "h2d_pageable": ("count", "host-to-device copies from pageable memory in the trace", "analyze.measures"),
+    "h2d_pinned": ("count", "host-to-device copies from pinned memory in the trace", "analyze.measures"),
     "syncs_per_step": ("count", "host-device synchronisations per step", _TRACE),
     "sync_ms_per_step": ("ms", "host time blocked in synchronisations per step", _TRACE),
     "sync_pct": ("%", "share of the step blocked in synchronisations", _TRACE),
@@ -152,7 +173,7 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "dataloader_call_site": ("text", "where that DataLoader was built (file:line)", _STEP),
     "dataset_class": ("text", "its dataset's class", _STEP),
     "num_workers": ("count", "its num_workers", _BOTH),
-    "multiprocess_loader": ("bool", "a trace shows a multi-process DataLoader iterator", "analyze.command"),
+    "multiprocess_loader": ("bool", "a trace shows a multi-process DataLoader iterator", "analyze.measures"),
     "batch_size": ("count", "its batch_size", _STEP),
     "pin_memory": ("bool", "its pin_memory", _STEP),
     "persistent_workers": ("bool", "its persistent_workers", _STEP),
