@@ -322,7 +322,7 @@ def main() -> None:
     parser.add_argument("--drive", nargs=2, metavar=("ENGINE", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--cross-rank", nargs=2, metavar=("FOLDER", "COPIES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from trainadvisor.analyze.reading import cores
+    from trainadvisor.analyze.read.reading import cores
 
     cpus = args.cpus or min(cores(), 8)  # the local engine's workers: a core each, at most 8
     if args.drive:

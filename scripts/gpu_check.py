@@ -235,7 +235,7 @@ def gpu_facts(report: Report, folder: Path) -> list[str]:
 
 
 def _trace_facts(raw: dict[str, Any], folder: Path) -> list[str]:
-    from trainadvisor.analyze.kineto import analyze_trace
+    from trainadvisor.analyze.trace.analysis import analyze_trace
 
     if not raw.get("trace_file") or not (folder / raw["trace_file"]).is_file():
         return ["no baseline trace"]

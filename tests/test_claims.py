@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainadvisor import advise, engine, fixes
 from trainadvisor.analyze.command import analyze
-from trainadvisor.analyze.summary import NO_LOADER, named_measurements, summarize
+from trainadvisor.analyze.run.summary import NO_LOADER, named_measurements, summarize
 from trainadvisor.fixes.codechange import loader_change
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.frameworks.change import fix_change

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_window import FakeClock, FakeProfiler
 
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.compute.flops import StepFlops
 from trainadvisor.compute.mfu import utilization, with_baseline_flops
 from trainadvisor.compute.peaks import matmul_dtype

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, load_report, run_cli
 
-from trainadvisor.analyze.disturbance import (
+from trainadvisor.analyze.run.disturbance import (
     DISTURBED_MIN_CORES,
     disturbance_note,
     disturbed_cores,

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, SCRIPTS
 
 from trainadvisor import engine
-from trainadvisor.analyze.measures import runtime_measurements
+from trainadvisor.analyze.run.measures import runtime_measurements
 from trainadvisor.compute import dynamo
 from trainadvisor.resources import rules_dir
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, ROOT, epochs_outlasting, load_report
 
-from trainadvisor.analyze.energy import run_energy
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.run.energy import run_energy
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.runner import RunSpec, attach_samples, measure
 from trainadvisor.measure.sampling import Sampler

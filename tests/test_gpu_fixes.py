@@ -16,7 +16,7 @@ import pytest
 from conftest import EXAMPLES, ROOT, load_report, run_cli
 
 from trainadvisor import fixes
-from trainadvisor.analyze.summary import attach_trace
+from trainadvisor.analyze.run.summary import attach_trace
 from trainadvisor.fixes.batch_size import BatchSize
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.profile.judge import loss_check

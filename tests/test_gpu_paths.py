@@ -19,8 +19,8 @@ import pytest
 import torch
 from conftest import EXAMPLES, ROOT, SCRIPTS, SETTLE_CAP, SHORT, load_report, run_cli
 
-from trainadvisor.analyze.disturbance import gpu_intruders, gpu_note
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.run.disturbance import gpu_intruders, gpu_note
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.fixes import flags, switches
 from trainadvisor.measure.runner import RunSpec, _named_devices, measure
 from trainadvisor.records import LoaderInfo, Overrides, RawRun, StepRecord

@@ -12,8 +12,8 @@ import torch
 from conftest import SCRIPTS, load_report, run_cli
 
 from trainadvisor import fixes
-from trainadvisor.analyze.length import run_length
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.run.length import run_length
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.measure import sampling
 from trainadvisor.profile import attribution
 from trainadvisor.profile.trials import decide

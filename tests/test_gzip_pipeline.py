@@ -1,5 +1,5 @@
 """A large gzipped trace is inflated in this process and parsed on worker processes as it
-streams (issue 27, `analyze.pipeline`): the same columns, keys and analysis as the one-process
+streams (issue 27, `analyze.read.pipeline`): the same columns, keys and analysis as the one-process
 read, bit for bit; damaged and hostile files get the one-process read's messages; small ones
 keep the one-process read. The thresholds are lowered through parameters (and the block size
 through the module) so that real traces of a few MB take the pipelined path in many pieces."""
@@ -16,10 +16,10 @@ import pytest
 from conftest import DATA, shared_trace
 
 from trainadvisor._serial import to_plain
-from trainadvisor.analyze import pipeline, reading, stream
-from trainadvisor.analyze.columns import Table
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.reading import read_table
+from trainadvisor.analyze.read import pipeline, reading, stream
+from trainadvisor.analyze.read.columns import Table
+from trainadvisor.analyze.read.reading import read_table
+from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.errors import UsageError
 
 

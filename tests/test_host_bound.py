@@ -16,10 +16,10 @@ from conftest import gpu_run, shared_trace
 
 from trainadvisor import engine
 from trainadvisor.analyze.command import measurements, to_run
-from trainadvisor.analyze.host import loop_threads
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.reading import read_table
-from trainadvisor.analyze.summary import attach_trace, named_measurements
+from trainadvisor.analyze.read.reading import read_table
+from trainadvisor.analyze.run.summary import attach_trace, named_measurements
+from trainadvisor.analyze.trace.analysis import analyze_trace
+from trainadvisor.analyze.trace.host import loop_threads
 from trainadvisor.records import Finding
 from trainadvisor.report.render import load_report
 from trainadvisor.resources import rules_dir

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import run_cli, shared_trace
 
-from trainadvisor.analyze import archives, stream
+from trainadvisor.analyze.read import archives, stream
 from trainadvisor.errors import UsageError
 
 BOMB_ADVICE = (

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_trace
 
-from trainadvisor.analyze.kernels import classify
+from trainadvisor.analyze.trace.kernels import classify
 
 TC, FP32, UNKNOWN = "tensor_core", "fp32", "unknown"
 

@@ -8,7 +8,13 @@ import pytest
 from conftest import gpu_run
 
 from trainadvisor import _serial
-from trainadvisor.analyze.summary import named_measurements, percentile, stats, step_durations_ms, summarize
+from trainadvisor.analyze.run.summary import (
+    named_measurements,
+    percentile,
+    stats,
+    step_durations_ms,
+    summarize,
+)
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.profile.judge import compare, judge_trial, loss_change, loss_check, verdict

@@ -26,8 +26,8 @@ moto_server = pytest.importorskip(
 )
 import boto3  # noqa: E402 - moto brings it; after the skip
 
-from trainadvisor.analyze import sources, stream  # noqa: E402
-from trainadvisor.analyze.reading import read_table  # noqa: E402
+from trainadvisor.analyze.read import sources, stream  # noqa: E402
+from trainadvisor.analyze.read.reading import read_table  # noqa: E402
 
 BUCKET = "traces"
 KEY_ID = "AKIATRAINADVISORTEST7"  # fake credentials, distinctive enough to search the reports for
@@ -320,8 +320,9 @@ def test_a_store_whose_package_is_not_installed_says_which_extra_to_install(
 def test_local_paths_do_not_import_fsspec(tmp_path: Path) -> None:
     """fsspec is optional: analysing files on disk never imports it."""
     code = (
-        "import sys; from trainadvisor.analyze.command import find_traces; from trainadvisor.analyze.kineto "
-        f"import analyze_trace; analyze_trace(find_traces([__import__('pathlib').Path({str(DATA)!r}) / "
+        "import sys; from trainadvisor.analyze.command import find_traces; "
+        "from trainadvisor.analyze.trace.analysis import analyze_trace; "
+        f"analyze_trace(find_traces([__import__('pathlib').Path({str(DATA)!r}) / "
         "'traces' / 'profiler_steps.json.gz'])[0][0]); print('fsspec' in sys.modules)"
     )
     import subprocess

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, SCRIPTS, gpu_run, load_report, run_cli
 
 from trainadvisor import engine
-from trainadvisor.analyze.summary import named_measurements, summarize
+from trainadvisor.analyze.run.summary import named_measurements, summarize
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.memory import oom
 from trainadvisor.report.mdtext import cell

@@ -92,7 +92,7 @@ def test_the_repeated_command_parses_back_to_the_same_options() -> None:
     assert torchrun[:2] == ["--nproc-per-node", "4"] and "--master-port" in torchrun
 
 
-def test_the_repeated_command_spells_out_the_window_folder_and_seed_and_only_changed_options() -> None:
+def test_the_repeated_command_spells_out_the_window_folder_and_seed_first_then_what_changed() -> None:
     record = ProfileOptions(Path("train.py"), [], Path("out"))
     assert reproduce_command(record) == [
         "trainadvisor", "profile", "--warmup", "5", "--steps", "20", "--out", "out", "--seed", "0",
@@ -100,7 +100,7 @@ def test_the_repeated_command_spells_out_the_window_folder_and_seed_and_only_cha
     ]  # fmt: skip
     budgeted = dataclasses.replace(record, budget_s=90.0, min_time_s=0.5, apply_fixes=False)
     assert reproduce_command(budgeted)[6:] == [
-        "--min-time", "0.5s", "--out", "out", "--no-fix", "--seed", "0", "--budget", "90s", "train.py",
+        "--out", "out", "--seed", "0", "--min-time", "0.5s", "--no-fix", "--budget", "90s", "train.py",
     ]  # fmt: skip
 
 

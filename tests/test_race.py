@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_window import FakeClock
 
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.measure.settle import Settling
 from trainadvisor.profile import pace
 from trainadvisor.records import Overrides, RawRun, Run, StepRecord, Trial, WindowShape

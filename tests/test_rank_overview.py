@@ -13,7 +13,7 @@ from trainadvisor import engine
 from trainadvisor.analyze.command import report_of
 from trainadvisor.analyze.rank_overview import ranges, rank_overview
 from trainadvisor.analyze.rank_table import RankRow
-from trainadvisor.analyze.trace_records import StepBreakdown, TraceAnalysis
+from trainadvisor.analyze.trace.trace_records import StepBreakdown, TraceAnalysis
 from trainadvisor.records import Report
 from trainadvisor.report.analyze import analysis_summary
 from trainadvisor.report.render import render_html, render_markdown, report_json

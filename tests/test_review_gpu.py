@@ -20,9 +20,9 @@ from conftest import DATA, ROOT, gpu_run, shared_trace
 from torch.utils.data import DataLoader
 
 from trainadvisor import engine
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
-from trainadvisor.analyze.reading import read_table
+from trainadvisor.analyze.read.reading import read_table
+from trainadvisor.analyze.run.measures import runtime_measurements, trace_measurements
+from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.fixes import flags, switches
 from trainadvisor.fixes.amp import Amp
 from trainadvisor.measure.runner import RunSpec, measure

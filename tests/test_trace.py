@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_TRACES, shared_trace
 
-from trainadvisor.analyze.kineto import BREAKDOWN, analyze_trace
-from trainadvisor.analyze.measures import trace_measurements
+from trainadvisor.analyze.run.measures import trace_measurements
+from trainadvisor.analyze.trace.analysis import BREAKDOWN, analyze_trace
 from trainadvisor.errors import UsageError
 
 TB = SHARED_TRACES / "tb_plugin"
@@ -129,7 +129,7 @@ def _trace_with(events: list[dict], tail: dict) -> bytes:
 
 
 def test_many_short_events_and_a_long_log_tail_stream_in_small_blocks(tmp_path: Path, monkeypatch) -> None:
-    from trainadvisor.analyze import stream
+    from trainadvisor.analyze.read import stream
 
     monkeypatch.setattr(stream, "BLOCK_BYTES", 4096)  # many blocks, many cuts
     steps = [

@@ -15,14 +15,14 @@ from conftest import shared_trace
 
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
-from trainadvisor.analyze import reading
-from trainadvisor.analyze.columns import FLOAT32, REDUCED
 from trainadvisor.analyze.command import to_run
-from trainadvisor.analyze.device import combined
-from trainadvisor.analyze.kineto import analyze_trace
 from trainadvisor.analyze.rank_table import RankRow, _straggler, rank_values
-from trainadvisor.analyze.stream import split_points
-from trainadvisor.analyze.summary import named_measurements
+from trainadvisor.analyze.read import reading
+from trainadvisor.analyze.read.columns import FLOAT32, REDUCED
+from trainadvisor.analyze.read.stream import split_points
+from trainadvisor.analyze.run.summary import named_measurements
+from trainadvisor.analyze.trace.analysis import analyze_trace
+from trainadvisor.analyze.trace.device import combined
 from trainadvisor.resources import rules_dir
 
 NVJET = "nvjet_sm103_tst_384x16_64x4_4x1_v_bz_TNT"  # B300 decode trace
@@ -104,7 +104,7 @@ def test_our_bf16_trace_records_the_dtypes_kernels_would_be_linked_to() -> None:
     c10::BFloat16 inputs; no kernels on a CPU, so nothing is linked."""
     from conftest import DATA
 
-    from trainadvisor.analyze.reading import read_table
+    from trainadvisor.analyze.read.reading import read_table
 
     table, _ = read_table(DATA / "traces" / "record_shapes_bf16.json.gz")
     assert sorted(set(table.op_precision.values())) == [REDUCED, FLOAT32]

@@ -1,4 +1,4 @@
-"""FLOPs per step and MFU that `analyze` reads off a trace (`analyze.trace_flops`, `op_flops`):
+"""FLOPs per step and MFU that `analyze` reads off a trace (`analyze.trace.trace_flops`, `op_flops`):
 exact counts on this project's own CPU traces (tests/data/own/SOURCE.md) and on real GPU traces
 recorded by others (../shared), against torch's own FLOP formulas."""
 
@@ -13,9 +13,9 @@ import torch
 from conftest import DATA, gpu_run, load_report, run_cli, shared_trace
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.measures import trace_measurements
-from trainadvisor.analyze.op_flops import op_flops
+from trainadvisor.analyze.read.op_flops import op_flops
+from trainadvisor.analyze.run.measures import trace_measurements
+from trainadvisor.analyze.trace.analysis import analyze_trace
 
 LINEAR = DATA / "own" / "linear_flops_cpu.pt.trace.json.gz"
 CONV_ATTENTION = DATA / "own" / "conv_attention_flops_cpu.pt.trace.json.gz"

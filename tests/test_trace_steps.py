@@ -13,8 +13,8 @@ from conftest import DATA, run_cli, shared_trace
 
 from trainadvisor import engine
 from trainadvisor.analyze.command import to_run
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.summary import named_measurements
+from trainadvisor.analyze.run.summary import named_measurements
+from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.resources import rules_dir
 
 OWN = DATA / "traces"

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trainadvisor import engine, fixes
-from trainadvisor.analyze.summary import attach_trace, input_note, named_measurements, summarize
+from trainadvisor.analyze.run.summary import attach_trace, input_note, named_measurements, summarize
 from trainadvisor.frameworks import vocab
 from trainadvisor.profile.runs import ProfileOptions, reproduce_command
 from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report

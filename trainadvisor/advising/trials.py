@@ -21,7 +21,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from trainadvisor import fixes
-from trainadvisor.analyze.summary import summarize
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.profile.runs import ProfileOptions, window_steps
 from trainadvisor.profile.trials import decide
 from trainadvisor.profile.tuning import AS_SCRIPT, ordered

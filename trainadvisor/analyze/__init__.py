@@ -1,12 +1,11 @@
-"""`trainadvisor analyze` (`command`) and the analysis every command uses: profiler traces read
-in bounded memory and time, from disk or object storage (`sources`, `stream`, `kineto_json`,
-`columns`, `reading`, `pipeline`, `archives`, `bounds`), their steps,
-breakdown, device work, the loop's host work, copies, syncs and call sites (`steps`, `kineto`,
-`device`, `host`, `facts`, `copies`, `callsites`, `kernels`, into `trace_records`), named
-measurements for the rules (`measures`, `summary`), a run's windows and the script's length
-(`shapes`, `length`), other processes' load (`disturbance`), the GPUs' energy (`energy`), ranks
-(`ranks`, `rank_table`, and `rank_overview` for many of them) and the engines that analyse each
-trace, on this machine's cores or a Ray cluster (`engines`).
+"""`trainadvisor analyze` and the analysis every command uses, in three layers, each a folder:
+`read/` (bytes in: a trace's bytes from disk, archives or object storage, read in bounded
+memory and time into compact columns), `trace/` (one trace's analysis: its steps, breakdown,
+device work, the loop's host work, copies, syncs, call sites, kernels and FLOPs) and `run/` (a
+run's measurements: the table the rules read, its windows, the script's length, other processes'
+load, the GPUs' energy, its ranks). Here: the command (`command`), the engines that analyse each
+trace on this machine's cores or a Ray cluster (`engines`), and many ranks compared
+(`rank_table`, `rank_overview`).
 
-May import: engine (the command's diagnosis), frameworks (a loop's framework), compute, memory,
-measure (the torch-free window configuration), records, _serial, _version, errors."""
+May import: analyze.run, analyze.trace, analyze.read, engine (the command's diagnosis), records,
+_serial, _version, errors."""

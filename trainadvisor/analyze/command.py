@@ -11,16 +11,16 @@ from pathlib import Path
 
 from trainadvisor import engine
 from trainadvisor._serial import to_plain
-from trainadvisor.analyze import archives
-from trainadvisor.analyze.bounds import refuse_special, regular_file
 from trainadvisor.analyze.engines import Engine, LocalEngine
-from trainadvisor.analyze.kineto import TraceAnalysis
-from trainadvisor.analyze.measures import trace_measurements, traced_only
 from trainadvisor.analyze.rank_overview import ranges
 from trainadvisor.analyze.rank_table import RankTable, rank_table, rank_values
-from trainadvisor.analyze.sources import TRACE_SUFFIXES, Location, is_url, list_urls
-from trainadvisor.analyze.sources import shown as shown_url
-from trainadvisor.analyze.summary import TRACED, named_measurements, stats, window_throughputs
+from trainadvisor.analyze.read import archives
+from trainadvisor.analyze.read.bounds import refuse_special, regular_file
+from trainadvisor.analyze.read.sources import TRACE_SUFFIXES, Location, is_url, list_urls
+from trainadvisor.analyze.read.sources import shown as shown_url
+from trainadvisor.analyze.run.measures import trace_measurements, traced_only
+from trainadvisor.analyze.run.summary import TRACED, named_measurements, stats, window_throughputs
+from trainadvisor.analyze.trace.analysis import TraceAnalysis
 from trainadvisor.engine import Rule
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord

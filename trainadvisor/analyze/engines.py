@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainadvisor._version import __version__
-from trainadvisor.analyze.kineto import TraceAnalysis, analyze_trace
-from trainadvisor.analyze.reading import cores, on_workers
+from trainadvisor.analyze.read.reading import cores, on_workers
+from trainadvisor.analyze.trace.analysis import TraceAnalysis, analyze_trace
 from trainadvisor.errors import MissingDependencyError, TrainAdvisorError, UsageError
 
 ENGINES = ("local", "ray")
@@ -35,7 +35,7 @@ class Engine(Protocol):
 class LocalEngine:
     """Each trace on as many worker processes as there are cores when there are several (each
     worker reads its files one by one, in bounded memory); one large file alone is read in
-    parts on those cores instead (`analyze.reading`)."""
+    parts on those cores instead (`analyze.read.reading`)."""
 
     def run(self, sources: Sequence[Any]) -> list[TraceAnalysis]:
         workers = min(cores(), len(sources), 8)

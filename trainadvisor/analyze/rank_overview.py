@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trainadvisor.analyze.summary import percentile
+from trainadvisor.analyze.run.summary import percentile
 
 TABLE_UP_TO = 16  # ranks shown row by row; more get the overview
 SHOWN = 3  # worst and best ranks shown

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trainadvisor.analyze.rank_overview import TABLE_UP_TO, RankOverview, rank_overview
 
 if TYPE_CHECKING:
-    from trainadvisor.analyze.kineto import TraceAnalysis
+    from trainadvisor.analyze.trace.analysis import TraceAnalysis
 
 
 STRAGGLER_PCT = 10.0  # the straggler rule's medium level: below it no rank is marked

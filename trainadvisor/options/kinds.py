@@ -94,7 +94,7 @@ class TraceLocation(click.ParamType):
     name = "path|url"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
-        from trainadvisor.analyze.sources import is_url
+        from trainadvisor.analyze.read.sources import is_url
 
         text = str(value)
         return text if is_url(text) else Path(text)

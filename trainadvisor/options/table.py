@@ -311,9 +311,9 @@ def default(field: str, table: Sequence[Option] = PROFILE) -> Any:
 
 
 def repeated(record: Any, table: Iterable[Option] = PROFILE) -> list[str]:
-    """The options that repeat `record`, in the table's order: each one that differs from its
-    default, and those always spelled out."""
-    options = record_options(tuple(table))
+    """The options that repeat `record`: those always spelled out first (the window's size, the
+    folder, the seed), then each one that differs from its default, in the table's order."""
+    options = sorted(record_options(tuple(table)), key=lambda o: not o.always)
     return [part for o in options for part in o.argv(getattr(record, o.record_field))]
 
 

@@ -4,8 +4,8 @@ baseline measured again fitted into the steps it turned out to have."""
 
 from __future__ import annotations
 
-from trainadvisor.analyze.length import run_length
-from trainadvisor.analyze.shapes import traced_whole
+from trainadvisor.analyze.run.length import run_length
+from trainadvisor.analyze.run.shapes import traced_whole
 from trainadvisor.errors import NoStepsError, UsageError
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec

@@ -12,9 +12,9 @@ from typing import Any
 import psutil
 
 from trainadvisor import engine, fixes
-from trainadvisor.analyze.disturbance import disturbance_notes
-from trainadvisor.analyze.shapes import baseline_note, window_notes
-from trainadvisor.analyze.summary import attach_trace, input_note, named_measurements
+from trainadvisor.analyze.run.disturbance import disturbance_notes
+from trainadvisor.analyze.run.shapes import baseline_note, window_notes
+from trainadvisor.analyze.run.summary import attach_trace, input_note, named_measurements
 from trainadvisor.errors import Terminated, UsageError
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun, Prestarted

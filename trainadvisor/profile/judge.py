@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainadvisor.analyze.shapes import MIN_TIMED_STEPS, cut_short, usable
-from trainadvisor.analyze.summary import main_loader, percentile
+from trainadvisor.analyze.run.shapes import MIN_TIMED_STEPS, cut_short, usable
+from trainadvisor.analyze.run.summary import main_loader, percentile
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LOSS_TOLERANCE_REL, MEAN_LOSS_TOLERANCE_REL
 from trainadvisor.records import Comparison, LossCheck, RawRun, Run, timed_steps
 

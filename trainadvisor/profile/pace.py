@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from trainadvisor.analyze.summary import percentile, summarize
+from trainadvisor.analyze.run.summary import percentile, summarize
 from trainadvisor.measure.race import RACE_MARGIN
 from trainadvisor.measure.settle import TOLERANCE
 from trainadvisor.records import RawRun, Run, Trial

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.ranks import rank_stats
-from trainadvisor.analyze.shapes import traced_whole
-from trainadvisor.analyze.summary import attach_trace, summarize
+from trainadvisor.analyze.run.ranks import rank_stats
+from trainadvisor.analyze.run.shapes import traced_whole
+from trainadvisor.analyze.run.summary import attach_trace, summarize
+from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, WindowSize
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure, measures_memory
 from trainadvisor.measure.settle import Settling

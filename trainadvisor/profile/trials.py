@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from trainadvisor import fixes
-from trainadvisor.analyze.length import run_length
-from trainadvisor.analyze.summary import main_loader, summarize
+from trainadvisor.analyze.run.length import run_length
+from trainadvisor.analyze.run.summary import main_loader, summarize
 from trainadvisor.fixes.common import trial_peak
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.live import LiveRun

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainadvisor import fixes
-from trainadvisor.analyze.length import run_length
+from trainadvisor.analyze.run.length import run_length
 from trainadvisor.measure.live import LiveRun
 from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable

@@ -1,5 +1,5 @@
 """What a run's GPUs drew, as saved (plain data; imports nothing of the package): filled by
-`analyze.energy` from the NVML samples, carried by `Run.energy` into report.json."""
+`analyze.run.energy` from the NVML samples, carried by `Run.energy` into report.json."""
 
 from __future__ import annotations
 

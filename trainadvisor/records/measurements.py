@@ -1,5 +1,5 @@
 """The measurement catalogue: every name in the table that rules are evaluated against and fixes
-read (`analyze.summary.named_measurements`, one table for a watched run and a trace alike),
+read (`analyze.run.summary.named_measurements`, one table for a watched run and a trace alike),
 declared once with its unit, its meaning and the module that makes it. A rule that reads a name
 not declared here is refused when it is loaded (`engine`), with the closest declared name; the
 test suite fails a run whose table holds a name not declared here (`engine.CHECK_ENV`).
@@ -19,15 +19,16 @@ class Measurement:
     producer: str  # the module that makes it, under trainadvisor/
 
 
-_STEP = "analyze.summary"
-_TRACE = "analyze.measures"
-_RUNTIME = "training.gpu (the child's runtime facts), analyze.measures"
+_STEP = "analyze.run.summary"
+_TRACE = "analyze.run.measures"
+_RUNTIME = "training.gpu (the child's runtime facts), analyze.run.measures"
 _MEMORY = "memory.peak"
 _OOM = "memory.oom"
 _DYNAMO = "compute.dynamo"
-_RANKS = "analyze.ranks, analyze.rank_table"
-_BREAKDOWN = "analyze.summary (a trace's breakdown)"
-_BOTH = "analyze.summary (a trace's: analyze.measures.traced_only)"
+_RANKS = "analyze.run.ranks, analyze.rank_table"
+_TRACE_ONLY = "analyze.run.measures (traced_only)"
+_BREAKDOWN = "analyze.run.summary (a trace's breakdown)"
+_BOTH = "analyze.run.summary (a trace's: analyze.run.measures.traced_only)"
 _OPTIONS = "profile.command (from the command's options and the machine)"
 
 _DECLARED: dict[str, tuple[str, str, str]] = {
@@ -63,12 +64,12 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "kernel_pct": (
         "%",
         "share of the traced steps with a GPU kernel running",
-        "analyze.summary (a trace's breakdown)",
+        "analyze.run.summary (a trace's breakdown)",
     ),
     "memcpy_pct": (
         "%",
         "share of the traced steps in GPU memory copies",
-        "analyze.summary (a trace's breakdown)",
+        "analyze.run.summary (a trace's breakdown)",
     ),
     "memset_pct": ("%", "share of the traced steps in GPU memsets", _BREAKDOWN),
     "communication_pct": (
@@ -79,17 +80,17 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "runtime_pct": (
         "%",
         "share of the traced steps in CUDA runtime calls on the host",
-        "analyze.summary (a trace's breakdown)",
+        "analyze.run.summary (a trace's breakdown)",
     ),
     "other_host_pct": (
         "%",
         "share of the traced steps in other host work",
-        "analyze.summary (a trace's breakdown)",
+        "analyze.run.summary (a trace's breakdown)",
     ),
     "idle_pct": (
         "%",
         "share of the traced steps with nothing running",
-        "analyze.summary (a trace's breakdown)",
+        "analyze.run.summary (a trace's breakdown)",
     ),
     # ---- the GPU, from the trace ----
     "gpu_busy_pct": ("%", "share of the traced steps the GPU had a kernel running", _TRACE),
@@ -116,8 +117,12 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "h2d_pageable_pct": ("%", "share of host-to-device copies made from pageable memory", _TRACE),
     "h2d_pageable_per_step": ("count", "host-to-device copies from pageable memory per step", _TRACE),
     "h2d_pinned_per_step": ("count", "host-to-device copies from pinned memory per step", _TRACE),
-    "h2d_pageable": ("count", "host-to-device copies from pageable memory in the trace", "analyze.measures"),
-    "h2d_pinned": ("count", "host-to-device copies from pinned memory in the trace", "analyze.measures"),
+    "h2d_pageable": (
+        "count",
+        "host-to-device copies from pageable memory in the trace",
+        "analyze.run.measures",
+    ),
+    "h2d_pinned": ("count", "host-to-device copies from pinned memory in the trace", _TRACE_ONLY),
     "syncs_per_step": ("count", "host-device synchronisations per step", _TRACE),
     "sync_ms_per_step": ("ms", "host time blocked in synchronisations per step", _TRACE),
     "sync_pct": ("%", "share of the step blocked in synchronisations", _TRACE),
@@ -173,7 +178,11 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "dataloader_call_site": ("text", "where that DataLoader was built (file:line)", _STEP),
     "dataset_class": ("text", "its dataset's class", _STEP),
     "num_workers": ("count", "its num_workers", _BOTH),
-    "multiprocess_loader": ("bool", "a trace shows a multi-process DataLoader iterator", "analyze.measures"),
+    "multiprocess_loader": (
+        "bool",
+        "a trace shows a multi-process DataLoader iterator",
+        "analyze.run.measures",
+    ),
     "batch_size": ("count", "its batch_size", _STEP),
     "pin_memory": ("bool", "its pin_memory", _STEP),
     "persistent_workers": ("bool", "its persistent_workers", _STEP),

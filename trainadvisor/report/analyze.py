@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor._serial import from_plain
-from trainadvisor.analyze.facts import HOST_ITEM
 from trainadvisor.analyze.rank_overview import RankOverview
 from trainadvisor.analyze.rank_table import RankTable, table_lines
-from trainadvisor.analyze.summary import percentile
+from trainadvisor.analyze.run.summary import percentile
+from trainadvisor.analyze.trace.facts import HOST_ITEM
 from trainadvisor.records import Report
 from trainadvisor.report.render import LABELS, _wrap
 from trainadvisor.report.utilization import flops
@@ -55,7 +55,7 @@ def _facts(a: Any) -> list[str]:
 
 
 def _utilization(a: Any) -> list[str]:
-    """MFU and the FLOPs it comes from (`analyze.trace_flops`), then the peak's source."""
+    """MFU and the FLOPs it comes from (`analyze.trace.trace_flops`), then the peak's source."""
     use = a.utilization
     if use is None:
         return []

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainadvisor._serial import to_plain
-from trainadvisor.analyze.shapes import usable
-from trainadvisor.analyze.summary import named_measurements, percentile
+from trainadvisor.analyze.run.shapes import usable
+from trainadvisor.analyze.run.summary import named_measurements, percentile
 from trainadvisor.records import Report, Run
 from trainadvisor.report import mdtext
 

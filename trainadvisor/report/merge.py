@@ -8,7 +8,7 @@ import copy
 from pathlib import Path
 
 from trainadvisor import engine
-from trainadvisor.analyze.summary import named_measurements
+from trainadvisor.analyze.run.summary import named_measurements
 from trainadvisor.errors import UsageError
 from trainadvisor.records import RankStats, Report
 

@@ -18,7 +18,7 @@ import jinja2
 import markupsafe
 
 from trainadvisor import _serial
-from trainadvisor.analyze.summary import BREAKDOWN_KEYS, NO_LOADER, OUTSIDE_CALL, window_samples
+from trainadvisor.analyze.run.summary import BREAKDOWN_KEYS, NO_LOADER, OUTSIDE_CALL, window_samples
 from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
 from trainadvisor.records.energy import Energy
 from trainadvisor.report import mdtext

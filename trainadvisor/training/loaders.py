@@ -103,7 +103,7 @@ def describe(args: dict[str, Any], index: int, site: str) -> LoaderInfo:
 
 
 def _length(loader: DataLoader) -> int | None:
-    """Batches per pass (for the script's length, `analyze.length`); None where the loader has
+    """Batches per pass (for the script's length, `analyze.run.length`); None where the loader has
     no length (an IterableDataset without __len__) or computing it fails."""
     try:
         return int(len(loader))

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from trainadvisor.analyze.bounds import Capped, expansion_limit_bytes, refuse_special, too_expanded
-from trainadvisor.analyze.deadline import store_deadline
+from trainadvisor.analyze.read.bounds import Capped, expansion_limit_bytes, refuse_special, too_expanded
+from trainadvisor.analyze.read.deadline import store_deadline
 from trainadvisor.errors import UsageError
 
 _gzip: types.ModuleType = gzip

@@ -7,7 +7,7 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainadvisor.analyze.trace_records import Facts
+    from trainadvisor.analyze.trace.trace_records import Facts
 
 # Host ops that make a tensor from nothing: on the host unless `device=` names another device.
 FACTORY = {

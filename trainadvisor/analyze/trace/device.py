@@ -13,12 +13,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainadvisor.analyze.columns import DEVICE_KINDS, FLOAT32, KERNEL, REDUCED, RUNTIME, Table, positions
-from trainadvisor.analyze.intervals import Union
-from trainadvisor.analyze.kernels import classify
+from trainadvisor.analyze.read.columns import (
+    DEVICE_KINDS,
+    FLOAT32,
+    KERNEL,
+    REDUCED,
+    RUNTIME,
+    Table,
+    positions,
+)
+from trainadvisor.analyze.trace.intervals import Union
+from trainadvisor.analyze.trace.kernels import classify
 
 if TYPE_CHECKING:
-    from trainadvisor.analyze.trace_records import TraceAnalysis
+    from trainadvisor.analyze.trace.trace_records import TraceAnalysis
 
 SHORT_KERNEL_US = 10.0
 _GRAPH_LAUNCH = re.compile(r"^(?:cuda|hip)GraphLaunch")

@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainadvisor.analyze.copies import FACTORY_CALLS
+from trainadvisor.analyze.trace.copies import FACTORY_CALLS
 
 if TYPE_CHECKING:
-    from trainadvisor.analyze.trace_records import Facts
+    from trainadvisor.analyze.trace.trace_records import Facts
 
 # Python frames (`file.py(first line): function`) of libraries, not of the user's code.
 FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from statistics import fmean
 
-from trainadvisor.analyze.summary import window_samples
+from trainadvisor.analyze.run.summary import window_samples
 from trainadvisor.records import FixOutcome, HostSample, RawRun, Run
 
 # Other processes' CPU, averaged over a window, from which that window is called disturbed.

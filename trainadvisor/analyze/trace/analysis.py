@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from trainadvisor.analyze import callsites, copies, device, host
-from trainadvisor.analyze import intervals as iv
-from trainadvisor.analyze.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
-from trainadvisor.analyze.facts import HOST_ITEM, gather
-from trainadvisor.analyze.reading import read_table
-from trainadvisor.analyze.sources import Location, file_name, shown
-from trainadvisor.analyze.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
-from trainadvisor.analyze.trace_flops import trace_utilization
-from trainadvisor.analyze.trace_records import Facts, StepBreakdown, TraceAnalysis
+from trainadvisor.analyze.read.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
+from trainadvisor.analyze.read.reading import read_table
+from trainadvisor.analyze.read.sources import Location, file_name, shown
+from trainadvisor.analyze.trace import callsites, copies, device, host
+from trainadvisor.analyze.trace import intervals as iv
+from trainadvisor.analyze.trace.facts import HOST_ITEM, gather
+from trainadvisor.analyze.trace.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
+from trainadvisor.analyze.trace.trace_flops import trace_utilization
+from trainadvisor.analyze.trace.trace_records import Facts, StepBreakdown, TraceAnalysis
 from trainadvisor.errors import UsageError
 
 ROLES = ("kernel", "memcpy", "memset", "communication", "runtime", "data_wait", "other_host")
@@ -45,7 +45,7 @@ def analyze_trace(
     analysis holds no credentials). The cyclic garbage collector is paused meanwhile: reading
     allocates millions of short-lived acyclic objects, and collecting over them repeatedly
     would cost about a third of the time. `last_step`: the last ProfilerStep#N the run that
-    wrote the trace recorded whole (`analyze.steps.find_steps`)."""
+    wrote the trace recorded whole (`analyze.trace.steps.find_steps`)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

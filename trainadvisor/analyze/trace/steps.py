@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trainadvisor.analyze.columns import ANNOTATION, HOST, HOST_KINDS, KERNEL, Table
+from trainadvisor.analyze.read.columns import ANNOTATION, HOST, HOST_KINDS, KERNEL, Table
 
 STEP_MARKER = re.compile(r"^ProfilerStep#(\d+)$")
 OPTIMIZER_PREFIX = "Optimizer.step#"

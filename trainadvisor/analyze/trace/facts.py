@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trainadvisor.analyze import callsites, copies
-from trainadvisor.analyze import intervals as iv
-from trainadvisor.analyze.columns import HOST_KINDS, KERNEL, MEMCPY, PYTHON, RUNTIME, Table
-from trainadvisor.analyze.trace_records import Facts
+from trainadvisor.analyze.read.columns import HOST_KINDS, KERNEL, MEMCPY, PYTHON, RUNTIME, Table
+from trainadvisor.analyze.trace import callsites, copies
+from trainadvisor.analyze.trace import intervals as iv
+from trainadvisor.analyze.trace.trace_records import Facts
 
 SYNCS = {
     "cudaStreamSynchronize": "stream_sync", "hipStreamSynchronize": "stream_sync",

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainadvisor.analyze import intervals as iv
-from trainadvisor.analyze.columns import ANNOTATION, HOST, MEMCPY, RUNTIME, Table
-from trainadvisor.analyze.device import ALLOCATOR_CALL
-from trainadvisor.analyze.facts import SYNCS
-from trainadvisor.analyze.steps import BACKWARD_PREFIX, OPTIMIZER_PREFIX, STEP_MARKER, is_loader_call
-from trainadvisor.analyze.trace_records import StepBreakdown
+from trainadvisor.analyze.read.columns import ANNOTATION, HOST, MEMCPY, RUNTIME, Table
+from trainadvisor.analyze.trace import intervals as iv
+from trainadvisor.analyze.trace.device import ALLOCATOR_CALL
+from trainadvisor.analyze.trace.facts import SYNCS
+from trainadvisor.analyze.trace.steps import BACKWARD_PREFIX, OPTIMIZER_PREFIX, STEP_MARKER, is_loader_call
+from trainadvisor.analyze.trace.trace_records import StepBreakdown
 
 # Runtime calls in which the host waits for the device: the syncs `facts` counts (and ROCm's
 # synchronous copies), and event syncs (`torch.cuda.Event.synchronize()`, timing loops).

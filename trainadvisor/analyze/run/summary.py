@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainadvisor.analyze.energy import run_energy
-from trainadvisor.analyze.kineto import analyze_trace
-from trainadvisor.analyze.measures import runtime_measurements, trace_measurements
-from trainadvisor.analyze.ranks import rank_measurements
-from trainadvisor.analyze.shapes import traced_whole
+from trainadvisor.analyze.run.energy import run_energy
+from trainadvisor.analyze.run.measures import runtime_measurements, trace_measurements
+from trainadvisor.analyze.run.ranks import rank_measurements
+from trainadvisor.analyze.run.shapes import traced_whole
+from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.compute.mfu import utilization
 from trainadvisor.frameworks.vocab import loop_call
 from trainadvisor.memory.peak import memory_measurements, step_memory

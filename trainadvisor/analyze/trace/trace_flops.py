@@ -18,11 +18,11 @@ from collections import Counter
 
 import numpy as np
 
-from trainadvisor.analyze.columns import FLOAT32, KERNEL, Table, positions
-from trainadvisor.analyze.device import combined
-from trainadvisor.analyze.kernels import classify
-from trainadvisor.analyze.op_flops import DTYPE_CODES
-from trainadvisor.analyze.trace_records import TraceAnalysis
+from trainadvisor.analyze.read.columns import FLOAT32, KERNEL, Table, positions
+from trainadvisor.analyze.read.op_flops import DTYPE_CODES
+from trainadvisor.analyze.trace.device import combined
+from trainadvisor.analyze.trace.kernels import classify
+from trainadvisor.analyze.trace.trace_records import TraceAnalysis
 from trainadvisor.compute.mfu import utilization
 from trainadvisor.records.compute import Utilization
 

@@ -19,9 +19,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import IO, Any
 
-from trainadvisor.analyze.columns import Pieces, Table, TableReader, join
-from trainadvisor.analyze.sources import READ_ERRORS, Location, open_trace, shown
-from trainadvisor.analyze.stream import (
+from trainadvisor.analyze.read.columns import Pieces, Table, TableReader, join
+from trainadvisor.analyze.read.sources import READ_ERRORS, Location, open_trace, shown
+from trainadvisor.analyze.read.stream import (
     MAX_EVENT_BYTES,
     cut_after_event,
     metadata,

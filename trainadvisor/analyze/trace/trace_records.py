@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from trainadvisor.analyze import intervals as iv
+from trainadvisor.analyze.trace import intervals as iv
 from trainadvisor.records.compute import Utilization
 
 

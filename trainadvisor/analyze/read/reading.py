@@ -17,10 +17,10 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainadvisor.analyze.columns import Pieces, Table, TableReader, join
-from trainadvisor.analyze.pipeline import read_piped
-from trainadvisor.analyze.sources import Location, file_name, is_url, size_bytes
-from trainadvisor.analyze.stream import read_range, read_trace, split_points
+from trainadvisor.analyze.read.columns import Pieces, Table, TableReader, join
+from trainadvisor.analyze.read.pipeline import read_piped
+from trainadvisor.analyze.read.sources import Location, file_name, is_url, size_bytes
+from trainadvisor.analyze.read.stream import read_range, read_trace, split_points
 
 T = TypeVar("T")
 PARALLEL_MIN_BYTES = 96 << 20  # below this, starting workers costs more than they save

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trainadvisor.analyze.kineto import TraceAnalysis
+from trainadvisor.analyze.trace.analysis import TraceAnalysis
 from trainadvisor.compute.dynamo import compile_measurements
 from trainadvisor.memory.oom import oom_measurements
 

@@ -19,8 +19,13 @@ from typing import IO, Any
 
 import msgspec
 
-from trainadvisor.analyze.kineto_json import LONE_SURROGATE_HINT, kineto_json, kineto_spelling, lenient_loads
-from trainadvisor.analyze.sources import READ_ERRORS, Location, open_trace, shown
+from trainadvisor.analyze.read.kineto_json import (
+    LONE_SURROGATE_HINT,
+    kineto_json,
+    kineto_spelling,
+    lenient_loads,
+)
+from trainadvisor.analyze.read.sources import READ_ERRORS, Location, open_trace, shown
 from trainadvisor.errors import UsageError
 
 BLOCK_BYTES = 4 << 20

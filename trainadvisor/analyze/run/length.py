@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainadvisor.analyze.summary import main_loader
+from trainadvisor.analyze.run.summary import main_loader
 from trainadvisor.records import FrameworkCall, RawRun, RunLength
 
 

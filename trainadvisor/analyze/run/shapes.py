@@ -8,7 +8,7 @@ from trainadvisor.measure import config
 from trainadvisor.records import FixOutcome, RawRun, Run, timed_steps
 
 # A window the script's end cut short still counts with at least this many timed steps: two
-# throughput windows of the smallest size (`analyze.summary.WINDOW_STEPS`).
+# throughput windows of the smallest size (`analyze.run.summary.WINDOW_STEPS`).
 MIN_TIMED_STEPS = 10
 
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from trainadvisor.analyze.bounds import Capped, Readable, expansion_limit_bytes, too_expanded
-from trainadvisor.analyze.sources import ARCHIVE_SUFFIXES, TRACE_SUFFIXES
+from trainadvisor.analyze.read.bounds import Capped, Readable, expansion_limit_bytes, too_expanded
+from trainadvisor.analyze.read.sources import ARCHIVE_SUFFIXES, TRACE_SUFFIXES
 from trainadvisor.errors import UsageError
 
 _UNSAFE = re.compile(r"[^\w.-]+")

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from trainadvisor.analyze.op_flops import FORMULAS, op_dtype, op_flops
-from trainadvisor.analyze.stream import Event
+from trainadvisor.analyze.read.op_flops import FORMULAS, op_dtype, op_flops
+from trainadvisor.analyze.read.stream import Event
 
 # Row kinds. A category is read case-blind: 2021 traces write Operator/Runtime/Kernel/Memcpy.
 DROP, HOST, ANNOTATION, PYTHON, RUNTIME, KERNEL, MEMCPY, MEMSET, MEMORY = range(9)
