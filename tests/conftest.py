@@ -145,9 +145,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "long_run: an end-to-end test of half a minute or more (profile runs with their fixes' trials), "
         "started before the others",
     )
+    config.addinivalue_line(
+        "markers",
+        "e2e: starts processes (script runs, the CLI in a subprocess, Ray, an S3 server, a browser); "
+        "set by `tiers` from the test's code, never by hand; `scripts/test.sh --fast` leaves them out",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from tiers import starting_functions, starts_processes
+
+    modules = {Path(str(item.fspath)) for item in items}
+    starting: dict[Path, set[str]] = {}
+    for module in modules:
+        starting[module] = starting_functions([Path(__file__), module])
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None or starts_processes(function, starting[Path(str(item.fspath))]):
+            item.add_marker(pytest.mark.e2e)
     # pytest -n (--dist loadgroup) hands tests out in the order collected, groups first: with the
     # longest started first, the short ones even out the workers' ends (a long test collected last
     # kept one worker busy for a minute and more after the other had finished)

@@ -15,7 +15,7 @@ import pytest
 from conftest import gpu_run, shared_trace
 
 from trainadvisor import engine
-from trainadvisor.analyze.command import measurements, to_run
+from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.read.reading import read_table
 from trainadvisor.analyze.run.summary import attach_trace, named_measurements
 from trainadvisor.analyze.trace.analysis import analyze_trace
@@ -33,7 +33,7 @@ SHOWN = ("gpu_busy_pct", "host_busy_pct", "data_wait_pct", "sync_pct", "kernels_
 @cache
 def _values(path: Path) -> dict[str, Any]:
     analysis = analyze_trace(path)
-    return measurements(analysis, to_run(analysis))
+    return named_measurements(to_run(analysis))
 
 
 def _shown(values: dict[str, Any]) -> tuple[float, ...]:
