@@ -1,9 +1,11 @@
 """Quantities written for people: a value in the largest decimal prefix of its unit it reaches
-(reports and the fixes' reasons alike).
+(reports and the fixes' reasons alike), and a signal by its name.
 
 May import: nothing of the package."""
 
 from __future__ import annotations
+
+import signal
 
 
 def scaled(value: float, unit: str, prefixes: str = "kMGTP") -> str:
@@ -13,3 +15,12 @@ def scaled(value: float, unit: str, prefixes: str = "kMGTP") -> str:
         if value >= 1000.0**power:
             return f"{value / 1000.0**power:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL` for 9; the number itself for one Python has no name for (a real-time signal,
+    SIGRTMIN+3, is 37 on Linux), where `signal.Signals(number)` would raise."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)

@@ -7,4 +7,4 @@ the child (`config`), the steadiness test of a warm-up (`settle`) and a window's
 the run's progress and heartbeat as it goes (`progress`, `watchdog`), the script's console
 (`console`).
 
-May import: records, _serial, errors, redact."""
+May import: records, _serial, errors, redact, units."""

@@ -5,7 +5,6 @@ written whole (temporary file and rename)."""
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from trainadvisor.measure.runner import (
     wait_for,
 )
 from trainadvisor.records import Overrides, RawRun
+from trainadvisor.units import signal_name
 
 POLL_S = 0.02
 
@@ -139,7 +139,7 @@ class LiveRun:
 
 def _how_it_ended(returncode: int) -> str:
     if returncode < 0:
-        return f"was killed by signal {signal.Signals(-returncode).name}"
+        return f"was killed by signal {signal_name(-returncode)}"
     return f"ended (exit code {returncode})"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from trainadvisor import _serial
 from trainadvisor.measure.watchdog import read_steps
 from trainadvisor.records import RawRun
+from trainadvisor.units import signal_name
 
 OOM_HINT = "the kernel's out-of-memory killer sends SIGKILL: check the machine's memory"
 
@@ -67,7 +68,7 @@ def say_how_it_ended(raw: RawRun, returncode: int, launcher: str | None = None) 
         )
     elif returncode < 0:
         hint = f" ({OOM_HINT})" if -returncode == signal.SIGKILL else ""
-        raw.error = f"the script was killed by signal {signal.Signals(-returncode).name} {when}{hint}"
+        raw.error = f"the script was killed by signal {signal_name(-returncode)} {when}{hint}"
     else:
         raw.error = (
             f"the script's process exited with code {returncode} {when}, without Python's own exit "

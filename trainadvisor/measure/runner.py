@@ -28,6 +28,7 @@ from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.watchdog import Watchdog
 from trainadvisor.records import Overrides, RawRun
 from trainadvisor.redact import Secrets
+from trainadvisor.units import signal_name
 
 # Once the window is written, the script is given this long to stop before it is killed
 # (a loop that catches BaseException would otherwise keep training).
@@ -501,7 +502,7 @@ def _result(
             f"({reason}); the script's own exit code was {returncode}"
         )
     elif returncode < 0:
-        error = f"the script was killed by signal {signal.Signals(-returncode).name}"
+        error = f"the script was killed by signal {signal_name(-returncode)}"
     else:
         error = f"the script ended with exit code {returncode} before anything was recorded"
     return RawRun(

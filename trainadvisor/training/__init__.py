@@ -8,4 +8,4 @@ parent's side of each run (starting, sampling, collecting it) is `measure/`; wha
 exchange (the child's configuration, the steadiness test, its progress and heartbeat) is in
 `measure/`'s torch-free modules.
 
-May import: measure, fixes, frameworks, memory, compute, records, _serial, errors."""
+May import: measure, fixes, frameworks, memory, compute, records, units, _serial, errors."""

@@ -22,6 +22,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from trainadvisor.frameworks import framework_of, ours_or_torch
 from trainadvisor.frameworks.watch import loader_origin
 from trainadvisor.records import LoaderInfo
+from trainadvisor.units import signal_name
 
 # DataLoader arguments an override may set, and the values that need workers.
 _WORKER_ONLY = ("persistent_workers", "prefetch_factor")
@@ -151,9 +152,8 @@ def worker_deaths(iterator: Any) -> list[str]:
         if code is None or code == 0:
             continue
         if code < 0:
-            known = -code in signal.Signals._value2member_map_
-            name = signal.Signals(-code).name if known else str(-code)
-            cause = _SIGNAL_CAUSES.get(signal.Signals(-code)) if known else None
+            name = signal_name(-code)
+            cause = _SIGNAL_CAUSES.get(-code)
             said = f" ({cause})" if cause else ""
             deaths.append(f"worker pid {worker.pid} was killed by signal {name}{said}")
         else:
