@@ -8,6 +8,9 @@ GPUs. `--slow-rank R --slow-ms MS` makes one rank spend MS more per step before 
 What trainadvisor should find with a slow rank: `straggler`, naming that rank. `--fail-rank` and
 `--hang-rank` make a rank fail or hang, to see the whole run end with that rank named;
 `--latency-ms` slows every sample's read (a data stall, for the dataloader-workers fix).
+`--find-unused --bucket-cap-mb 0.05 --depth 6` builds DDP as many scripts copied from a forum
+do: a search for unused parameters at every step (there are none) and tiny gradient buckets,
+for the ddp-settings rule and fix.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ def main() -> None:
     parser.add_argument("--fail-step", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="storage latency per sample")
     parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--depth", type=int, default=1, help="hidden layers of --width")
+    parser.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient bucket size")
     args = parser.parse_args()
 
     # one GPU per local rank, or every rank on the CPU (a 2-rank job on a 1-GPU machine would
@@ -68,8 +74,14 @@ def main() -> None:
     dataset = SlowStorage(TensorDataset(inputs, targets), args.latency_ms)
     sampler = DistributedSampler(dataset, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers)
-    net = nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(), nn.Linear(args.width, 10)).to(device)
-    model = DistributedDataParallel(net, device_ids=[local_rank] if cuda else None)
+    hidden = [layer for _ in range(args.depth) for layer in (nn.Linear(args.width, args.width), nn.ReLU())]
+    net = nn.Sequential(*hidden, nn.Linear(args.width, 10)).to(device)
+    model = DistributedDataParallel(
+        net,
+        device_ids=[local_rank] if cuda else None,
+        find_unused_parameters=args.find_unused,
+        bucket_cap_mb=args.bucket_cap_mb,
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)

@@ -38,7 +38,8 @@ def write_rule(
 SHIPPED = [
     "allocator-churn", "anomaly-detection-on", "comm-bound", "compute-bound", "cpu-oversubscribed",
     "cpu-tensor-creation",
-    "cudnn-benchmark", "data-parallel", "data-stall", "gpu-underutilized", "graph-breaks", "host-bound",
+    "cudnn-benchmark", "data-parallel", "data-stall", "ddp-settings", "gpu-underutilized", "graph-breaks",
+    "host-bound",
     "host-sync", "launch-bound", "memory-headroom", "memory-pressure", "no-mixed-precision", "out-of-memory",
     "over-memory-budget",
     "pageable-h2d-copy",
@@ -182,6 +183,7 @@ UNITS = {
     "samples/s",
     "FLOP",
     "TFLOP/s",
+    "MiB",
     "bool",
     "text",
     "list",

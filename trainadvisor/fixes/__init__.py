@@ -19,6 +19,7 @@ from trainadvisor.fixes.common import NO_GAIN, Fix, Setting, trial_peak
 from trainadvisor.fixes.compile import Compile
 from trainadvisor.fixes.cudnn_benchmark import CudnnBenchmark
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.fixes.ddp_settings import DdpSettings
 from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation
 from trainadvisor.fixes.optimizer_foreach import OptimizerForeach
@@ -30,7 +31,7 @@ REGISTRY: dict[str, Fix] = {
     fix.id: fix
     for fix in (
         DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
-        GradAccumulation(), Compile(), ActivationCheckpointing(), OptimizerForeach(),
+        GradAccumulation(), Compile(), ActivationCheckpointing(), OptimizerForeach(), DdpSettings(),
     )
 }  # fmt: skip
 

@@ -5,7 +5,7 @@ not declared here is refused when it is loaded (`engine`), with the closest decl
 test suite fails a run whose table holds a name not declared here (`engine.CHECK_ENV`).
 
 Units: % (of the step, unless said), ms, us, s, bytes, count, steps/s, samples/s, FLOP,
-TFLOP/s, bool, text (a name, a file:line, a sentence)."""
+TFLOP/s, MiB, bool, text (a name, a file:line, a sentence)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ _RANKS = "analyze.run.ranks, analyze.rank_table"
 _TRACE_ONLY = "analyze.run.measures (traced_only)"
 _BREAKDOWN = "analyze.run.summary (a trace's breakdown)"
 _BOTH = "analyze.run.summary (a trace's: analyze.run.measures.traced_only)"
+_PARALLEL = "training.parallel (DDP's own record of itself, at the window)"
 _OPTIONS = "profile.command (from the command's options and the machine)"
 
 _DECLARED: dict[str, tuple[str, str, str]] = {
@@ -165,6 +166,22 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "workers_busy_cores": ("count", "cores the DataLoader workers kept busy", _STEP),
     "lr_scheduler": ("bool", "the script steps a learning-rate scheduler", _RUNTIME),
     "data_parallel_modules": ("count", "modules wrapped in DataParallel", _RUNTIME),
+    "ddp_modules": ("count", "DistributedDataParallel modules alive at the window", _PARALLEL),
+    "ddp_call_site": ("text", "file:line that built the first DistributedDataParallel", _PARALLEL),
+    "ddp_find_unused_parameters": (
+        "bool",
+        "DDP searches for unused parameters each step",
+        _PARALLEL,
+    ),
+    "ddp_unused_parameter_bytes": (
+        "bytes",
+        "parameters DDP found unused in a step",
+        _PARALLEL,
+    ),
+    "ddp_bucket_cap_mb": ("MiB", "DDP's gradient bucket size", _PARALLEL),
+    "ddp_gradient_as_bucket_view": ("bool", "DDP's gradients are views into its buckets", _PARALLEL),
+    "ddp_static_graph": ("bool", "DDP was told the graph is static", _PARALLEL),
+    "ddp_world_size": ("count", "processes DDP all-reduces across", _PARALLEL),
     # ---- the optimizer ----
     "optimizer": ("text", "the optimizer's class", _RUNTIME),
     "optimizers": ("count", "optimizers that stepped in the window", _RUNTIME),

@@ -30,7 +30,7 @@ from trainadvisor.frameworks import watch
 from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file
 from trainadvisor.memory.blocks import find_trained, repeated_blocks
 from trainadvisor.records import DeviceInfo, FrameworkCall, LoaderInfo, RawRun
-from trainadvisor.training import failure, gpu, loaders
+from trainadvisor.training import failure, gpu, loaders, parallel
 from trainadvisor.training.window import Clock, Window, WindowPlan
 
 ACTIVE: Recorder | None = None
@@ -84,7 +84,7 @@ class Recorder(Patches):
         self.result: RawRun | None = None  # the baseline window's, once written
         self.write_failed = False  # then no trial window follows: the run ends at the window
         self.heartbeat: Any = None  # the stall watchdog's step count (`measure.watchdog`)
-        self.data_parallel_modules = 0
+        self.wrappers = parallel.Wrappers()  # the data-parallel wrappers the script built
         self.device_announced = False
         self.non_blocking_h2d = config.overrides.non_blocking_h2d  # mark batches for async copies
         # What a fix does to the loss before backward (fp16 loss scaling, 1/k for accumulation).
@@ -141,6 +141,10 @@ class Recorder(Patches):
         self.window.optimizer_stepped(optimizer, counted)
         if counted and not self.manual:
             self.boundary()
+
+    @property
+    def data_parallel_modules(self) -> int:
+        return self.wrappers.data_parallel
 
     def manual_step(self) -> None:
         if not self.manual:
@@ -215,7 +219,8 @@ class Recorder(Patches):
             flags.switch_flags(
                 tf32=bool(runtime.get("tf32")), cudnn_benchmark=bool(runtime.get("cudnn_benchmark"))
             )
-        return gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"), window.device)
+        facts = gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"), window.device)
+        return {**facts, **self.wrappers.ddp_facts()}
 
     def _window_closes(self, window: Window) -> None:
         self.write("window_complete", exit_code=None, error=None)
@@ -414,7 +419,7 @@ def install(config: ChildConfig) -> Recorder:
     loaders.install(recorder, recorder.refuse)
     watch.install(recorder)
     _patch_autograd(recorder)
-    _patch_data_parallel(recorder)
+    parallel.watch(recorder, recorder.wrappers)
     _find_blocks(recorder)
     if config.overrides.non_blocking_h2d and torch.cuda.is_available():
         switches.install_non_blocking_copies(recorder)
@@ -466,17 +471,6 @@ def _patch_autograd(recorder: Recorder) -> None:
         recorder.optimizer_built(self)
 
     recorder.patch(torch.optim.Optimizer, "__init__", optimizer_init)
-
-
-def _patch_data_parallel(recorder: Recorder) -> None:
-    original_dp_init = torch.nn.DataParallel.__init__
-
-    def data_parallel_init(self: torch.nn.DataParallel, *args: Any, **kwargs: Any) -> None:
-        original_dp_init(self, *args, **kwargs)
-        if len(getattr(self, "device_ids", None) or []) >= 2:  # one device: DataParallel does nothing
-            recorder.data_parallel_modules += 1
-
-    recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
 
 
 __all__ = ["ACTIVE", "ChildConfig", "Recorder", "WindowComplete", "install"]

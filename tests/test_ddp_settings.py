@@ -1,0 +1,140 @@
+"""The `ddp-settings` fix and the DDP facts it reads: DDP's own record of itself, read from a
+real DistributedDataParallel (one gloo process in this one), the candidates, the switch that
+builds DDP with them, and the code change at the line that builds it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainadvisor.fixes.ddp_settings import DdpSettings
+from trainadvisor.records import Overrides, Trial
+from trainadvisor.training import parallel
+from trainadvisor.training.hooks import Patches
+
+VALUES = {
+    "ddp_modules": 1, "ddp_world_size": 2, "ddp_find_unused_parameters": True,
+    "ddp_unused_parameter_bytes": 0, "ddp_bucket_cap_mb": 0.05, "ddp_gradient_as_bucket_view": False,
+    "steps_per_s": 40.0,
+}  # fmt: skip
+DDP = nn.parallel.DistributedDataParallel
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class _WithUnused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(8, 8), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _step(model: nn.Module) -> None:
+    model(torch.randn(2, 8)).sum().backward()
+
+
+def test_ddps_record_of_itself_becomes_the_windows_facts(one_process_group: None) -> None:
+    patches, wrappers = Patches(), parallel.Wrappers()
+    parallel.watch(patches, wrappers)
+    try:
+        model = DDP(_WithUnused(), find_unused_parameters=True, bucket_cap_mb=2)
+        _step(model)
+        _step(model)  # DDP records what went unused at the step after
+        facts = wrappers.ddp_facts()
+    finally:
+        patches.undo()
+    assert facts.pop("ddp_call_site").startswith(f"{__file__}:")
+    assert facts == {
+        "ddp_modules": 1, "ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": (4 * 4 + 4) * 4,
+        "ddp_bucket_cap_mb": 2.0, "ddp_gradient_as_bucket_view": False, "ddp_static_graph": False,
+        "ddp_world_size": 1,
+    }  # fmt: skip
+    assert parallel.Wrappers().ddp_facts() == {}  # no DDP built: no facts
+
+
+def test_the_switch_builds_ddp_with_the_candidates_settings(one_process_group: None) -> None:
+    patches = Patches()
+    settings = {"find_unused_parameters": False, "gradient_as_bucket_view": True, "bucket_cap_mb": 25.0}
+    DdpSettings().install(patches, Overrides(runtime={"ddp": settings}))
+    try:
+        model = DDP(nn.Linear(8, 8), find_unused_parameters=True, bucket_cap_mb=1)
+    finally:
+        patches.undo()
+    logged = model._get_ddp_logging_data()
+    assert (logged["find_unused_parameters"], logged["gradient_as_bucket_view"]) == (0, 1)
+    assert logged["bucket_cap_bytes"] == 25 * 2**20
+    again = DDP(nn.Linear(8, 8), find_unused_parameters=True)  # put back: DDP builds as asked again
+    assert again._get_ddp_logging_data()["find_unused_parameters"] == 1
+
+
+def _trial(label: str, steps_per_s: float) -> Trial:
+    return Trial(label, Overrides(), "measured", steps_per_s, None)
+
+
+def test_the_candidates_free_settings_first_then_larger_buckets_only_where_they_gained() -> None:
+    fix = DdpSettings()
+    assert fix.not_applicable(VALUES) is None
+    first = fix.next_candidate(VALUES, [])
+    assert first is not None and first.label == (
+        "find_unused_parameters=False, gradient_as_bucket_view=True, bucket_cap_mb=25"
+    )
+    larger = fix.next_candidate(VALUES, [_trial(first.label, 60.0)])
+    assert larger is not None and larger.overrides.runtime["ddp"]["bucket_cap_mb"] == 100.0
+    assert fix.next_candidate(VALUES, [_trial(first.label, 41.0)]) is None  # under 5%: no second trial
+    trials = [_trial("a", 60.0), _trial("b", 66.0)]
+    assert fix.choose(trials, VALUES) is trials[1]
+    assert fix.choose([_trial("a", 41.0)], VALUES) is None
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [
+        ({"ddp_modules": 0}, "the script builds no DistributedDataParallel"),
+        ({"ddp_world_size": 1}, "DDP over one process communicates nothing"),
+        (
+            {
+                "ddp_find_unused_parameters": False,
+                "ddp_bucket_cap_mb": 25.0,
+                "ddp_gradient_as_bucket_view": True,
+            },
+            "DDP is built with the settings this fix would set",
+        ),
+    ],
+)
+def test_where_the_fix_cannot_apply_it_says_why(changed: dict[str, Any], why: str) -> None:
+    assert DdpSettings().not_applicable({**VALUES, **changed}) == why
+
+
+def test_parameters_that_really_go_unused_keep_the_search_on() -> None:
+    values = {**VALUES, "ddp_unused_parameter_bytes": 4096}
+    first = DdpSettings().next_candidate(values, [])
+    assert first is not None and "find_unused_parameters" not in first.overrides.runtime["ddp"]
+    assert "find_unused_parameters stays on: 4096 bytes" in (DdpSettings().search_note([], values) or "")
+
+
+def test_the_code_change_sets_the_settings_at_the_line_that_builds_ddp() -> None:
+    source = (
+        "import torch\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "model = DDP(net, device_ids=None, find_unused_parameters=True, bucket_cap_mb=1)\n"
+    )
+    settings = {"find_unused_parameters": False, "gradient_as_bucket_view": True, "bucket_cap_mb": 25.0}
+    changed = DdpSettings().code_change(source, None, Overrides(runtime={"ddp": settings}))  # type: ignore[arg-type]
+    assert changed is not None and changed.splitlines()[2] == (
+        "model = DDP(net, device_ids=None, find_unused_parameters=False, bucket_cap_mb=25.0, "
+        "gradient_as_bucket_view=True)"
+    )

@@ -1,0 +1,71 @@
+"""The data-parallel wrappers a script builds, seen as it builds them: `nn.DataParallel` over
+several GPUs (counted) and `DistributedDataParallel` (each with the line that built it). At the
+window, DDP's own record of itself (`_get_ddp_logging_data`: its buckets, whether it searches
+for unused parameters and how many bytes of them went unused) becomes the window's facts
+(`ddp_*`): the `ddp-settings` rule and fix read them."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from trainadvisor.training.loaders import call_site
+
+# DDP's own defaults (torch.nn.parallel.DistributedDataParallel), for a wrapper whose record
+# does not say
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+
+class Wrappers:
+    """The wrappers built in this process so far (the modules themselves held weakly)."""
+
+    def __init__(self) -> None:
+        self.data_parallel = 0  # nn.DataParallel modules over two GPUs or more
+        self.ddp: list[tuple[weakref.ref[Any], str]] = []  # (the DDP module, where it was built)
+
+    def ddp_facts(self) -> dict[str, Any]:
+        """The window's facts of the first DDP wrapper still alive (a script builds one), and
+        how many were built; nothing where none was."""
+        alive = [(module, where) for ref, where in self.ddp if (module := ref()) is not None]
+        if not alive:
+            return {}
+        module, where = alive[0]
+        facts: dict[str, Any] = {"ddp_modules": len(alive), "ddp_call_site": where}
+        try:
+            logged = dict(module._get_ddp_logging_data())
+        except (AttributeError, RuntimeError):  # an older torch, or a wrapper torn down
+            logged = {}
+        find_unused = logged.get("find_unused_parameters", getattr(module, "find_unused_parameters", None))
+        facts["ddp_find_unused_parameters"] = None if find_unused is None else bool(find_unused)
+        if find_unused and logged.get("unused_parameter_size") is not None:
+            facts["ddp_unused_parameter_bytes"] = int(logged["unused_parameter_size"])
+        cap_bytes = logged.get("bucket_cap_bytes")
+        facts["ddp_bucket_cap_mb"] = cap_bytes / 2**20 if cap_bytes else None
+        view = logged.get("gradient_as_bucket_view", getattr(module, "gradient_as_bucket_view", None))
+        facts["ddp_gradient_as_bucket_view"] = None if view is None else bool(view)
+        facts["ddp_static_graph"] = bool(getattr(module, "static_graph", False))
+        world = logged.get("world_size")
+        facts["ddp_world_size"] = int(world) if world else None
+        return {k: v for k, v in facts.items() if v is not None}
+
+
+def watch(recorder: Any, wrappers: Wrappers) -> None:
+    """Count DataParallel modules over several GPUs, and note each DDP module and its line."""
+    original_dp_init = torch.nn.DataParallel.__init__
+
+    def data_parallel_init(self: torch.nn.DataParallel, *args: Any, **kwargs: Any) -> None:
+        original_dp_init(self, *args, **kwargs)
+        if len(getattr(self, "device_ids", None) or []) >= 2:  # one device: DataParallel does nothing
+            wrappers.data_parallel += 1
+
+    recorder.patch(torch.nn.DataParallel, "__init__", data_parallel_init)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    original_ddp_init = ddp.__init__
+
+    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_ddp_init(self, *args, **kwargs)
+        wrappers.ddp.append((weakref.ref(self), call_site()))
+
+    recorder.patch(ddp, "__init__", ddp_init)
