@@ -17,7 +17,7 @@ import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from trainadvisor.errors import RuleError
 from trainadvisor.records import Evidence, Finding, Severity
@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-SEVERITIES = ("high", "medium", "low")
+SEVERITIES: tuple[str, ...] = get_args(Severity)  # most severe first, as the records spell them
 # What a rule file may hold: a user's --rules folder is read like any input, so that a file of
 # gigabytes, a condition of thousands of terms (nested thousands deep: the parser and the
 # interpreter recurse) or a message whose format asks for a field a gigabyte wide is refused
