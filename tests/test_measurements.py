@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from trainadvisor.records import (
     Trial,
     timed_steps,
 )
+from trainadvisor.report import render
 
 
 def raw(
@@ -441,3 +443,31 @@ def test_a_script_killed_by_a_signal_python_has_no_name_for_is_told_by_its_numbe
     say_how_it_ended(ended, -37)
     assert ended.error is not None  # the window it completed stays complete
     assert ended.error.startswith("the script was killed by signal 37 ")
+
+
+def _ranked(losses_by_rank: list[list[float | None]]) -> RawRun:
+    """A torchrun run: rank 0's run holding every rank's (each trains on its own batches)."""
+    ranks = [raw([1.0], losses=losses) for losses in losses_by_rank]
+    for rank, run in enumerate(ranks):
+        run.rank = rank
+    primary = dataclasses.replace(ranks[0], ranks=ranks)
+    return primary
+
+
+def test_under_torchrun_training_is_the_same_only_where_it_is_on_every_rank() -> None:
+    same = loss_check(_ranked([[2.0, 1.5], [2.2, 1.7]]), _ranked([[2.0, 1.5], [2.2, 1.7]]))
+    assert (same.equivalent, same.ranks_compared, same.changed_rank, same.max_abs_diff) == (
+        True,
+        2,
+        None,
+        0.0,
+    )
+    assert (
+        render.loss_sentence(same)
+        == "training unchanged: the loss of 2 seeded steps is identical on each of 2 ranks"
+    )
+    # rank 0 trains the same; rank 1's second step moved by 10%: the run's training changed
+    moved = loss_check(_ranked([[2.0, 1.5], [2.2, 1.7]]), _ranked([[2.0, 1.5], [2.2, 1.87]]))
+    assert (moved.equivalent, moved.changed_rank) == (False, 1)
+    assert moved.max_rel_diff == pytest.approx(0.1) and moved.baseline == [2.0, 1.5]  # rank 0's shown
+    assert render.loss_sentence(moved).startswith("training CHANGED on rank 1: the loss of 2 seeded steps")

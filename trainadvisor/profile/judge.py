@@ -35,7 +35,41 @@ def _same_batches(baseline: RawRun, after: RawRun, shared: int) -> bool | None:
 def loss_check(baseline: RawRun, after: RawRun, tolerance_rel: float = LOSS_TOLERANCE_REL) -> LossCheck:
     """Compare the loss of every step both runs recorded (same index, same seed). A fix that
     changes arithmetic (tf32, autocast) passes a looser `tolerance_rel`; with different batches
-    the tolerance is at least MEAN_LOSS_TOLERANCE_REL."""
+    the tolerance is at least MEAN_LOSS_TOLERANCE_REL. Under torchrun every rank is compared with
+    itself (each trains on its own batches): training is the same only where it is on every
+    rank, and the figures are the worst rank's."""
+    before_ranks = {r.rank: r for r in baseline.ranks if r.rank is not None}
+    pairs = [(r.rank, before_ranks[r.rank], r) for r in after.ranks if r.rank in before_ranks]
+    if len(pairs) < 2:
+        return _rank_loss_check(baseline, after, tolerance_rel)
+    checks = [(rank, _rank_loss_check(b, a, tolerance_rel)) for rank, b, a in pairs]
+    compared = [(rank, c) for rank, c in checks if c.equivalent is not None]
+    if not compared:
+        return checks[0][1]
+    rank, worst = max(compared, key=lambda rc: (rc[1].equivalent is False, _diff(rc[1])))
+    first = checks[0][1]  # the losses shown: the first rank's, as before
+    return LossCheck(
+        steps_compared=min(c.steps_compared for _, c in compared),
+        max_abs_diff=worst.max_abs_diff,
+        max_rel_diff=worst.max_rel_diff,
+        tolerance_rel=worst.tolerance_rel,
+        equivalent=all(c.equivalent for _, c in compared),
+        same_batches=worst.same_batches,
+        mean_rel_diff=worst.mean_rel_diff,
+        baseline=first.baseline,
+        after=first.after,
+        ranks_compared=len(compared),
+        changed_rank=rank if worst.equivalent is False else None,
+    )
+
+
+def _diff(check: LossCheck) -> float:
+    measured = check.mean_rel_diff if check.same_batches is False else check.max_rel_diff
+    return measured if measured is not None else -1.0
+
+
+def _rank_loss_check(baseline: RawRun, after: RawRun, tolerance_rel: float) -> LossCheck:
+    """`loss_check` of one process's steps."""
     shared = min(len(baseline.losses), len(after.losses))
     before_losses, after_losses = baseline.losses[:shared], after.losses[:shared]
     pairs = [(b, a) for b, a in zip(before_losses, after_losses) if b is not None and a is not None]

@@ -396,6 +396,10 @@ class LossCheck:
     mean_rel_diff: float | None = None  # of the mean loss over the shared steps
     baseline: list[float | None] = field(default_factory=list)
     after: list[float | None] = field(default_factory=list)
+    # under torchrun: the ranks whose losses were compared, rank by rank (each rank trains on its
+    # own batches), and the rank whose loss changed most where training changed
+    ranks_compared: int = 0
+    changed_rank: int | None = None
 
 
 @dataclass

@@ -465,9 +465,14 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
 def loss_sentence(check: LossCheck) -> str:
     if check.equivalent is None:
         return "training not compared: no scalar loss was seen in the steps"
+    ranks = f" on each of {check.ranks_compared} ranks" if check.ranks_compared > 1 else ""
     if check.max_abs_diff == 0:
-        return f"training unchanged: the loss of {check.steps_compared} seeded steps is identical"
+        return f"training unchanged: the loss of {check.steps_compared} seeded steps is identical{ranks}"
     verdict = "unchanged" if check.equivalent else "CHANGED"
+    if check.changed_rank is not None:
+        verdict = f"CHANGED on rank {check.changed_rank}"
+    elif ranks:
+        verdict = f"unchanged{ranks}"
     tolerance = f"tolerance {100 * check.tolerance_rel:.2g}%"
     if check.same_batches is False and check.mean_rel_diff is not None:
         return (
