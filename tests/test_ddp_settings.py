@@ -138,3 +138,19 @@ def test_the_code_change_sets_the_settings_at_the_line_that_builds_ddp() -> None
         "model = DDP(net, device_ids=None, find_unused_parameters=False, bucket_cap_mb=25.0, "
         "gradient_as_bucket_view=True)"
     )
+
+
+def test_the_report_says_the_jobs_data_parallelism_in_one_line() -> None:
+    from test_measurements import raw
+
+    from trainadvisor.analyze.run.summary import summarize
+    from trainadvisor.report.parallel import parallelism
+
+    run = summarize(raw([10.0] * 6))
+    assert parallelism(run) is None  # no DDP built
+    run.raw.runtime.update({k: v for k, v in VALUES.items() if k.startswith("ddp_")})
+    run.raw.runtime["ddp_call_site"] = "/home/me/train.py:79"
+    assert parallelism(run) == (
+        "DDP over 2 processes: buckets of 0.05 MiB, a search for unused parameters each step (none "
+        "went unused), gradient_as_bucket_view off; built at train.py:79"
+    )

@@ -23,6 +23,7 @@ from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, R
 from trainadvisor.records.energy import Energy
 from trainadvisor.report import mdtext
 from trainadvisor.report.memory import memory_cell, memory_fit, memory_title, peak_sites_text, step_chart
+from trainadvisor.report.parallel import parallelism
 from trainadvisor.report.utilization import flops_cell, mfu_cell, mfu_title, mfu_words
 
 COLORS = {
@@ -377,6 +378,8 @@ def _context(report: Report) -> dict[str, Any]:
         "labels": {key: label_of(key) for key in {*LABELS, *keys}},
         "keys": keys,
         "loss_sentence": loss_sentence,
+        "parallelism": parallelism,
+        "any_parallel": any(parallelism(run) for run in runs),
         "fix_line": fix_line,
         "energy_cell": energy_cell,
         "energy_title": energy_title,
@@ -448,6 +451,8 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
             f"rank {r.rank} {r.status.replace('_', ' ')}" for r in base.ranks if r.status != "window_complete"
         ]
         lines += _wrap(f"  ranks: {len(base.ranks)}{spread}" + (f"; {', '.join(failed)}" if failed else ""))
+    if base is not None and (parallel := parallelism(base)):
+        lines += _wrap(f"  parallel: {parallel}")
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
     for outcome in report.fix_outcomes:

@@ -1,0 +1,29 @@
+"""How a run's data parallelism reads in a report, in one line: the wrapper, over how many
+processes, and the settings that cost every step (`training.parallel` recorded them). Pure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainadvisor.records import Run
+
+
+def parallelism(run: Run) -> str | None:
+    """'DDP over 2 processes: buckets of 0.05 MiB, a search for unused parameters each step
+    (none went unused), gradient_as_bucket_view off; built at train.py:79', or None."""
+    facts = run.raw.runtime
+    world = facts.get("ddp_world_size")
+    if not facts.get("ddp_modules") or world is None:
+        return None
+    said = [f"buckets of {float(facts.get('ddp_bucket_cap_mb') or 25.0):.3g} MiB"]
+    if facts.get("ddp_find_unused_parameters"):
+        unused = facts.get("ddp_unused_parameter_bytes")
+        found = " (none went unused)" if unused == 0 else f" ({unused} bytes went unused)" if unused else ""
+        said.append(f"a search for unused parameters each step{found}")
+    if facts.get("ddp_gradient_as_bucket_view") is False:
+        said.append("gradient_as_bucket_view off")
+    if facts.get("ddp_static_graph"):
+        said.append("static graph")
+    site = str(facts.get("ddp_call_site") or "")
+    where = f"; built at {Path(site).name}" if site and site != "unknown" else ""
+    return f"DDP over {world} processes: {', '.join(said)}{where}"
