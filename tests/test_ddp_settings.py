@@ -154,3 +154,16 @@ def test_the_report_says_the_jobs_data_parallelism_in_one_line() -> None:
         "DDP over 2 processes: buckets of 0.05 MiB, a search for unused parameters each step (none "
         "went unused), gradient_as_bucket_view off; built at train.py:79"
     )
+
+
+def test_an_fsdp_job_is_said_by_its_version_units_and_ranks() -> None:
+    from test_measurements import raw
+
+    from trainadvisor.analyze.run.summary import summarize
+    from trainadvisor.report.parallel import parallelism
+
+    run = summarize(raw([10.0] * 6))
+    run.raw.runtime.update(fsdp_version="FSDP2", fsdp_units=9, fsdp_resharding_units=8, fsdp_world_size=4)
+    assert parallelism(run) == "FSDP2 over 4 ranks: 9 units, 8 reshard after forward"
+    run.raw.runtime.update(fsdp_version="FSDP1", fsdp_units=3)
+    assert parallelism(run) == "FSDP1 over 4 ranks: 3 units"

@@ -182,6 +182,10 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "ddp_gradient_as_bucket_view": ("bool", "DDP's gradients are views into its buckets", _PARALLEL),
     "ddp_static_graph": ("bool", "DDP was told the graph is static", _PARALLEL),
     "ddp_world_size": ("count", "processes DDP all-reduces across", _PARALLEL),
+    "fsdp_version": ("text", "FSDP2 (fully_shard) or FSDP1 (FullyShardedDataParallel)", _PARALLEL),
+    "fsdp_units": ("count", "FSDP units alive at the window", _PARALLEL),
+    "fsdp_resharding_units": ("count", "FSDP2 units that reshard their parameters after forward", _PARALLEL),
+    "fsdp_world_size": ("count", "ranks FSDP shards across", _PARALLEL),
     # ---- the optimizer ----
     "optimizer": ("text", "the optimizer's class", _RUNTIME),
     "optimizers": ("count", "optimizers that stepped in the window", _RUNTIME),

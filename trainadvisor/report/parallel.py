@@ -4,6 +4,7 @@ processes, and the settings that cost every step (`training.parallel` recorded t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from trainadvisor.records import Run
 
@@ -12,6 +13,8 @@ def parallelism(run: Run) -> str | None:
     """'DDP over 2 processes: buckets of 0.05 MiB, a search for unused parameters each step
     (none went unused), gradient_as_bucket_view off; built at train.py:79', or None."""
     facts = run.raw.runtime
+    if facts.get("fsdp_units"):
+        return _fsdp(facts)
     world = facts.get("ddp_world_size")
     if not facts.get("ddp_modules") or world is None:
         return None
@@ -27,3 +30,13 @@ def parallelism(run: Run) -> str | None:
     site = str(facts.get("ddp_call_site") or "")
     where = f"; built at {Path(site).name}" if site and site != "unknown" else ""
     return f"DDP over {world} processes: {', '.join(said)}{where}"
+
+
+def _fsdp(facts: dict[str, Any]) -> str:
+    """'FSDP2 over 4 ranks: 9 units, 8 reshard after forward'."""
+    world = facts.get("fsdp_world_size")
+    over = f" over {world} ranks" if world else ""
+    said = f"{facts['fsdp_units']} units"
+    if facts.get("fsdp_version") == "FSDP2":
+        said += f", {facts.get('fsdp_resharding_units', 0)} reshard after forward"
+    return f"{facts.get('fsdp_version', 'FSDP')}{over}: {said}"

@@ -220,7 +220,7 @@ class Recorder(Patches):
                 tf32=bool(runtime.get("tf32")), cudnn_benchmark=bool(runtime.get("cudnn_benchmark"))
             )
         facts = gpu.torch_facts(self.data_parallel_modules, runtime.get("amp"), window.device)
-        return {**facts, **self.wrappers.ddp_facts()}
+        return {**facts, **self.wrappers.ddp_facts(), **parallel.fsdp_facts()}
 
     def _window_closes(self, window: Window) -> None:
         self.write("window_complete", exit_code=None, error=None)

@@ -2,10 +2,14 @@
 several GPUs (counted) and `DistributedDataParallel` (each with the line that built it). At the
 window, DDP's own record of itself (`_get_ddp_logging_data`: its buckets, whether it searches
 for unused parameters and how many bytes of them went unused) becomes the window's facts
-(`ddp_*`): the `ddp-settings` rule and fix read them."""
+(`ddp_*`): the `ddp-settings` rule and fix read them. FSDP's units (FSDP2's `fully_shard`
+modules, FSDP1's wrappers) are found at the window among the live objects, and only where the
+script imported FSDP itself (importing it costs 2 s): `fsdp_*`."""
 
 from __future__ import annotations
 
+import gc
+import sys
 import weakref
 from typing import Any
 
@@ -69,3 +73,37 @@ def watch(recorder: Any, wrappers: Wrappers) -> None:
         wrappers.ddp.append((weakref.ref(self), call_site()))
 
     recorder.patch(ddp, "__init__", ddp_init)
+
+
+def fsdp_facts() -> dict[str, Any]:
+    """FSDP's units alive at the window: FSDP2 (`fully_shard`) or FSDP1, how many, how many
+    reshard their parameters after forward (FSDP2), over how many ranks; nothing where the
+    script did not import FSDP."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return {}
+    two, one = getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None)
+    kinds = tuple(kind for kind in (two, one) if kind is not None)
+    units = [o for o in gc.get_objects() if isinstance(o, kinds)]
+    if not units:
+        return {}
+    fsdp2 = [u for u in units if two is not None and isinstance(u, two)]
+    facts: dict[str, Any] = {"fsdp_version": "FSDP2" if fsdp2 else "FSDP1", "fsdp_units": len(fsdp2 or units)}
+    groups = [_param_group(u) for u in fsdp2]
+    facts["fsdp_resharding_units"] = sum(
+        1 for g in groups if g is not None and g.post_forward_mesh_info is not None
+    )
+    sizes = {g.mesh_info.mesh.size() for g in groups if g is not None}
+    if not sizes and torch.distributed.is_initialized():
+        sizes = {torch.distributed.get_world_size()}
+    facts["fsdp_world_size"] = max(sizes) if sizes else None
+    return {k: v for k, v in facts.items() if v is not None}
+
+
+def _param_group(unit: Any) -> Any:
+    """An FSDP2 unit's parameter group (None for a unit that holds no parameters of its own,
+    or a torch whose internals differ)."""
+    try:
+        return unit._get_fsdp_state()._fsdp_param_group
+    except (AttributeError, RuntimeError):
+        return None
