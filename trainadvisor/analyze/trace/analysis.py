@@ -76,6 +76,7 @@ def _analyze(
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
     analysis.host_busy_pct = host.host_busy_pct(t, step_list)
+    analysis.collectives = _collectives(t, roles["communication"], merged["kernel"], spans)
     analysis.utilization, analysis.flops_source = trace_utilization(t, host_spans, analysis)
     return analysis
 
@@ -312,6 +313,29 @@ def _rank_in_name(path: Location) -> int | None:
     no distributedInfo (older Kineto versions wrote none)."""
     found = re.search(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", file_name(path), re.I)
     return int(found.group(1)) if found else None
+
+
+def _collectives(
+    t: Table, rows: np.ndarray, compute: iv.Union, spans: list[tuple[int, float, float, float, float]]
+) -> dict[str, list[float]]:
+    """Each collective's time per step inside the steps, and the part of it no compute kernel
+    overlaps (exposed): |A| - |A and C| = |A or C| - |C|, each union measured within the steps."""
+    if not len(rows) or not spans:
+        return {}
+    starts = np.array([span[1] for span in spans])
+    ends = np.array([span[2] for span in spans])
+    ids = t.name[rows]
+    kind_of = {int(i): device.collective_kind(t.names[int(i)]) for i in np.unique(ids)}
+    kinds = np.array([kind_of[int(i)] for i in ids])
+    compute_ms = float(compute.within(starts, ends).sum())
+    found: dict[str, list[float]] = {}
+    for kind in sorted(set(kinds.tolist())):
+        mine = rows[kinds == kind]
+        union = iv.Union(t.ts[mine], t.end[mine])
+        total = float(union.within(starts, ends).sum())
+        either = float(union.plus(compute.starts, compute.ends).within(starts, ends).sum())
+        found[kind] = [total / 1e3 / len(spans), (either - compute_ms) / 1e3 / len(spans)]
+    return found
 
 
 def _overlap_pct(communication: iv.Union, compute: iv.Union) -> float | None:

@@ -67,6 +67,21 @@ def is_communication(name: str) -> bool:
     return "nccl" in lowered or "rccl" in lowered
 
 
+# The collective a NCCL/RCCL kernel runs, from its name (`ncclKernel_AllReduce_RING_LL_Sum_float`,
+# `ncclDevKernel_AllGather_RING_LL`, `ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t`): all-to-all
+# runs as send/recv kernels, so it is counted there.
+_COLLECTIVES = (
+    ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+    ("broadcast", "broadcast"), ("sendrecv", "send_recv"), ("alltoall", "send_recv"), ("reduce", "reduce"),
+)  # fmt: skip
+
+
+def collective_kind(name: str) -> str:
+    """all_reduce, all_gather, reduce_scatter, broadcast, send_recv, reduce, or other."""
+    lowered = name.lower().replace("_", "")
+    return next((kind for word, kind in _COLLECTIVES if word in lowered), "other")
+
+
 class DeviceWork:
     """Per correlation id: the first start, last end and count of the device work (kernels,
     copies, memsets) it launched."""

@@ -83,6 +83,9 @@ class TraceAnalysis:
     cpu_tensor_ops: dict[str, int] = field(default_factory=dict)  # creating op -> count
     cpu_tensor_sites: list[str] = field(default_factory=list)  # user code that made them
     communication_overlap_pct: float | None = None  # of communication time, under compute kernels
+    # by collective (all_reduce, all_gather, ...): [ms per step, of it exposed: no compute
+    # kernel running at the same time]
+    collectives: dict[str, list[float]] = field(default_factory=dict)
     steps_found: bool = False  # steps are iterations (markers, or found from the loop's events)
     step_method: str = ""  # how the steps were found, for the report
     warmup_ms: float | None = None  # the first iteration, set apart from the steps
