@@ -39,7 +39,7 @@ class Wrappers:
         facts: dict[str, Any] = {"ddp_modules": len(alive), "ddp_call_site": where}
         try:
             logged = dict(module._get_ddp_logging_data())
-        except (AttributeError, RuntimeError):  # an older torch, or a wrapper torn down
+        except Exception:  # noqa: BLE001 - an older torch, a wrapper torn down: no record, no harm
             logged = {}
         find_unused = logged.get("find_unused_parameters", getattr(module, "find_unused_parameters", None))
         facts["ddp_find_unused_parameters"] = None if find_unused is None else bool(find_unused)
@@ -78,26 +78,32 @@ def watch(recorder: Any, wrappers: Wrappers) -> None:
 def fsdp_facts() -> dict[str, Any]:
     """FSDP's units alive at the window: FSDP2 (`fully_shard`) or FSDP1, how many, how many
     reshard their parameters after forward (FSDP2), over how many ranks; nothing where the
-    script did not import FSDP."""
+    script did not import FSDP or started no process group (torch.compile imports FSDP too).
+    Read by the objects' own types (`type()`, never `isinstance`, which may run a lazy
+    object's code), and never at the cost of the run: a failure here is no facts."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
-    if fsdp is None:
+    if fsdp is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return {}
+    try:
+        return _fsdp_units(fsdp)
+    except Exception:  # noqa: BLE001 - facts are optional; the training is not
+        return {}
+
+
+def _fsdp_units(fsdp: Any) -> dict[str, Any]:
     two, one = getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None)
     kinds = tuple(kind for kind in (two, one) if kind is not None)
-    units = [o for o in gc.get_objects() if isinstance(o, kinds)]
+    units = [o for o in gc.get_objects() if issubclass(type(o), kinds)]
     if not units:
         return {}
-    fsdp2 = [u for u in units if two is not None and isinstance(u, two)]
+    fsdp2 = [u for u in units if two is not None and issubclass(type(u), two)]
     facts: dict[str, Any] = {"fsdp_version": "FSDP2" if fsdp2 else "FSDP1", "fsdp_units": len(fsdp2 or units)}
     groups = [_param_group(u) for u in fsdp2]
-    facts["fsdp_resharding_units"] = sum(
-        1 for g in groups if g is not None and g.post_forward_mesh_info is not None
-    )
+    resharding = [g for g in groups if g is not None and g.post_forward_mesh_info is not None]
+    facts["fsdp_resharding_units"] = len(resharding)
     sizes = {g.mesh_info.mesh.size() for g in groups if g is not None}
-    if not sizes and torch.distributed.is_initialized():
-        sizes = {torch.distributed.get_world_size()}
-    facts["fsdp_world_size"] = max(sizes) if sizes else None
-    return {k: v for k, v in facts.items() if v is not None}
+    facts["fsdp_world_size"] = max(sizes) if sizes else torch.distributed.get_world_size()
+    return facts
 
 
 def _param_group(unit: Any) -> Any:
