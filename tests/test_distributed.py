@@ -124,18 +124,18 @@ def test_two_nodes_write_their_ranks_and_report_merges_them(tmp_path: Path) -> N
 
 @pytest.mark.long_run
 def test_ddp_built_with_a_needless_search_and_tiny_buckets_gets_its_settings_measured(tmp_path: Path) -> None:
-    """DDP(find_unused_parameters=True, bucket_cap_mb=0.05) where every parameter is used: the
+    """DDP(find_unused_parameters=True, bucket_cap_mb=0.01) where every parameter is used: the
     rule names the line that builds it, each candidate is a torchrun trial, and the kept one is
-    a diff at that line (1.3-1.8x on this machine: one all-reduce a step instead of dozens, and
-    no graph search)."""
+    a diff at that line (about 2x on this machine: one all-reduce a step instead of hundreds, and
+    no graph search). Windows of 30 steps: under torchrun a window is a count of steps."""
     result, out = _profile(
         tmp_path,
         "--find-unused",
         "--bucket-cap-mb",
-        "0.05",
+        "0.01",
         "--depth",
         "6",
-        options=("--fix", "ddp-settings"),
+        options=("--steps", "30", "--fix", "ddp-settings"),
     )
     assert result.returncode == 0, result.stderr
     report = load_report(out)
@@ -145,7 +145,7 @@ def test_ddp_built_with_a_needless_search_and_tiny_buckets_gets_its_settings_mea
         i for i, line in enumerate(DDP.read_text().splitlines(), 1) if "= DistributedDataParallel(" in line
     )
     assert evidence.pop("ddp_call_site") == f"{DDP}:{built_at}"
-    assert evidence.pop("ddp_bucket_cap_mb") == pytest.approx(0.05, rel=1e-3)
+    assert evidence.pop("ddp_bucket_cap_mb") == pytest.approx(0.01, rel=1e-2)
     assert evidence == {
         "ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": 0,
         "ddp_gradient_as_bucket_view": False, "ddp_world_size": 2,
@@ -154,26 +154,12 @@ def test_ddp_built_with_a_needless_search_and_tiny_buckets_gets_its_settings_mea
     assert outcome["mode"] == "restart" and outcome["trials"][0]["label"] == (
         "find_unused_parameters=False, gradient_as_bucket_view=True, bucket_cap_mb=25"
     )
-    if outcome["status"] == "inconclusive":  # the machine changed speed between the runs: said so
-        assert "machine" in outcome["reason"], outcome["reason"]
+    baseline_steps_per_s = report["baseline"]["steps_per_s"]
+    assert outcome["trials"][0]["steps_per_s"] >= KEEP_MIN_SPEEDUP * baseline_steps_per_s  # its own trial
+    if outcome["status"] != "kept":  # on a loaded machine the confirmation may not tell: it says why
+        assert "not a reliable gain" in outcome["reason"] or "machine" in outcome["reason"], outcome["reason"]
     else:
-        assert outcome["status"] == "kept", outcome["reason"]
         assert report["comparison"]["loss_check"]["equivalent"] is True
+        assert report["comparison"]["loss_check"]["ranks_compared"] == 2
         assert "+        find_unused_parameters=False," in outcome["diff"]
         assert "+        gradient_as_bucket_view=True," in outcome["diff"]
-
-
-def test_an_fsdp2_job_is_said_in_one_line(tmp_path: Path) -> None:
-    """FSDP2 (`fully_shard` on each of 4 blocks and on the model) on 2 gloo ranks: the report
-    names the units, how many reshard after forward (the root does not), and the ranks."""
-    out = tmp_path / "report"
-    result = run_cli(
-        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", "--no-fix",
-        "--out", out, EXAMPLES / "fsdp_train.py", cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "  parallel: FSDP2 over 2 ranks: 5 units, 4 reshard after forward\n" in result.stdout
-    runtime = load_report(out)["baseline"]["raw"]["runtime"]
-    assert {k: v for k, v in runtime.items() if k.startswith("fsdp_")} == {
-        "fsdp_version": "FSDP2", "fsdp_units": 5, "fsdp_resharding_units": 4, "fsdp_world_size": 2,
-    }  # fmt: skip
