@@ -163,3 +163,19 @@ def test_ddp_built_with_a_needless_search_and_tiny_buckets_gets_its_settings_mea
         assert report["comparison"]["loss_check"]["ranks_compared"] == 2
         assert "+        find_unused_parameters=False," in outcome["diff"]
         assert "+        gradient_as_bucket_view=True," in outcome["diff"]
+
+
+def test_an_fsdp2_job_is_said_in_one_line(tmp_path: Path) -> None:
+    """FSDP2 (`fully_shard` on each of 4 blocks and on the model) on 2 gloo ranks: the report
+    names the units, how many reshard after forward (the root does not), and the ranks."""
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", "--no-fix",
+        "--out", out, EXAMPLES / "fsdp_train.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "  parallel: FSDP2 over 2 ranks: 5 units, 4 reshard after forward\n" in result.stdout
+    runtime = load_report(out)["baseline"]["raw"]["runtime"]
+    assert {k: v for k, v in runtime.items() if k.startswith("fsdp_")} == {
+        "fsdp_version": "FSDP2", "fsdp_units": 5, "fsdp_resharding_units": 4, "fsdp_world_size": 2,
+    }  # fmt: skip
