@@ -23,6 +23,7 @@ import click
 from trainadvisor import engine, fixes
 from trainadvisor.cli import main
 from trainadvisor.options import table
+from trainadvisor.records import measurements
 from trainadvisor.records.measurements import CATALOGUE
 from trainadvisor.resources import rules_dir
 
@@ -130,9 +131,13 @@ def rule_page(rule: engine.Rule) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _module_doc(fix: fixes.Fix) -> str:
+    """The docstring of the module that holds the fix ("Fix `id`: what it does. ...")."""
+    return inspect.cleandoc(sys.modules[type(fix).__module__].__doc__ or "")
+
+
 def fix_page(fix: fixes.Fix, proposed_by: list[str]) -> str:
-    module = sys.modules[type(fix).__module__]
-    text = inspect.cleandoc(module.__doc__ or "").removeprefix(f"Fix `{fix.id}`: ")
+    text = _module_doc(fix).removeprefix(f"Fix `{fix.id}`: ")
     how = (
         f"in fresh runs of the script ({fix.restarts_because})"
         if fix.restarts_because
@@ -158,19 +163,13 @@ def fix_page(fix: fixes.Fix, proposed_by: list[str]) -> str:
 
 def measurements_page() -> str:
     lines = [GENERATED + "# Measurements", ""]
-    lines += [
-        " ".join(inspect.cleandoc(sys.modules[CATALOGUE_MODULE].__doc__ or "").split("\n\n")[0].split()),
-        "",
-    ]
+    lines += [cell(inspect.cleandoc(measurements.__doc__ or "").split("\n\n")[0]), ""]
     lines += ["| name | unit | meaning | made by |", "|---|---|---|---|"]
     for name, declared in sorted(CATALOGUE.items()):
         lines.append(
             f"| `{name}` | {cell(declared.unit)} | {cell(declared.meaning)} | `{code(declared.producer)}` |"
         )
     return "\n".join(lines) + "\n"
-
-
-CATALOGUE_MODULE = "trainadvisor.records.measurements"
 
 
 def _index(title: str, intro: str, entries: list[tuple[str, str]]) -> str:
@@ -181,7 +180,7 @@ def _index(title: str, intro: str, entries: list[tuple[str, str]]) -> str:
 
 def pages() -> dict[Path, str]:
     """Every generated page, by its path under the repository."""
-    rules = [engine.load_rule(path) for path in sorted(rules_dir().glob("*.toml"))]
+    rules = engine.load_rules([rules_dir()])
     out = {REFERENCE / "cli.md": cli_page(), REFERENCE / "measurements.md": measurements_page()}
     for rule in rules:
         out[REFERENCE / "rules" / f"{rule.id}.md"] = rule_page(rule)
@@ -190,10 +189,7 @@ def pages() -> dict[Path, str]:
     )
     for fix_id, fix in sorted(fixes.REGISTRY.items()):
         out[REFERENCE / "fixes" / f"{fix_id}.md"] = fix_page(fix, [r.id for r in rules if fix_id in r.fixes])
-    firsts = [
-        (fix_id, inspect.cleandoc(sys.modules[type(fix).__module__].__doc__ or "").split(". ")[0])
-        for fix_id, fix in sorted(fixes.REGISTRY.items())
-    ]
+    firsts = [(fix_id, _module_doc(fix).split(". ")[0]) for fix_id, fix in sorted(fixes.REGISTRY.items())]
     out[REFERENCE / "fixes" / "index.md"] = _index(
         "Fixes", "What each fix changes, how it is measured, and when it is kept.", firsts
     )

@@ -154,6 +154,11 @@ def test_the_report_says_the_jobs_data_parallelism_in_one_line() -> None:
         "DDP over 2 processes: buckets of 0.05 MiB, a search for unused parameters each step (none "
         "went unused), gradient_as_bucket_view off; built at train.py:79"
     )
+    del run.raw.runtime["ddp_bucket_cap_mb"]  # DDP's record gave none: no size is guessed
+    assert parallelism(run) == (
+        "DDP over 2 processes: a search for unused parameters each step (none went unused), "
+        "gradient_as_bucket_view off; built at train.py:79"
+    )
 
 
 def test_an_fsdp_job_is_said_by_its_version_units_and_ranks() -> None:

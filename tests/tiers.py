@@ -7,6 +7,7 @@ every other test runs in `scripts/test.sh --fast`."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,14 +34,24 @@ def _named(node: ast.AST) -> set[str]:
     return found
 
 
+@functools.cache
+def _bodies(path: Path) -> dict[str, frozenset[str]]:
+    """The names each module-level function of a file mentions (conftest's are read once for
+    every test module)."""
+    return {
+        node.name: frozenset(_named(node))
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+
+
 def starting_functions(sources: Iterable[Path]) -> set[str]:
     """The module-level functions (fixtures and helpers) of `sources` that start a process,
     directly or through one another."""
     bodies: dict[str, set[str]] = {}
     for path in sources:
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                bodies[node.name] = bodies.get(node.name, set()) | _named(node)
+        for name, names in _bodies(path).items():
+            bodies[name] = bodies.get(name, set()) | names
     starting = {name for name, names in bodies.items() if names & STARTERS}
     while True:
         more = {name for name, names in bodies.items() if names & starting} - starting

@@ -296,11 +296,6 @@ def record_values(params: dict[str, Any], table: Sequence[Option] = PROFILE) -> 
     return {o.record_field: o.record_value(params[o.dest]) for o in record_options(table)}
 
 
-def launcher_values(params: dict[str, Any], table: Sequence[Option] = PROFILE) -> dict[str, Any]:
-    """torchrun's options as parsed, by their parameter names."""
-    return {o.dest: params[o.dest] for o in table if "torchrun" in o.receives}
-
-
 def default(field: str, table: Sequence[Option] = PROFILE) -> Any:
     """The default of a record field, as the table defines it (the options record, `@advise`
     and the docs take theirs from here)."""
@@ -317,16 +312,14 @@ def repeated(record: Any, table: Iterable[Option] = PROFILE) -> list[str]:
     return [part for o in options for part in o.argv(getattr(record, o.record_field))]
 
 
-def torchrun_argv(launcher: dict[str, Any]) -> list[str]:
-    """The torch.distributed.run options given, in its own spelling; none: no torchrun. A
-    single node without rendezvous options gets --standalone (a free local port)."""
-    given = {key: value for key, value in launcher.items() if value is not None and key != "nproc_per_node"}
-    nproc_per_node = launcher.get("nproc_per_node")
+def torchrun_argv(params: dict[str, Any], table: Sequence[Option] = PROFILE) -> list[str]:
+    """torch.distributed.run's options as given (`params`: what click parsed, by parameter name),
+    in its own spelling; none: no torchrun. A single node without rendezvous options gets
+    --standalone (a free local port)."""
+    launcher = [o for o in table if "torchrun" in o.receives and o.dest != "nproc_per_node"]
+    given = [[o.flag, str(params[o.dest])] for o in launcher if params.get(o.dest) is not None]
+    nproc_per_node = params.get("nproc_per_node")
     if nproc_per_node is None and not given:
         return []
-    options = ["--nproc-per-node", str(nproc_per_node or 1)]
-    for key, value in given.items():
-        options += [f"--{key.replace('_', '-')}", str(value)]
-    if not given:
-        options.append("--standalone")
-    return options
+    options = ["--nproc-per-node", str(nproc_per_node or 1), *(part for pair in given for part in pair)]
+    return options if given else [*options, "--standalone"]

@@ -17,7 +17,6 @@ from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec, measure, measure
 from trainadvisor.measure.settle import Settling
 from trainadvisor.options.table import (
     default,
-    launcher_values,
     receiving,
     record_values,
     repeated,
@@ -64,7 +63,7 @@ def options_from(params: dict[str, Any]) -> ProfileOptions:
     return ProfileOptions(
         script=given.pop("script"),
         args=list(given.pop("script_args")),
-        torchrun=torchrun_argv(launcher_values(given)),
+        torchrun=torchrun_argv(given),
         **record_values(given),
     )
 

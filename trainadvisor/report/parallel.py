@@ -18,7 +18,8 @@ def parallelism(run: Run) -> str | None:
     world = facts.get("ddp_world_size")
     if not facts.get("ddp_modules") or world is None:
         return None
-    said = [f"buckets of {float(facts.get('ddp_bucket_cap_mb') or 25.0):.3g} MiB"]
+    cap = facts.get("ddp_bucket_cap_mb")
+    said = [f"buckets of {float(cap):.3g} MiB"] if cap is not None else []
     if facts.get("ddp_find_unused_parameters"):
         unused = facts.get("ddp_unused_parameter_bytes")
         found = " (none went unused)" if unused == 0 else f" ({unused} bytes went unused)" if unused else ""
@@ -29,7 +30,8 @@ def parallelism(run: Run) -> str | None:
         said.append("static graph")
     site = str(facts.get("ddp_call_site") or "")
     where = f"; built at {Path(site).name}" if site and site != "unknown" else ""
-    return f"DDP over {world} processes: {', '.join(said)}{where}"
+    settings = f": {', '.join(said)}" if said else ""
+    return f"DDP over {world} processes{settings}{where}"
 
 
 def _fsdp(facts: dict[str, Any]) -> str:

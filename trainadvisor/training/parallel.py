@@ -17,10 +17,6 @@ import torch
 
 from trainadvisor.training.loaders import call_site
 
-# DDP's own defaults (torch.nn.parallel.DistributedDataParallel), for a wrapper whose record
-# does not say
-DEFAULT_BUCKET_CAP_MB = 25.0
-
 
 class Wrappers:
     """The wrappers built in this process so far (the modules themselves held weakly)."""

@@ -30,9 +30,9 @@ WINDOW_MIN_S = 0.1
 GPU_CLOCK_AGREEMENT = 0.05
 
 BREAKDOWN_KEYS = ("data_wait", "h2d_copy", "compute")
-# An @advise-decorated function's steps: the loop's time outside the function, a part of its own
 # the steps of a trace `analyze` read: its ProfilerStep markers, or the iterations found in it
 TRACED = "trace"
+# An @advise-decorated function's steps: the loop's time outside the function, a part of its own
 OUTSIDE_CALL = "outside_call"
 NO_LOADER = "no DataLoader was seen: input time is part of the step"
 # The main DataLoader's measurements: name -> LoaderInfo field.

@@ -324,9 +324,8 @@ def _collectives(
         return {}
     starts = np.array([span[1] for span in spans])
     ends = np.array([span[2] for span in spans])
-    ids = t.name[rows]
-    kind_of = {int(i): device.collective_kind(t.names[int(i)]) for i in np.unique(ids)}
-    kinds = np.array([kind_of[int(i)] for i in ids])
+    names, inverse = np.unique(t.name[rows], return_inverse=True)
+    kinds = np.array([device.collective_kind(t.names[int(i)]) for i in names])[inverse]
     compute_ms = float(compute.within(starts, ends).sum())
     found: dict[str, list[float]] = {}
     for kind in sorted(set(kinds.tolist())):
