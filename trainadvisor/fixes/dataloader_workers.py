@@ -19,7 +19,8 @@ search leaps there (a power of two, at most four times the last count); where th
 less than `LITTLE_WAIT`, no count can gain more than that and the search stops. The report says
 what was tried and why the search stopped. Every candidate with workers keeps them alive across epochs
 (`persistent_workers=True`); the best count (when it has workers) is then tried with
-`prefetch_factor=4`. On a CUDA run every candidate also pins memory and makes the host-to-device
+`prefetch_factor=4`, unless its loop waited less than `LITTLE_WAIT` (a deeper queue hides waits,
+and there were none left to hide). On a CUDA run every candidate also pins memory and makes the host-to-device
 copies of pinned batches non-blocking."""
 
 from __future__ import annotations
@@ -249,6 +250,9 @@ class DataLoaderWorkers(LoaderSetting):
             return None
         best = max(measured, key=lambda t: t.steps_per_s or 0.0)
         workers = self._workers(best)
+        wait = wait_share(best)
+        if wait is not None and wait < LITTLE_WAIT:
+            return None  # a deeper queue hides waits, and the loop hardly waited there
         return self._setting(values, workers, PREFETCH) if workers else None
 
     def _fewer_won(self, values: dict[str, Any], trials: list[Trial]) -> bool:
