@@ -273,7 +273,7 @@ def drive_cross_rank(folder: Path, copies: int) -> dict[str, Any]:
     per-rank work done once, outside the timing), renumbered as one job's ranks."""
     import dataclasses
 
-    from trainadvisor import engine
+    from trainadvisor import rulebook
     from trainadvisor.analyze.command import report_of
     from trainadvisor.analyze.engines import LocalEngine
     from trainadvisor.report.render import render_html, render_markdown, report_json
@@ -288,7 +288,7 @@ def drive_cross_rank(folder: Path, copies: int) -> dict[str, Any]:
     ]
     before_mb = _peak_rss_mb()
     started = time.perf_counter()
-    report = report_of(many, engine.rules_for([]), ["trainadvisor", "analyze", str(folder)])
+    report = report_of(many, rulebook.rules_for([]), ["trainadvisor", "analyze", str(folder)])
     cross_s = time.perf_counter() - started
     sizes = [len(render(report, templates_dir())) for render in (render_markdown, render_html)]
     return {

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from trainadvisor import engine, fixes
+from trainadvisor import fixes, rulebook
 from trainadvisor.cli import main
 from trainadvisor.options import table
 from trainadvisor.records import measurements
@@ -97,7 +97,7 @@ def _code(text: str) -> list[str]:
     return ["```python", text.rstrip(), "```", ""]
 
 
-def rule_page(rule: engine.Rule) -> str:
+def rule_page(rule: rulebook.Rule) -> str:
     lines = [GENERATED + f"# {rule.id}: {rule.title}", ""]
     lines += ["| severity | when |", "|---|---|"]
     lines += [f"| {level.severity} | `{code(level.condition)}` |" for level in rule.levels]
@@ -180,7 +180,7 @@ def _index(title: str, intro: str, entries: list[tuple[str, str]]) -> str:
 
 def pages() -> dict[Path, str]:
     """Every generated page, by its path under the repository."""
-    rules = engine.load_rules([rules_dir()])
+    rules = rulebook.load_rules([rules_dir()])
     out = {REFERENCE / "cli.md": cli_page(), REFERENCE / "measurements.md": measurements_page()}
     for rule in rules:
         out[REFERENCE / "rules" / f"{rule.id}.md"] = rule_page(rule)

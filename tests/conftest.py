@@ -33,7 +33,7 @@ os.environ.setdefault(
     "TRAINADVISOR_CPU_PEAKS", os.path.join(tempfile.mkdtemp(prefix="ta-peaks-"), "cpu.json")
 )
 # Every measurement a test's run makes, in this process and the ones it starts, must be declared
-# in the catalogue (trainadvisor/records/measurements.py): `engine.diagnose` fails otherwise.
+# in the catalogue (trainadvisor/records/measurements.py): `rulebook.diagnose` fails otherwise.
 os.environ["TRAINADVISOR_CHECK_MEASUREMENTS"] = "1"
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from test_measurements import raw, trial
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainadvisor import advise, engine, fixes
+from trainadvisor import advise, fixes, rulebook
 from trainadvisor.analyze.command import analyze
 from trainadvisor.analyze.run.summary import NO_LOADER, named_measurements, summarize
 from trainadvisor.fixes.codechange import loader_change
@@ -43,7 +43,7 @@ from trainadvisor.report.render import render_markdown, terminal_summary
 from trainadvisor.resources import rules_dir, templates_dir
 
 EXACT: dict[str, typing.Any] = {"min_time": 0.0, "max_warmup": None}
-RULES = engine.load_rules([rules_dir()])
+RULES = rulebook.load_rules([rules_dir()])
 
 
 # ---- 1. data wait is measured where data is fetched ----
@@ -187,7 +187,7 @@ def test_an_oversubscribed_machine_is_named_not_a_data_stall() -> None:
     assert (values["free_cores"], values["workers_busy_cores"], values["cpu_busy_pct"]) == pytest.approx(
         (0.1, 0.05, 97.5)
     )
-    findings = engine.evaluate(RULES, values)
+    findings = rulebook.evaluate(RULES, values)
     assert [(f.rule, f.severity) for f in findings] == [("cpu-oversubscribed", "medium")]
     assert findings[0].message == (
         "4 DataLoader workers shared the 0.1 cores the training process and other processes left "
@@ -195,7 +195,7 @@ def test_an_oversubscribed_machine_is_named_not_a_data_stall() -> None:
         "loop waited for their batches: more workers than cores to run them."
     )
     quiet = [replace(h, other_cpu_pct=0.0) for h in base.host_samples]  # 1.75 cores free for 4
-    still = engine.evaluate(RULES, named_measurements(summarize(replace(base, host_samples=quiet))))
+    still = rulebook.evaluate(RULES, named_measurements(summarize(replace(base, host_samples=quiet))))
     assert [f.rule for f in still] == ["data-stall"]
 
 
@@ -222,7 +222,7 @@ def test_no_shipped_snippet_claims_a_measurement() -> None:
 
 def _stall() -> typing.Any:
     values = {"data_wait_pct": 80.0, "data_wait_ms_per_step": 8.0, "step_time_ms_mean": 10.0}
-    return engine.evaluate([r for r in RULES if r.id == "data-stall"], values)[0]
+    return rulebook.evaluate([r for r in RULES if r.id == "data-stall"], values)[0]
 
 
 def test_the_snippet_claims_the_count_this_run_measured_fastest_and_no_other() -> None:

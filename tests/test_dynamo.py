@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, SCRIPTS
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.run.measures import runtime_measurements
 from trainadvisor.compute import dynamo
 from trainadvisor.resources import rules_dir
@@ -37,7 +37,7 @@ RUNS = {
     "clean": ["compiled_lengths.py", "--steps", "4", "--grow", "0"],
     "plain": ["hand_sgd.py"],  # never compiles
 }
-RULES = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
+RULES = {rule.id: rule for rule in rulebook.load_rules([rules_dir()])}
 # `runs` compiles five scripts once per process that asks for it: one group, so that under pytest -n
 # one worker runs them all, not each worker its own copy
 pytestmark = pytest.mark.xdist_group("dynamo_runs")
@@ -136,33 +136,33 @@ def test_a_script_that_never_compiles_has_no_facts_and_no_dynamo(runs: dict[str,
 
 def test_graph_breaks_rule_names_the_line(runs: dict[str, dict[str, Any]]) -> None:
     values = dynamo.compile_measurements(runs["break"]["facts"])
-    finding = engine.evaluate_rule(RULES["graph-breaks"], values)
+    finding = rulebook.evaluate_rule(RULES["graph-breaks"], values)
     line = _line("compiled_graph_break.py", "# BREAK")
     assert finding is not None and finding.severity == "medium"
     assert finding.message == (
         "torch.compile split your compiled code at graph breaks (1 in all); the most frequent at "
         f"compiled_graph_break.py:{line} (in forward): a Python branch (if/while) on a tensor's value."
     )
-    assert engine.evaluate_rule(RULES["recompilation"], values) is None
+    assert rulebook.evaluate_rule(RULES["recompilation"], values) is None
 
 
 def test_recompilation_rule_names_the_guard(runs: dict[str, dict[str, Any]]) -> None:
     values = dynamo.compile_measurements(runs["lengths"]["facts"])
-    finding = engine.evaluate_rule(RULES["recompilation"], values)
+    finding = rulebook.evaluate_rule(RULES["recompilation"], values)
     line = _line("compiled_lengths.py", "def forward")
     assert finding is not None and finding.severity == "medium"
     assert finding.message == (
         f"torch.compile recompiled 3 times, most often compiled_lengths.py:{line} (in forward) "
         "because this guard failed: tensor 'tokens' size mismatch at index 1. expected 10, actual 11."
     )
-    assert engine.evaluate_rule(RULES["graph-breaks"], values) is None
+    assert rulebook.evaluate_rule(RULES["graph-breaks"], values) is None
     # four: half the default limit, a size still changing that will reach it
-    four = engine.evaluate_rule(RULES["recompilation"], {**values, "recompilations": 4})
+    four = rulebook.evaluate_rule(RULES["recompilation"], {**values, "recompilations": 4})
     assert four is not None and four.severity == "high"
 
 
 def test_the_recompile_limit_reached_is_high(runs: dict[str, dict[str, Any]]) -> None:
-    finding = engine.evaluate_rule(
+    finding = rulebook.evaluate_rule(
         RULES["recompilation"], dynamo.compile_measurements(runs["limit"]["facts"])
     )
     assert finding is not None and finding.severity == "high"
@@ -171,8 +171,8 @@ def test_the_recompile_limit_reached_is_high(runs: dict[str, dict[str, Any]]) ->
 @pytest.mark.parametrize("run", ["clean", "plain"])
 def test_rules_stay_quiet_on_clean_and_uncompiled_scripts(runs: dict[str, dict[str, Any]], run: str) -> None:
     values = runtime_measurements({"compile": runs[run]["facts"], "cuda_used": False})
-    assert engine.evaluate_rule(RULES["graph-breaks"], values) is None
-    assert engine.evaluate_rule(RULES["recompilation"], values) is None
+    assert rulebook.evaluate_rule(RULES["graph-breaks"], values) is None
+    assert rulebook.evaluate_rule(RULES["recompilation"], values) is None
 
 
 def test_runtime_measurements_read_the_saved_compile_facts(runs: dict[str, dict[str, Any]]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, SETTLE_CAP, SHORT, run_cli
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.frameworks.change import fix_change
 from trainadvisor.frameworks.vocab import translate
 from trainadvisor.records import FrameworkCall, LoaderInfo, Overrides, RawRun
@@ -183,26 +183,26 @@ def test_rules_advise_in_the_framework_of_the_loop() -> None:
         "alloc_retries": 3, "ooms": 0, "peak_reserved_pct": 97.0, "reserved_unused_pct": 12.0,
         "memory_limit_source": "device total",
     }  # fmt: skip
-    rules = engine.rules_for([])
+    rules = rulebook.rules_for([])
     for framework, precision, accumulation in (
         ("lightning", 'precision="bf16-mixed"', "accumulate_grad_batches=4"),
         ("transformers", "bf16=True", "gradient_accumulation_steps=4"),
         ("accelerate", 'mixed_precision="bf16"', "gradient_accumulation_steps=4"),
     ):
-        findings = {f.rule: f for f in engine.evaluate(rules, {**facts, "framework": framework})}
+        findings = {f.rule: f for f in rulebook.evaluate(rules, {**facts, "framework": framework})}
         assert precision in findings["no-mixed-precision"].best_practice, framework
         assert accumulation in findings["memory-pressure"].best_practice, framework
-    generic = {f.rule: f for f in engine.evaluate(rules, facts)}
+    generic = {f.rule: f for f in rulebook.evaluate(rules, facts)}
     assert "torch.autocast" in generic["no-mixed-precision"].best_practice
 
 
 def test_a_rule_names_only_known_frameworks(tmp_path: Path) -> None:
-    text = (Path(engine.rules_dir()) / "cudnn-benchmark.toml").read_text()
+    text = (Path(rulebook.rules_dir()) / "cudnn-benchmark.toml").read_text()
     (tmp_path / "cudnn-benchmark.toml").write_text(text + '\n[recommendation.keras]\nbest_practice = "x"\n')
     with pytest.raises(
-        engine.RuleError, match=r"\[recommendation.keras\]: advice is for one of transformers"
+        rulebook.RuleError, match=r"\[recommendation.keras\]: advice is for one of transformers"
     ):
-        engine.load_rule(tmp_path / "cudnn-benchmark.toml")
+        rulebook.load_rule(tmp_path / "cudnn-benchmark.toml")
 
 
 @pytest.mark.parametrize(

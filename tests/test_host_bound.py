@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import gpu_run, shared_trace
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.read.reading import read_table
 from trainadvisor.analyze.run.summary import attach_trace, named_measurements
@@ -24,7 +24,7 @@ from trainadvisor.records import Finding
 from trainadvisor.report.render import load_report
 from trainadvisor.resources import rules_dir
 
-RULES = engine.load_rules([rules_dir()])
+RULES = rulebook.load_rules([rules_dir()])
 BASELINE = "traces/baseline/trainadvisor.pt.trace.json.gz"
 AFTER = "traces/after/trainadvisor.pt.trace.json.gz"
 SHOWN = ("gpu_busy_pct", "host_busy_pct", "data_wait_pct", "sync_pct", "kernels_per_step", "kernel_us_median")
@@ -41,7 +41,7 @@ def _shown(values: dict[str, Any]) -> tuple[float, ...]:
 
 
 def _findings(values: dict[str, Any]) -> dict[str, Finding]:
-    return {finding.rule: finding for finding in engine.evaluate(RULES, values)}
+    return {finding.rule: finding for finding in rulebook.evaluate(RULES, values)}
 
 
 # ---- the measurement, on a step whose every microsecond is known ----

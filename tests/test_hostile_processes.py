@@ -268,7 +268,7 @@ def test_the_report_of_a_script_killed_in_its_window_shows_its_steps(tmp_path: P
 HARNESS = """
 import os, signal, sys, threading
 from trainadvisor import cli
-from trainadvisor.measure import live
+from trainadvisor.measure import kept_alive as live
 
 collector = threading.Lock()
 window, cancel = live.LiveRun.window, live.Prestarted.cancel

@@ -201,3 +201,25 @@ def test_the_measured_run_imports_what_it_measures_with_and_not_what_writes_repo
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert loaded == []
+
+
+# Modules that share a name across packages, each the same subject at another layer: what is
+# saved (records) and how it reads (report), or a command's own entry. Any other shared name is
+# a newcomer's trap (`measure/live.py` beside `memory/live.py` meant two unrelated things).
+SAME_SUBJECT = {
+    "command": {"analyze", "profile"},  # each command's entry
+    "energy": {"records", "analyze.run"},  # saved / measured from NVML readings
+    "integrations": {"", "advising"},  # the public name / the callbacks themselves
+    "memory": {"records", "report"},  # saved / how it reads
+    "parallel": {"training", "report"},  # seen as the script builds it / how it reads
+}
+
+
+def test_no_two_modules_share_a_name_unless_they_are_one_subject_at_two_layers() -> None:
+    homes: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            package = ".".join(path.parent.relative_to(PACKAGE).parts)
+            homes.setdefault(path.stem, set()).add(package)
+    shared = {name: where for name, where in homes.items() if len(where) > 1}
+    assert shared == SAME_SUBJECT

@@ -435,7 +435,7 @@ def test_the_h100_runs_cuda_events_add_up_to_their_host_windows(name: str) -> No
 def test_a_script_killed_by_a_signal_python_has_no_name_for_is_told_by_its_number() -> None:
     """A real-time signal (SIGRTMIN+3 is 37 on Linux) has no member in `signal.Signals`: the run
     says its number instead of ending in an internal error."""
-    from trainadvisor.measure.progress import say_how_it_ended
+    from trainadvisor.measure.journal import say_how_it_ended
     from trainadvisor.units import signal_name
 
     assert (signal_name(9), signal_name(37)) == ("SIGKILL", "37")

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from conftest import ROOT, SCRIPTS, gpu_run, load_report, run_cli
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.run.summary import named_measurements, summarize
 from trainadvisor.measure.runner import RunSpec, measure
 from trainadvisor.memory import oom
@@ -37,7 +37,7 @@ SITES_TEXT = (
     "residual_stack.py:16 (2.25 GiB in 47 blocks, from residual_stack.py:27 < train_oom.py:20); "
     "train_oom.py:18 (768.66 MiB in 146 blocks); train_oom.py:19 (32.03 MiB in 2 blocks)"
 )
-RULES = engine.rules_for([])
+RULES = rulebook.rules_for([])
 
 
 def _artifacts() -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -80,7 +80,7 @@ def test_the_h100_out_of_memory_is_read_at_its_failing_point() -> None:
         "it asked for 128.00 MiB more with 3.06 GiB already allocated, of the 3.17 GiB it may use "
         "(allowed, as the error states)"
     )
-    [finding] = engine.evaluate(RULES, table)
+    [finding] = rulebook.evaluate(RULES, table)
     assert (finding.rule, finding.severity) == ("out-of-memory", "high")
     assert finding.fixes == ["activation-checkpointing", "grad-accumulation", "amp", "optimizer-foreach"]
 
@@ -186,7 +186,7 @@ def test_a_host_out_of_memory_is_recorded_by_the_child(tmp_path: Path) -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     limit = psutil.virtual_memory().total if soft == resource.RLIM_INFINITY else soft
     assert facts["limit_bytes"] == limit and facts["live_bytes"] > 0
-    [finding] = engine.evaluate(RULES, named_measurements(summarize(raw)))
+    [finding] = rulebook.evaluate(RULES, named_measurements(summarize(raw)))
     assert finding.rule == "out-of-memory"
     assert finding.message.startswith(
         "The script died of out-of-memory in host memory: it asked for 4194304.00 TiB more with "

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainadvisor import engine, fixes
+from trainadvisor import fixes, rulebook
 from trainadvisor.fixes.optimizer_foreach import CPU_DEFAULT
 from trainadvisor.frameworks import vocab
 from trainadvisor.frameworks.change import fix_change
@@ -114,7 +114,7 @@ def _trial(peak_reserved_bytes: int, steps_per_s: float) -> Trial:
 
 
 def test_planned_from_the_memory_rules_on_a_gpu_and_chosen_when_the_run_fits() -> None:
-    rules = {r.id: r for r in engine.load_rules([rules_dir()])}
+    rules = {r.id: r for r in rulebook.load_rules([rules_dir()])}
     for rule_id in ("over-memory-budget", "memory-pressure", "out-of-memory"):
         assert rules[rule_id].fixes[-1] == "optimizer-foreach"
     finding = Finding(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.command import report_of
 from trainadvisor.analyze.rank_overview import ranges, rank_overview
 from trainadvisor.analyze.rank_table import RankRow
@@ -56,7 +56,7 @@ def _job() -> list[TraceAnalysis]:
 
 @pytest.fixture(scope="module")
 def report_1024() -> Report:
-    return report_of(_job(), engine.rules_for([]), ["trainadvisor", "analyze", "/traces"])
+    return report_of(_job(), rulebook.rules_for([]), ["trainadvisor", "analyze", "/traces"])
 
 
 def test_1024_ranks_give_a_distribution_the_worst_and_best_and_groups(report_1024: Report) -> None:

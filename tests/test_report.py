@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import DATA, ROOT
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.report.render import load_report, render_html, report_json, write_report
 from trainadvisor.resources import rules_dir, templates_dir
 
@@ -90,7 +90,7 @@ def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
         check=True,
     )
     probe = (
-        "import trainadvisor.resources as r, trainadvisor.engine as e;"
+        "import trainadvisor.resources as r, trainadvisor.rulebook as e;"
         "print(r.rules_dir()); print(r.templates_dir());"
         "print([x.id for x in e.load_rules([r.rules_dir()])])"
     )
@@ -105,7 +105,7 @@ def test_installed_wheel_ships_rules_and_templates(tmp_path: Path) -> None:
     assert out == [
         str(site / "trainadvisor" / "rules"),
         str(site / "trainadvisor" / "templates"),
-        str([rule.id for rule in engine.load_rules([rules_dir()])]),
+        str([rule.id for rule in rulebook.load_rules([rules_dir()])]),
     ]
     assert (site / "trainadvisor" / "templates" / "report.html.j2").is_file()
 

@@ -19,7 +19,7 @@ import torch
 from conftest import DATA, ROOT, gpu_run, shared_trace
 from torch.utils.data import DataLoader
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.read.reading import read_table
 from trainadvisor.analyze.run.measures import runtime_measurements, trace_measurements
 from trainadvisor.analyze.trace.analysis import analyze_trace
@@ -473,8 +473,8 @@ def test_memory_is_measured_against_a_per_process_fraction(monkeypatch: pytest.M
     assert values["memory_limit_source"] == "per-process memory fraction 0.04"
     assert values["peak_reserved_pct"] == 100.0 * 3292528640 / 3400699740  # 96.8%
     assert values["memory_headroom_pct"] == 100.0 - values["peak_reserved_pct"]
-    rule = next(r for r in engine.load_rules([rules_dir()]) if r.id == "memory-pressure")
-    finding = engine.evaluate_rule(rule, values)
+    rule = next(r for r in rulebook.load_rules([rules_dir()]) if r.id == "memory-pressure")
+    finding = rulebook.evaluate_rule(rule, values)
     assert finding is not None and finding.severity == "high"
     assert finding.message == (
         "Peak reserved GPU memory reached 97% of what this process may use, as limited by the "

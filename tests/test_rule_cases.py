@@ -14,14 +14,14 @@ import pytest
 import tomllib
 from conftest import DATA, ROOT, shared_trace
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.run.summary import named_measurements
 from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.resources import rules_dir
 
 CASES = ROOT / "tests" / "rule_cases"
-RULES = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
+RULES = {rule.id: rule for rule in rulebook.load_rules([rules_dir()])}
 
 
 def _cases() -> list[Any]:
@@ -55,7 +55,7 @@ def test_rule_case(rule_id: str, case: dict[str, Any]) -> None:
         values.update(_trace_values(shared_trace(case["shared"])))
     values.update(case.get("measurements", {}))
     values.update(case.get("facts", {}))
-    finding = engine.evaluate_rule(RULES[rule_id], values)
+    finding = rulebook.evaluate_rule(RULES[rule_id], values)
     assert (finding.severity if finding else "quiet") == case["expect"], case["why"]
     if "message" in case:
         assert finding is not None and finding.message == case["message"]

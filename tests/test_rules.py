@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainadvisor import engine, fixes
+from trainadvisor import fixes, rulebook
 from trainadvisor.errors import RuleError
 from trainadvisor.resources import rules_dir
 
@@ -47,12 +47,12 @@ SHIPPED = [
 ]  # fmt: skip
 
 
-def shipped(rule_id: str) -> engine.Rule:
-    return next(r for r in engine.load_rules([rules_dir()]) if r.id == rule_id)
+def shipped(rule_id: str) -> rulebook.Rule:
+    return next(r for r in rulebook.load_rules([rules_dir()]) if r.id == rule_id)
 
 
 def test_every_shipped_rule_loads_with_its_code_examples() -> None:
-    rules = engine.load_rules([rules_dir()])
+    rules = rulebook.load_rules([rules_dir()])
     assert [r.id for r in rules] == SHIPPED
     for rule in rules:
         assert rule.anti_pattern.strip() and rule.best_practice.strip()
@@ -73,7 +73,7 @@ def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> No
         "step_time_ms_mean": 50.0,
         "num_workers": 0,
     }
-    finding = engine.evaluate_rule(rule, values)
+    finding = rulebook.evaluate_rule(rule, values)
     assert (finding.severity if finding else None) == severity
     if finding:
         assert finding.message == (
@@ -84,46 +84,46 @@ def test_data_stall_thresholds(data_wait_pct: float, severity: str | None) -> No
 
 def test_a_rule_is_not_evaluated_without_its_measurements(tmp_path: Path) -> None:
     rule = shipped("data-stall")
-    assert engine.evaluate_rule(rule, {"data_wait_pct": 90.0}) is None  # message needs more
+    assert rulebook.evaluate_rule(rule, {"data_wait_pct": 90.0}) is None  # message needs more
     # A level whose measurements are missing does not hold; the next level is tried.
-    two = engine.load_rule(write_rule(tmp_path, condition="batch_size > 1", message="steps={steps}"))
-    two.levels.insert(0, engine.Level("high", "ranks > 1", ast.parse("ranks > 1", mode="eval"), {"ranks"}))
-    assert engine.evaluate_rule(two, {"steps": 1, "batch_size": 2}).severity == "medium"  # type: ignore[union-attr]
+    two = rulebook.load_rule(write_rule(tmp_path, condition="batch_size > 1", message="steps={steps}"))
+    two.levels.insert(0, rulebook.Level("high", "ranks > 1", ast.parse("ranks > 1", mode="eval"), {"ranks"}))
+    assert rulebook.evaluate_rule(two, {"steps": 1, "batch_size": 2}).severity == "medium"  # type: ignore[union-attr]
 
 
 def test_conditions_are_expressions_over_measurements_only(tmp_path: Path) -> None:
     for condition in ("__import__('os').system('true')", "a.__class__ > 1", "[a][0] > 1", "a if a else 1"):
         path = write_rule(tmp_path, condition=condition)
         with pytest.raises(RuleError, match="is not allowed in a condition"):
-            engine.load_rule(path)
+            rulebook.load_rule(path)
 
 
 def test_messages_cannot_reach_attributes(tmp_path: Path) -> None:
     path = write_rule(tmp_path, message="{a.__class__}")
     with pytest.raises(RuleError, match=r"message field '\{a.__class__\}' may only name measurements"):
-        engine.load_rule(path)
+        rulebook.load_rule(path)
 
 
 def test_arithmetic_and_boolean_conditions(tmp_path: Path) -> None:
-    rule = engine.load_rule(
+    rule = rulebook.load_rule(
         write_rule(tmp_path, condition="steps * 2 >= batch_size and not cuda_used or -steps > 0")
     )
-    assert engine.evaluate_rule(rule, {"steps": 3, "batch_size": 6, "cuda_used": False}) is not None
-    assert engine.evaluate_rule(rule, {"steps": 3, "batch_size": 7, "cuda_used": False}) is None
-    assert engine.evaluate_rule(rule, {"steps": -1, "batch_size": 7, "cuda_used": True}) is not None
+    assert rulebook.evaluate_rule(rule, {"steps": 3, "batch_size": 6, "cuda_used": False}) is not None
+    assert rulebook.evaluate_rule(rule, {"steps": 3, "batch_size": 7, "cuda_used": False}) is None
+    assert rulebook.evaluate_rule(rule, {"steps": -1, "batch_size": 7, "cuda_used": True}) is not None
 
 
 def test_malformed_rule_files_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / "broken.toml").write_text("id = ")
     with pytest.raises(RuleError, match="broken.toml: not a readable TOML rule file"):
-        engine.load_rule(tmp_path / "broken.toml")
+        rulebook.load_rule(tmp_path / "broken.toml")
     path = write_rule(tmp_path, rule_id="other")
     path.rename(tmp_path / "renamed.toml")
     with pytest.raises(RuleError, match=r"must be named after the rule id \(other.toml\)"):
-        engine.load_rule(tmp_path / "renamed.toml")
+        rulebook.load_rule(tmp_path / "renamed.toml")
     (tmp_path / "nolevel.toml").write_text('id = "nolevel"\ntitle = "t"\nmessage = "m"\n')
     with pytest.raises(RuleError, match="at least one"):
-        engine.load_rule(tmp_path / "nolevel.toml")
+        rulebook.load_rule(tmp_path / "nolevel.toml")
 
 
 def test_hostile_rule_files_are_refused_before_they_are_read_whole_or_evaluated(tmp_path: Path) -> None:
@@ -149,18 +149,18 @@ def test_hostile_rule_files_are_refused_before_they_are_read_whole_or_evaluated(
     cases["fifo.toml: not a regular file"] = fifo
     for reason, path in cases.items():
         with pytest.raises(RuleError, match=reason):
-            engine.load_rule(path)
+            rulebook.load_rule(path)
     with pytest.raises(RuleError, match="fifo.toml: not a regular file"):
-        engine.load_rules([tmp_path / "pipes"])
+        rulebook.load_rules([tmp_path / "pipes"])
 
 
 def test_a_user_rule_replaces_a_shipped_rule_of_the_same_id(tmp_path: Path) -> None:
     write_rule(tmp_path, rule_id="data-stall", condition="data_wait_pct > 50", message="mine")
-    rules = engine.load_rules([rules_dir(), tmp_path])
+    rules = rulebook.load_rules([rules_dir(), tmp_path])
     assert [r.id for r in rules] == SHIPPED
     rule = next(r for r in rules if r.id == "data-stall")
     assert rule.path.parent == tmp_path
-    assert engine.evaluate(rules, {"data_wait_pct": 30.0}) == []
+    assert rulebook.evaluate(rules, {"data_wait_pct": 30.0}) == []
 
 
 def test_findings_are_ordered_by_severity(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_findings_are_ordered_by_severity(tmp_path: Path) -> None:
     (tmp_path / "b-high.toml").write_text(
         RULE.format(id="b-high", condition="steps > 1", message="m").replace('"medium"', '"high"')
     )
-    findings = engine.evaluate(engine.load_rules([tmp_path]), {"steps": 2})
+    findings = rulebook.evaluate(rulebook.load_rules([tmp_path]), {"steps": 2})
     assert [f.rule for f in findings] == ["b-high", "a-medium"]
 
 
@@ -193,13 +193,13 @@ UNITS = {
 def test_every_measurement_a_fix_or_stage_reads_is_declared_with_its_unit() -> None:
     """The catalogue (records/measurements.py) declares every name the package reads from the
     measurement table (`values.get("...")`, `values["..."]`); each has a unit, a meaning and a
-    producer. (Every name a run makes is checked as the suite runs: `engine.CHECK_ENV`.)"""
+    producer. (Every name a run makes is checked as the suite runs: `rulebook.CHECK_ENV`.)"""
     import re
 
     from trainadvisor.records.measurements import CATALOGUE
 
     read = re.compile(r'values\.get\(\s*"([a-z0-9_]+)"|values\[\s*"([a-z0-9_]+)"\]')
-    package = Path(engine.__file__).parent
+    package = Path(rulebook.__file__).parent
     names = {
         next(group for group in found.groups() if group)
         for path in package.rglob("*.py")

@@ -236,7 +236,7 @@ def test_rocm_blocking_copies_and_item_syncs(tmp_path: Path) -> None:
 def test_fp32_ffma_gemms_on_an_a100_are_flagged(tmp_path: Path) -> None:
     """The V100 ResNet-50 trace as cuBLAS 12 and cuDNN 9 would name it on an A100 in fp32: the
     GEMMs and convolutions run on the FP32 units (FFMA), and no-mixed-precision fires."""
-    from trainadvisor import engine
+    from trainadvisor import rulebook
     from trainadvisor.resources import rules_dir
 
     source = shared_trace("tb_plugin/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz")
@@ -261,8 +261,8 @@ def test_fp32_ffma_gemms_on_an_a100_are_flagged(tmp_path: Path) -> None:
     path.write_text(json.dumps(trace))
     analysis = analyze_trace(path)
     assert analysis.tensor_core_pct == 0.0 and round(analysis.fp32_matmul_pct or 0, 1) == 66.6
-    rules = {rule.id: rule for rule in engine.load_rules([rules_dir()])}
-    finding = engine.evaluate_rule(rules["no-mixed-precision"], trace_measurements(analysis))
+    rules = {rule.id: rule for rule in rulebook.load_rules([rules_dir()])}
+    finding = rulebook.evaluate_rule(rules["no-mixed-precision"], trace_measurements(analysis))
     assert finding is not None and finding.severity == "high"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import shared_trace
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor._serial import to_plain
 from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.rank_table import RankRow, _straggler, rank_values
@@ -137,8 +137,8 @@ def test_allocator_calls_in_steady_steps_fire_allocator_churn(tmp_path: Path) ->
     assert [round(s.allocator_ms, 3) for s in a.steps] == [0.15, 0.15, 0.15]
     values = named_measurements(to_run(a))
     assert values["allocator_calls_per_step"] == 2 and round(values["allocator_pct"], 1) == 15.0
-    rules = engine.load_rules([rules_dir()])
-    churn = [f for f in engine.diagnose(values, rules).findings if f.rule == "allocator-churn"]
+    rules = rulebook.load_rules([rules_dir()])
+    churn = [f for f in rulebook.diagnose(values, rules).findings if f.rule == "allocator-churn"]
     assert [f.severity for f in churn] == ["high"]
     assert churn[0].message.startswith(
         "Steady-state steps called the device allocator 2.0 times per step (0.15 ms"
@@ -200,8 +200,8 @@ def test_the_straggler_is_the_rank_with_the_least_time_in_collectives() -> None:
     assert table.straggler == 1 and table.straggler_by == "communication"
     assert table.skew_pct == pytest.approx(100 * (30.0 - 5.0) / 100.0)
     values = rank_values(table)
-    straggler = engine.load_rule(rules_dir() / "straggler.toml")
-    finding = engine.evaluate_rule(straggler, values)
+    straggler = rulebook.load_rule(rules_dir() / "straggler.toml")
+    finding = rulebook.evaluate_rule(straggler, values)
     assert finding is not None and finding.severity == "high"
     assert finding.message == (
         "Rank 1 holds the others back: it spends 5.0 ms per step in collectives against 30.0 ms on "

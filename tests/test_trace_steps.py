@@ -11,20 +11,20 @@ from pathlib import Path
 import pytest
 from conftest import DATA, run_cli, shared_trace
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.command import to_run
 from trainadvisor.analyze.run.summary import named_measurements
 from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.resources import rules_dir
 
 OWN = DATA / "traces"
-RULES = engine.load_rules([rules_dir()])
+RULES = rulebook.load_rules([rules_dir()])
 SGD = "optimizer steps (Optimizer.step#SGD.step): 6 iterations, the first (warm-up) set apart"
 
 
 def findings(path: Path) -> dict[str, str]:
     a = analyze_trace(path)
-    return {f.rule: f.severity for f in engine.diagnose(named_measurements(to_run(a)), RULES).findings}
+    return {f.rule: f.severity for f in rulebook.diagnose(named_measurements(to_run(a)), RULES).findings}
 
 
 @pytest.mark.parametrize(

@@ -3,4 +3,4 @@
 Face callbacks (`integrations`, public as `trainadvisor.integrations`).
 
 May import: profile (the trial decisions and window sizes the `profile` command shares), training,
-report, analyze, engine, options, fixes, frameworks, measure, records, redact, resources, errors."""
+report, analyze, rulebook, options, fixes, frameworks, measure, records, redact, resources, errors."""

@@ -402,7 +402,7 @@ class Advisor:
 
     def _start_trials(self, report: Report) -> bool:
         """The trial windows started; False where there are none to measure."""
-        from trainadvisor.advising.trials import AdviseTrials
+        from trainadvisor.advising.windows import AdviseTrials
 
         self.trials = AdviseTrials(self, report, self.values)
         names = ", ".join(self.trials.fix_ids())  # before the first window takes its fix

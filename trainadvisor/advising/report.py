@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainadvisor import engine, fixes
+from trainadvisor import fixes, rulebook
 from trainadvisor.analyze.run.summary import attach_trace, input_note, named_measurements, summarize
 from trainadvisor.frameworks import vocab
 from trainadvisor.profile.runs import ProfileOptions, reproduce_command
@@ -44,7 +44,7 @@ def advise_report(
     trace = attach_trace(raw, traces_in, script)
     run = summarize(raw)
     run.trace = trace
-    diagnosis = engine.diagnose(named_measurements(run), engine.rules_for(rule_dirs))
+    diagnosis = rulebook.diagnose(named_measurements(run), rulebook.rules_for(rule_dirs))
     plan = fixes.plan(diagnosis.findings, diagnosis.values)
     command = command_for(script)
     restart = f"measure it with: {shlex.join(command)}" if command else _NO_SCRIPT

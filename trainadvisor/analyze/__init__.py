@@ -7,5 +7,5 @@ load, the GPUs' energy, its ranks). Here: the command (`command`), the engines t
 trace on this machine's cores or a Ray cluster (`engines`), and many ranks compared
 (`rank_table`, `rank_overview`).
 
-May import: analyze.run, analyze.trace, analyze.read, engine (the command's diagnosis), records,
+May import: analyze.run, analyze.trace, analyze.read, rulebook (the command's diagnosis), records,
 _serial, _version, errors."""

@@ -9,7 +9,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor._serial import to_plain
 from trainadvisor.analyze.engines import Engine, LocalEngine
 from trainadvisor.analyze.rank_overview import ranges
@@ -21,9 +21,9 @@ from trainadvisor.analyze.read.sources import shown as shown_url
 from trainadvisor.analyze.run.measures import trace_measurements, traced_only
 from trainadvisor.analyze.run.summary import TRACED, named_measurements, stats, window_throughputs
 from trainadvisor.analyze.trace.analysis import TraceAnalysis
-from trainadvisor.engine import Rule
 from trainadvisor.errors import UsageError
 from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
+from trainadvisor.rulebook import Rule
 
 SHOWN_UP_TO = 3  # traces a title or a note names one by one
 
@@ -109,7 +109,7 @@ def _worst(found: list[tuple[str, TraceAnalysis, Finding]]) -> tuple[str, TraceA
 
     def key(item: tuple[str, TraceAnalysis, Finding]) -> tuple[int, float]:
         first = next((e.value for e in item[2].evidence if isinstance(e.value, (int, float))), 0.0)
-        return engine.SEVERITIES.index(item[2].severity), -float(first)
+        return rulebook.SEVERITIES.index(item[2].severity), -float(first)
 
     return min(found, key=key)
 
@@ -137,7 +137,7 @@ def merged_findings(per_trace: list[tuple[str, TraceAnalysis, list[Finding]]]) -
                 else f"On {where}; worst, {label}: {worst.message}"
             )
         merged.append(finding)
-    return sorted(merged, key=lambda f: engine.SEVERITIES.index(f.severity))
+    return sorted(merged, key=lambda f: rulebook.SEVERITIES.index(f.severity))
 
 
 def _notes(analyses: list[TraceAnalysis], labels: list[str]) -> list[str]:
@@ -196,7 +196,7 @@ def analyze(
 ) -> tuple[Report, list[TraceAnalysis]]:
     """The report of the traces named; `runner` analyses each of them (`engines`: this
     machine's cores by default, or a Ray cluster), everything after that runs here."""
-    rules = engine.rules_for(rule_dirs)
+    rules = rulebook.rules_for(rule_dirs)
     with tempfile.TemporaryDirectory(prefix="trainadvisor-traces-") as unpacked:
         traces = find_traces(paths, Path(unpacked))
         analyses = (runner or LocalEngine()).run([path for path, _ in traces])
@@ -211,7 +211,7 @@ def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[st
     runs = [to_run(a) for a in analyses]
     labels = _labels(analyses, runs)
     per_trace = [
-        (label, a, engine.diagnose(named_measurements(run), rules).findings)
+        (label, a, rulebook.diagnose(named_measurements(run), rules).findings)
         for label, a, run in zip(labels, analyses, runs)
     ]
     findings = merged_findings(per_trace)
@@ -225,10 +225,10 @@ def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[st
         values = rank_values(table)
         values["inference_loop"] = all(a.loop == "inference" for a in analyses)
         straggler = [r for r in rules if r.id == "straggler"]
-        findings = [f for f in findings if f.rule != "straggler"] + engine.diagnose(
+        findings = [f for f in findings if f.rule != "straggler"] + rulebook.diagnose(
             values, straggler
         ).findings
-        findings.sort(key=lambda f: engine.SEVERITIES.index(f.severity))
+        findings.sort(key=lambda f: rulebook.SEVERITIES.index(f.severity))
         notes.append(_ranks_note(table))
     return Report(
         schema_version=SCHEMA_VERSION,

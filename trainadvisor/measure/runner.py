@@ -21,7 +21,7 @@ from typing import Any
 
 from trainadvisor import _serial
 from trainadvisor.errors import UsageError
-from trainadvisor.measure import console, interrupts, progress, reaper
+from trainadvisor.measure import console, interrupts, journal, reaper
 from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
 from trainadvisor.measure.sampling import Sampler
@@ -57,7 +57,7 @@ class RunSpec:
     torchrun: list[str] = field(default_factory=list)
     timeout_s: float | None = None  # None: no limit
     stall_s: float | None = None  # no step for this long: stuck (None: `watchdog`'s own limit)
-    session_dir: Path | None = None  # keep the run alive for trial windows (`measure.live`)
+    session_dir: Path | None = None  # keep the run alive for trial windows (`measure.kept_alive`)
     gate_file: Path | None = None  # start ahead of its settings, which arrive here (`training.gate`)
     size: WindowSize = field(default_factory=WindowSize)  # time floor, settling, the steps it may use
     profile_steps: int = PROFILE_STEPS  # traced after the timed steps (at most as many as those)
@@ -401,7 +401,7 @@ def _ranks(
     word saved as it went); the lowest rank's run carries them. The run fails when any rank
     failed, naming the first failed rank and its error."""
     runs, ranks = [], set()
-    for written in (result_file, progress.progress_file(result_file)):
+    for written in (result_file, journal.progress_file(result_file)):
         for path in written.parent.glob(written.name.replace("{rank}", "*")):
             number = path.name.removeprefix(f"{spec.label}.rank").split(".")[0]
             ranks.update([int(number)] if number.isdigit() else [])
@@ -479,12 +479,12 @@ def _result(
     raw = load_result(result_file, spec) if result_file.exists() else None
     failed_write = failed_write_file(result_file)
     if (raw is None or raw.exit_code is None) and not failed_write.exists():
-        saved = progress.progress_file(result_file)
+        saved = journal.progress_file(result_file)
         if raw is None and saved.exists():
             Secrets.of(spec.args).json_file(saved)
-        raw = progress.last_known(raw, result_file, heartbeat, spec.label)
+        raw = journal.last_known(raw, result_file, heartbeat, spec.label)
         if raw is not None and not killed and not ours:
-            progress.say_how_it_ended(raw, returncode, "torchrun" if spec.torchrun else None)
+            journal.say_how_it_ended(raw, returncode, "torchrun" if spec.torchrun else None)
     if raw is not None:
         if killed and raw.status != "window_complete":
             # keep how far the child says it got when it was stopped

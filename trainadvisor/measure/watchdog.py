@@ -40,7 +40,7 @@ class Heartbeat:
     def __init__(self, path: str) -> None:
         self.pid = os.getpid()
         self.progress = 0
-        self.steps = 0  # set by the child before each beat (`measure.progress`)
+        self.steps = 0  # set by the child before each beat (`measure.journal`)
         self.shared: mmap.mmap | None = None
         try:
             with open(path, "wb+") as file:

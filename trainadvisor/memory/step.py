@@ -8,7 +8,7 @@ The peak: on a GPU the allocator's own (`max_memory_allocated` over the step, af
 `reset_peak_memory_stats`); on a CPU, which keeps no statistics, the most that training's tensors
 held at once: those live at the step's start that training owns (parameters, gradients,
 optimizer state) and each storage the step's operators made, each counted until it is freed.
-Over the step, `memory.live` logs every storage training holds (on a GPU too): the step's
+Over the step, `memory.storages` logs every storage training holds (on a GPU too): the step's
 memory after each operator (`timeline_bytes`) and the lines of the user's code whose tensors
 hold the peak (`peak_sites`). Measuring never breaks the step: a failure records why nothing
 was measured."""
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainadvisor.memory.live import LiveStorages
+from trainadvisor.memory.storages import LiveStorages
 
 
 def _storages(tensors: list[torch.Tensor]) -> dict[int, int]:

@@ -3,5 +3,5 @@ finishes. `command` runs them: the baseline run (`runs`), the diagnosis, each fi
 windows of the live run or in fresh runs (`tuning`, `trials`), the fixes chosen together measured
 with and without each (`attribution`), the confirmation run (`confirm`), the verdicts (`judge`).
 
-May import: analyze (the trace and run analysis), report (to write the report folder), engine,
+May import: analyze (the trace and run analysis), report (to write the report folder), rulebook,
 options, fixes, frameworks, measure, compute, memory, records, redact, errors."""

@@ -11,13 +11,13 @@ from typing import Any
 
 import psutil
 
-from trainadvisor import engine, fixes
+from trainadvisor import fixes, rulebook
 from trainadvisor.analyze.run.disturbance import disturbance_notes
 from trainadvisor.analyze.run.shapes import baseline_note, window_notes
 from trainadvisor.analyze.run.summary import attach_trace, input_note, named_measurements
 from trainadvisor.errors import Terminated, UsageError
 from trainadvisor.measure.config import WindowSize
-from trainadvisor.measure.live import LiveRun, Prestarted
+from trainadvisor.measure.kept_alive import LiveRun, Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.profile import rescue
 from trainadvisor.profile.baseline import check_steps, fitted_baseline, too_short
@@ -74,7 +74,7 @@ class _Diagnosed:
     """The baseline and what the rules found in it: the stage every later one starts from."""
 
     baseline: Run
-    diagnosis: engine.Diagnosis
+    diagnosis: rulebook.Diagnosis
     plan: list[PlannedFix]
     notes: list[str]
     details: list[str] = field(default_factory=list)  # how it was measured (report files only)
@@ -85,7 +85,7 @@ class _Job:
     """What every stage of one `profile` command shares."""
 
     options: ProfileOptions
-    rules: list[engine.Rule]
+    rules: list[rulebook.Rule]
     echo: Echo
     keep: Callable[[Report], None]  # a stage's report: its traces and logs published, it written
     started: float  # time.monotonic()
@@ -257,7 +257,7 @@ def _tuning(
     return tuning
 
 
-def _prepare(options: ProfileOptions) -> list[engine.Rule]:
+def _prepare(options: ProfileOptions) -> list[rulebook.Rule]:
     """What can be refused before anything runs: the script, the fixes named, the rules (the
     report folder is checked when it is locked, `hold_out_dir`)."""
     if not options.script.is_file():
@@ -267,10 +267,10 @@ def _prepare(options: ProfileOptions) -> list[engine.Rule]:
         raise UsageError(
             f"--fix {unknown[0]}: no such fix; the fixes are {', '.join(sorted(fixes.REGISTRY))}"
         )
-    return engine.rules_for(options.rule_dirs)
+    return rulebook.rules_for(options.rule_dirs)
 
 
-def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseline: Run) -> _Diagnosed:
+def _diagnose_baseline(options: ProfileOptions, rules: list[rulebook.Rule], baseline: Run) -> _Diagnosed:
     """The rules over the baseline, and the fixes they propose (those `--fix` names, if given)."""
     notes: list[str | None] = []
     if options.torchrun:
@@ -285,7 +285,7 @@ def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseli
             "that updates its parameters by hand); call trainadvisor.step() to mark steps yourself."
         )
     notes.append(input_note(baseline))
-    diagnosis = engine.diagnose(named_measurements(baseline), rules)
+    diagnosis = rulebook.diagnose(named_measurements(baseline), rules)
     plan = fixes.plan(diagnosis.findings, diagnosis.values)
     if options.only_fixes:
         named = ", ".join(options.only_fixes)
@@ -298,7 +298,7 @@ def _diagnose_baseline(options: ProfileOptions, rules: list[engine.Rule], baseli
 
 
 def _with_sites(
-    options: ProfileOptions, rules: list[engine.Rule], diagnosed: _Diagnosed, echo: Echo
+    options: ProfileOptions, rules: list[rulebook.Rule], diagnosed: _Diagnosed, echo: Echo
 ) -> _Diagnosed:
     """When a finding names lines of code, the baseline's trace measurements gain the call sites
     of a separate run traced with Python stacks, and the findings are made again (the plan
@@ -316,7 +316,7 @@ def _with_sites(
         f"{SITE_STEPS} steps traced with Python stacks (traces/sites/), kept apart because "
         "the Python tracer slows the host."
     )
-    diagnosis = engine.diagnose(named_measurements(baseline), rules)
+    diagnosis = rulebook.diagnose(named_measurements(baseline), rules)
     return _Diagnosed(baseline, diagnosis, diagnosed.plan, diagnosed.notes, [*diagnosed.details, note])
 
 

@@ -13,7 +13,7 @@ from typing import Any, cast
 from trainadvisor import fixes
 from trainadvisor.compute.mfu import with_baseline_flops
 from trainadvisor.frameworks.change import fix_change
-from trainadvisor.measure.live import Prestarted
+from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
 from trainadvisor.profile.pace import machine_changed, machine_drift

@@ -1,6 +1,6 @@
 """The trials of a fix: each candidate setting measured, and what the trials decide. A
 candidate is measured in a window of the live baseline run where its setting can switch while
-the loop runs (`measure.live`; no restart), otherwise in a fresh run of its own, judged against
+the loop runs (`measure.kept_alive`; no restart), otherwise in a fresh run of its own, judged against
 the baseline (faster? training unchanged, within the loss tolerance raised above the GPU's own
 noise?). Windows in one process skip the loss check (their steps are not the baseline's): the
 chosen settings are confirmed in a fresh seeded run with it."""
@@ -17,7 +17,7 @@ from trainadvisor.analyze.run.length import run_length
 from trainadvisor.analyze.run.summary import main_loader, summarize
 from trainadvisor.fixes.common import trial_peak
 from trainadvisor.measure.config import WindowSize
-from trainadvisor.measure.live import LiveRun
+from trainadvisor.measure.kept_alive import LiveRun
 from trainadvisor.measure.runner import measure
 from trainadvisor.profile import pace
 from trainadvisor.profile.judge import Ratio, cut_short, judge_trial, loss_check, ratio, spread, usable

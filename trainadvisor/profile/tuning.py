@@ -13,7 +13,7 @@ from typing import Any
 
 from trainadvisor import fixes
 from trainadvisor.analyze.run.length import run_length
-from trainadvisor.measure.live import LiveRun
+from trainadvisor.measure.kept_alive import LiveRun
 from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
 from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, pair_choice

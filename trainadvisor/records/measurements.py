@@ -1,8 +1,8 @@
 """The measurement catalogue: every name in the table that rules are evaluated against and fixes
 read (`analyze.run.summary.named_measurements`, one table for a watched run and a trace alike),
 declared once with its unit, its meaning and the module that makes it. A rule that reads a name
-not declared here is refused when it is loaded (`engine`), with the closest declared name; the
-test suite fails a run whose table holds a name not declared here (`engine.CHECK_ENV`).
+not declared here is refused when it is loaded (`rulebook`), with the closest declared name; the
+test suite fails a run whose table holds a name not declared here (`rulebook.CHECK_ENV`).
 
 Units: % (of the step, unless said), ms, us, s, bytes, count, steps/s, samples/s, FLOP,
 TFLOP/s, MiB, bool, text (a name, a file:line, a sentence)."""

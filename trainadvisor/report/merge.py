@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from trainadvisor import engine
+from trainadvisor import rulebook
 from trainadvisor.analyze.run.summary import named_measurements
 from trainadvisor.errors import UsageError
 from trainadvisor.records import RankStats, Report
@@ -28,7 +28,7 @@ def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
     baseline = merged.baseline
     assert baseline is not None  # every report here has a baseline with ranks (checked above)
     baseline.ranks = [ranks[rank] for rank in sorted(ranks)]
-    merged.findings = engine.diagnose(named_measurements(baseline), engine.rules_for(rule_dirs)).findings
+    merged.findings = rulebook.diagnose(named_measurements(baseline), rulebook.rules_for(rule_dirs)).findings
     # Fixes are measured on one node only (see `profile`): nothing of them is merged.
     merged.plan, merged.fix_outcomes, merged.applied_fixes = [], [], []
     merged.after, merged.comparison, merged.speedup = None, None, None

@@ -108,7 +108,7 @@ def main() -> int:
 
         hold(recorder, Path(config.gate_file))
     if config.heartbeat_file is not None:  # the stall watchdog's, and the steps so far (`progress`)
-        from trainadvisor.measure.progress import progress_file
+        from trainadvisor.measure.journal import progress_file
         from trainadvisor.measure.watchdog import Heartbeat
         from trainadvisor.training.progress import Progress
 

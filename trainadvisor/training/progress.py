@@ -1,9 +1,9 @@
 """In the script's process, `Progress` is the heartbeat the recorder beats at each step and
 batch: it keeps the step count in the heartbeat file (exact: a store into shared memory) and
-saves the baseline window's steps so far beside the result (`measure.progress.progress_file`; at
+saves the baseline window's steps so far beside the result (`measure.journal.progress_file`; at
 most every SAVE_MIN_S, and rarely enough that taking them down costs the loop at most
 1/SAVE_BUDGET of its time), so that a script that ends without a word (at `os._exit`, or
-SIGKILLed) leaves what it measured (`measure.progress.last_known` reads it back)."""
+SIGKILLed) leaves what it measured (`measure.journal.last_known` reads it back)."""
 
 from __future__ import annotations
 
