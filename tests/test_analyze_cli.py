@@ -40,7 +40,7 @@ def test_json_output_and_ranks(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["schema_version"] == 1 and report["after"] is None
+    assert (report["schema_version"], report["kind"]) == (2, "analyze") and "after" not in report
     assert {"steps", "step_time_ms", "steps_per_s", "samples_per_s", "breakdown_pct"} <= set(
         report["baseline"]
     )

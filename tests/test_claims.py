@@ -34,7 +34,7 @@ from trainadvisor.records import (
     HostSample,
     Overrides,
     PlannedFix,
-    Report,
+    ProfileReport,
     StepRecord,
 )
 from trainadvisor.report.analyze import analysis_summary
@@ -107,7 +107,7 @@ def test_a_loop_without_a_dataloader_says_so_instead_of_a_data_wait_of_0() -> No
     assert run.breakdown_pct == {"h2d_copy": 0.0, "outside_call": 60.0, "compute": 40.0}
     values = named_measurements(run)
     assert values["data_wait_pct"] == 0.0 and values["outside_call_pct"] == 60.0
-    report = Report(1, ["@advise"], "<in-process>", None, run, [])
+    report = ProfileReport(1, ["@advise"], "<in-process>", None, run, [])
     line = terminal_summary(report, Path("r")).splitlines()[1]
     assert NO_LOADER in line and line == (
         "  before     10.0 ms/step median,   100.0 steps/s, no DataLoader was seen: input time is part "
@@ -266,7 +266,7 @@ def test_a_speedup_is_never_outside_its_range_and_says_when_the_range_was_widene
 
 
 def test_compare_keeps_the_change_inside_its_window_range() -> None:
-    base = Report(1, ["x"], "a.py", None, summarize(raw([10.0] * 50)), [])
+    base = ProfileReport(1, ["x"], "a.py", None, summarize(raw([10.0] * 50)), [])
     head = replace(base, baseline=summarize(raw([9.0] * 48 + [1.0] * 2)))
     c = compare_reports(base, head)
     assert c.throughput_range_pct is not None and c.throughput_change_pct is not None

@@ -99,4 +99,4 @@ def test_a_report_of_an_unknown_schema_version_is_refused(tmp_path: Path) -> Non
         (folder / "report.json").write_text(json.dumps(data))
         result = run_cli("compare", folder, DATA / "report", cwd=tmp_path)
         assert result.returncode == 2, (version, result.stdout)
-        assert f"schema_version {str(version)!r} is not one this version reads (1 to 1)" in result.stderr
+        assert f"schema_version {str(version)!r} is not one this version reads (1 to 2)" in result.stderr

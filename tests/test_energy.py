@@ -22,7 +22,7 @@ from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.runner import RunSpec, attach_samples, measure
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import Settling
-from trainadvisor.records import GpuSample, RawRun, Report, StepRecord
+from trainadvisor.records import GpuSample, ProfileReport, RawRun, StepRecord
 from trainadvisor.records.energy import Energy
 from trainadvisor.report.render import energy_cell, render_html, render_markdown
 from trainadvisor.resources import templates_dir
@@ -207,7 +207,9 @@ def test_the_report_shows_energy_before_and_after(nvml: pytest.MonkeyPatch) -> N
     attach_samples(before, _sampled(nvml, [_device("GPU-a", energy_mj=[0, 1_800_000])], [0.0, 3.0]))
     after = replace(_raw(step_ms=150.0), label="after")
     attach_samples(after, _sampled(nvml, [_device("GPU-a", energy_mj=[0, 1_350_000])], [0.0, 1.5]))
-    report = Report(1, ["trainadvisor", "profile", "train.py"], "train.py", None, summarize(before), [])
+    report = ProfileReport(
+        1, ["trainadvisor", "profile", "train.py"], "train.py", None, summarize(before), []
+    )
     report.after = summarize(after)
     markdown = render_markdown(report, templates_dir())
     cells = [

@@ -23,8 +23,8 @@ from trainadvisor.records import (
     LoaderInfo,
     Overrides,
     PlannedFix,
+    ProfileReport,
     RawRun,
-    Report,
     Run,
     StepRecord,
     Trial,
@@ -292,7 +292,7 @@ def test_a_larger_batch_is_an_opportunity_measured_in_samples_per_second_never_a
     assert outcome.chosen.startswith(
         "batch_size=256 (from 16): scale the learning rate by 16 (linear rule, SGD)"
     )
-    report = Report(1, [], "train.py", None, baseline, [], fix_outcomes=[outcome])
+    report = ProfileReport(1, [], "train.py", None, baseline, [], fix_outcomes=[outcome])
     assert headline(report) == (
         "No bottleneck found by the rules in the profiled window; opportunity: 4.57x samples/s with "
         "batch_size=256 (from 16), which changes training (batch-size)"

@@ -26,7 +26,8 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     result, out = slow_input_report
     assert result.returncode == 0, result.stderr
     report = load_report(out)
-    assert report["schema_version"] == 1
+    assert (report["schema_version"], report["kind"], report["producer"]) == (2, "profile", "trainadvisor")
+    assert report["run_id"].startswith("sha256:")
     for run in ("baseline", "after"):
         assert RUN_KEYS <= set(report[run])
         assert report[run]["steps"] >= 10

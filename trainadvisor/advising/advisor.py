@@ -50,7 +50,7 @@ from trainadvisor.measure.runner import PROFILE_STEPS, attach_samples
 from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.options.table import default
-from trainadvisor.records import FrameworkCall, LoaderInfo, RawRun, Report
+from trainadvisor.records import FrameworkCall, LoaderInfo, ProfileReport, RawRun
 from trainadvisor.report.folder import check_out_dir, hold_out_dir
 from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
@@ -107,7 +107,7 @@ class Advisor:
         self.echo = echo or (lambda text: print(terminal(text), file=sys.stderr, flush=True))
         self.active = True  # False once the window is reported or the advisor failed
         self.decorated = False  # steps are calls of a decorated function (their arguments: the batch)
-        self.report: Report | None = None
+        self.report: ProfileReport | None = None
         self.calls = 0  # steps ended so far
         self.call_start: float | None = None
         self.loaders: list[LoaderInfo] = []
@@ -400,7 +400,7 @@ class Advisor:
 
     # ---- trial windows (advise(trials=True)) ----
 
-    def _start_trials(self, report: Report) -> bool:
+    def _start_trials(self, report: ProfileReport) -> bool:
         """The trial windows started; False where there are none to measure."""
         from trainadvisor.advising.windows import AdviseTrials
 
@@ -445,7 +445,7 @@ class Advisor:
             write_report(final, self.out, templates_dir())
         self.echo(terminal_summary(final, self.out))
 
-    def _report(self, raw: RawRun, traces_in: Path) -> Report:
+    def _report(self, raw: RawRun, traces_in: Path) -> ProfileReport:
         report, self.values = advise_report(
             raw, traces_in, self.rule_dirs, self._started, self._profile_command, self.called
         )

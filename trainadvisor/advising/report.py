@@ -18,7 +18,8 @@ from trainadvisor import fixes, rulebook
 from trainadvisor.analyze.run.summary import attach_trace, input_note, named_measurements, summarize
 from trainadvisor.frameworks import vocab
 from trainadvisor.profile.runs import ProfileOptions, reproduce_command
-from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, RawRun, Report
+from trainadvisor.records import SCHEMA_VERSION, FixOutcome, Overrides, ProfileReport, RawRun
+from trainadvisor.records.identity import content_digest, file_digest, run_id
 from trainadvisor.redact import mask_arguments, masked_note
 
 _NO_SCRIPT = "restart the training from a script to measure it with `trainadvisor profile`"
@@ -37,7 +38,7 @@ def advise_report(
     started: float,
     command_for: Callable[[Path | None], list[str] | None],
     called: str = "@advise",  # how the script asked for the advisor (`Advisor.called`)
-) -> tuple[Report, dict[str, Any]]:
+) -> tuple[ProfileReport, dict[str, Any]]:
     """The report of the advisor's window, and the measurements the rules saw; its trace is
     read under `traces_in` (the writer's staging folder, until the report is published)."""
     script = main_script()
@@ -63,8 +64,10 @@ def advise_report(
     ]
     masked = masked_note(mask_arguments(sys.argv[1:])[1]) if command else None
     notes += [note for note in (input_note(run), masked) if note]
-    report = Report(
+    content = file_digest(script) if script else content_digest(called)
+    report = ProfileReport(
         schema_version=SCHEMA_VERSION,
+        run_id=run_id(content, sys.argv[1:], raw.device, max(1, len(raw.ranks))),
         command=command or [called],
         script=str(script) if script else "<in-process>",
         environment=raw.device,

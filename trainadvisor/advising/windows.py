@@ -25,7 +25,15 @@ from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.profile.runs import ProfileOptions, window_steps
 from trainadvisor.profile.trials import decide
 from trainadvisor.profile.tuning import AS_SCRIPT, ordered
-from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Report, Trial, TrialWindow
+from trainadvisor.records import (
+    FixOutcome,
+    LoaderInfo,
+    Overrides,
+    PlannedFix,
+    ProfileReport,
+    Trial,
+    TrialWindow,
+)
 from trainadvisor.training import gpu, loaders
 from trainadvisor.training.hooks import Patches, window_run
 from trainadvisor.training.window import Window, WindowPlan
@@ -74,7 +82,7 @@ class AdviseTrials:
     """The trial windows of one advisor, fed by its step calls (`advisor.window` is always the
     window being measured)."""
 
-    def __init__(self, advisor: Any, report: Report, values: dict[str, Any]) -> None:
+    def __init__(self, advisor: Any, report: ProfileReport, values: dict[str, Any]) -> None:
         self.advisor, self.report, self.values = advisor, report, dict(values)
         self.options = ProfileOptions(Path("<in-process>"), [], advisor.out, advisor.warmup, advisor.steps)
         plan = report.plan
@@ -255,7 +263,7 @@ class AdviseTrials:
 
     # ---- the end ----
 
-    def finish(self, command: list[str] | None) -> Report:
+    def finish(self, command: list[str] | None) -> ProfileReport:
         """Everything back as the script runs it; the report with each fix's windows, judged
         against the faster of the two baseline windows."""
         self.patches.undo()

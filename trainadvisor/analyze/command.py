@@ -5,9 +5,11 @@ reading the files."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from trainadvisor import rulebook
 from trainadvisor._serial import to_plain
@@ -22,7 +24,8 @@ from trainadvisor.analyze.run.measures import trace_measurements, traced_only
 from trainadvisor.analyze.run.summary import TRACED, named_measurements, stats, window_throughputs
 from trainadvisor.analyze.trace.analysis import TraceAnalysis
 from trainadvisor.errors import UsageError
-from trainadvisor.records import SCHEMA_VERSION, DeviceInfo, Finding, RawRun, Report, Run, StepRecord
+from trainadvisor.records import SCHEMA_VERSION, AnalyzeReport, DeviceInfo, Finding, RawRun, Run, StepRecord
+from trainadvisor.records.identity import content_digest, run_id
 from trainadvisor.rulebook import Rule
 
 SHOWN_UP_TO = 3  # traces a title or a note names one by one
@@ -193,7 +196,7 @@ def _script(analyses: list[TraceAnalysis]) -> str:
 
 def analyze(
     paths: list[Location], rule_dirs: list[Path], command: list[str], runner: Engine | None = None
-) -> tuple[Report, list[TraceAnalysis]]:
+) -> tuple[AnalyzeReport, list[TraceAnalysis]]:
     """The report of the traces named; `runner` analyses each of them (`engines`: this
     machine's cores by default, or a Ray cluster), everything after that runs here."""
     rules = rulebook.rules_for(rule_dirs)
@@ -205,7 +208,7 @@ def analyze(
     return report_of(analyses, rules, [shown_url(arg) for arg in command]), analyses
 
 
-def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[str]) -> Report:
+def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[str]) -> AnalyzeReport:
     """The report of the traces' summaries: each trace's findings merged into one per rule, the
     rank table and its straggler. Linear in the traces: a second for 1,024 ranks."""
     runs = [to_run(a) for a in analyses]
@@ -230,8 +233,12 @@ def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[st
         ).findings
         findings.sort(key=lambda f: rulebook.SEVERITIES.index(f.severity))
         notes.append(_ranks_note(table))
-    return Report(
+    identities = sorted(json.dumps(_identity(a), sort_keys=True, default=str) for a in analyses)
+    content = content_digest("\n".join(identities))  # the same traces in any order
+    world = max((int(a.world_size or 0) for a in analyses), default=0) or len(analyses)
+    return AnalyzeReport(
         schema_version=SCHEMA_VERSION,
+        run_id=run_id(content, [], runs[0].raw.device, world),
         command=command,
         script=_script(analyses),
         environment=runs[0].raw.device,
@@ -241,6 +248,14 @@ def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[st
         traces=[to_plain(a) for a in analyses],
         ranks=to_plain(table),
     )
+
+
+def _identity(analysis: TraceAnalysis) -> dict[str, Any]:
+    """A trace's summary without where it was read from: the same traces read from another
+    folder or bucket are the same run."""
+    plain: dict[str, Any] = to_plain(analysis)
+    plain.pop("path", None)
+    return plain
 
 
 def _ranks_note(table: RankTable) -> str:

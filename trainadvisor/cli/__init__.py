@@ -19,7 +19,8 @@ from trainadvisor.cli import exits
 from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
 from trainadvisor.options import table
 from trainadvisor.options.kinds import TraceLocation
-from trainadvisor.records import SCHEMA_VERSION, Report
+from trainadvisor.records import Report
+from trainadvisor.records.upgrade import UnreadableVersion
 from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
@@ -222,16 +223,11 @@ def _load(path: Path) -> Any:
     if not (folder / "report.json").is_file():
         raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
     try:
-        report = load_report(folder)
+        return load_report(folder)
+    except UnreadableVersion as exc:
+        raise UsageError(f"{folder / 'report.json'}: {exc}") from None
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UsageError(f"{folder / 'report.json'}: not a report this version can read ({exc})") from None
-    version = report.schema_version
-    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
-        raise UsageError(
-            f"{folder / 'report.json'}: schema_version {str(version)[:40]!r} is not one this version reads "
-            f"(1 to {SCHEMA_VERSION}); a newer trainadvisor wrote it, or it is not a report"
-        )
-    return report
 
 
 @main.command(epilog=exits.REPORT)
@@ -263,7 +259,8 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
         saved = _load(dirs[0]) if len(dirs) == 1 else merge_reports([_load(d) for d in dirs], list(rule_dirs))
         target = out_dir or dirs[0]
         with hold_out_dir(target, "--out" if out_dir is not None else ""):
-            write_report(saved, target, templates_dir())
+            # in its own folder, report.json stays as saved (an earlier version's, maybe)
+            write_report(saved, target, templates_dir(), with_json=out_dir is not None or len(dirs) > 1)
         _echo(terminal_summary(saved, target), err=False)
         return 0
 

@@ -37,9 +37,10 @@ from trainadvisor.records import (
     FixOutcome,
     Overrides,
     PlannedFix,
-    Report,
+    ProfileReport,
     Run,
 )
+from trainadvisor.records.identity import file_digest, run_id
 from trainadvisor.redact import mask_arguments, masked_note
 from trainadvisor.report.folder import hold_out_dir
 
@@ -66,7 +67,7 @@ def _call_sites(options: ProfileOptions, baseline: Run, echo: Echo) -> dict[str,
 
 # Writes a stage's report; the callable publishes the traces and logs it names, called once the
 # report is rendered and before it is written (`render.write_report`).
-Save = Callable[[Report, Callable[[], None]], None]
+Save = Callable[[ProfileReport, Callable[[], None]], None]
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,14 @@ class _Job:
     options: ProfileOptions
     rules: list[rulebook.Rule]
     echo: Echo
-    keep: Callable[[Report], None]  # a stage's report: its traces and logs published, it written
+    keep: Callable[[ProfileReport], None]  # a stage's report: its traces and logs published, it written
     started: float  # time.monotonic()
 
 
 INTERRUPTED = "The run was interrupted: fixes marked not run or unconfirmed were not measured to the end."
 
 
-def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Report:
+def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> ProfileReport:
     """baseline -> diagnosis -> each fix's trials -> confirmation, each stage's report handed to
     `save` as it finishes; returns the last. Interrupted (Ctrl-C, SIGTERM), the last report
     saved is saved again with a note that says so. The report folder is held throughout
@@ -103,9 +104,9 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
     then."""
     rules, keep = _prepare(options), save or (lambda _report, _publish: None)
     with hold_out_dir(options.out_dir) as folder:
-        saved: list[Report] = []
+        saved: list[ProfileReport] = []
 
-        def publish_and_save(report: Report) -> None:
+        def publish_and_save(report: ProfileReport) -> None:
             keep(report, folder.publish)
             saved[:] = [report]
 
@@ -118,7 +119,7 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Re
             raise
 
 
-def _profile(job: _Job) -> Report:
+def _profile(job: _Job) -> ProfileReport:
     options, echo = job.options, job.echo
     echo(
         f"trainadvisor: running {options.script} (warm-up until step time settles, at least "
@@ -171,7 +172,7 @@ def _measure_fixes(
     live: LiveRun | None,
     why_restart: str | None,
     prestarted: Prestarted | None,
-) -> Report:
+) -> ProfileReport:
     """Each fix's trials (in windows of the live run where they can switch there, else in
     fresh runs), then the confirmation run; the report saved after each."""
     options, started = job.options, job.started
@@ -209,13 +210,13 @@ def _measure_fixes(
     return report
 
 
-def _after_oom(job: _Job, diagnosed: _Diagnosed) -> Report:
+def _after_oom(job: _Job, diagnosed: _Diagnosed) -> ProfileReport:
     """The script died of out-of-memory: each fix its diagnosis proposes, in fresh runs of the
     script, recommended where its run got through (`profile.rescue`); the report saved after each."""
     options, started = job.options, job.started
     tuning = _tuning(options, diagnosed, job.echo, started)
 
-    def report(notes: list[str | None]) -> Report:
+    def report(notes: list[str | None]) -> ProfileReport:
         script, raw = options.script, diagnosed.baseline.raw
         outcomes = [rescue.rescued(o, script, raw) for o in tuning.outcomes]
         return _report(options, diagnosed, started, outcomes, extra_notes=notes, tuning=tuning)
@@ -354,15 +355,19 @@ def _report(
     extra_notes: list[str | None] | None = None,
     noise_rel: float | None = None,
     tuning: Tuning | None = None,
-) -> Report:
+) -> ProfileReport:
     notes = [*(extra_notes or []), *(tuning.notes if tuning else [])]
     notes += window_notes(diagnosed.baseline, outcomes, after)
     notes += disturbance_notes(diagnosed.baseline, outcomes, after)
     notes.append(masked_note(mask_arguments(options.args)[1]))
     details = [baseline_note(diagnosed.baseline.raw), *(tuning.details if tuning else [])]
     details.append(_modes_note(outcomes))
-    return Report(
+    baseline = diagnosed.baseline
+    return ProfileReport(
         schema_version=SCHEMA_VERSION,
+        run_id=run_id(
+            file_digest(options.script), options.args, baseline.raw.device, max(1, len(baseline.ranks))
+        ),
         command=reproduce_command(options),
         script=str(options.script),
         environment=diagnosed.baseline.raw.device,
@@ -412,7 +417,7 @@ def _confirm(
     echo: Echo,
     prestarted: Prestarted | None = None,
     adjacent: Callable[[], Run | None] | None = None,
-) -> Report:
+) -> ProfileReport:
     """The confirmation stage (`confirm`), and the report of the whole run."""
     done = confirm(options, diagnosed.baseline, tuning, noise_rel, echo, prestarted, adjacent)
     return _report(

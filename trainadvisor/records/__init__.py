@@ -5,18 +5,23 @@
 
 Every class here is a dataclass of plain values, saved as JSON (see `_serial`).
 
-May import: nothing of the package."""
+May import: _version."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trainadvisor._version import __version__
 from trainadvisor.records.compute import Utilization
 from trainadvisor.records.energy import Energy
 from trainadvisor.records.memory import Memory
 
-SCHEMA_VERSION = 1
+# 2: two results under one header (`kind`: profile or analyze), with producer, producer_version
+# and run_id; `records.upgrade` reads version 1. CHANGELOG.md tells each version's changes.
+SCHEMA_VERSION = 2
+PRODUCER = "trainadvisor"
+ReportKind = Literal["profile", "analyze"]
 
 # The words a report uses, in one place.
 Severity = Literal["high", "medium", "low"]
@@ -466,9 +471,11 @@ class TrialWindow:
 
 @dataclass
 class Report:
-    """Everything a report shows. Written as each stage of `profile` finishes (after the
-    baseline's diagnosis, after each fix's trials, after confirmation), so a run that is
-    interrupted leaves the report of what it measured; fixes it did not get to are `not_run`."""
+    """The header every report.json has, whichever command wrote it: what ran, on what, what the
+    rules found. Its two results are `ProfileReport` (a script measured, its fixes tried) and
+    `AnalyzeReport` (saved traces read); `kind` says which. `baseline`: profile's run of the
+    script as it is; analyze's first trace, as a run. Written as each stage finishes, so a run
+    that is interrupted leaves the report of what it measured."""
 
     schema_version: int
     command: list[str]
@@ -476,24 +483,46 @@ class Report:
     environment: DeviceInfo | None
     baseline: Run | None
     findings: list[Finding]
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    # how the run was measured (the warm-up, the bracket around trial windows, where trials ran):
+    # shown in report.md and report.html; `notes` are the caveats, shown in the terminal too
+    details: list[str] = field(default_factory=list)
+    kind: ReportKind = "profile"
+    producer: str = PRODUCER
+    producer_version: str | None = __version__  # None: upgraded from version 1, which had none
+    # the same for two runs of the same code, arguments and environment (`report.identity`);
+    # None: upgraded from version 1
+    run_id: str | None = None
+
+
+@dataclass
+class ProfileReport(Report):
+    """`profile`'s (and `@advise`'s) result: the fixes planned, each one's trials and outcome,
+    and the confirmation run with its comparison. Fixes it did not get to are `not_run`."""
+
+    kind: ReportKind = "profile"
     after: Run | None = None
     plan: list[PlannedFix] = field(default_factory=list)
     fix_outcomes: list[FixOutcome] = field(default_factory=list)
     applied_fixes: list[str] = field(default_factory=list)
     speedup: float | None = None
     comparison: Comparison | None = None
-    notes: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    traces: list[Any] = field(default_factory=list)  # analyze: each trace's measurements
-    ranks: Any = None  # analyze: per-rank comparison, when the traces are of several ranks
-    # profile on a GPU: how far the loss of the same seeded steps moved between two identical
-    # runs (atomics-based kernels sum in varying order); loss tolerances are set above it
+    # on a GPU: how far the loss of the same seeded steps moved between two identical runs
+    # (atomics-based kernels sum in varying order); loss tolerances are set above it
     loss_noise_rel: float | None = None
-    # profile: every measuring window of the run kept alive for trials, in order
+    # every measuring window of the run kept alive for trials, in order
     trial_windows: list[TrialWindow] = field(default_factory=list)
-    # how the run was measured (the warm-up, the bracket around trial windows, where trials ran):
-    # shown in report.md and report.html; `notes` are the caveats, shown in the terminal too
-    details: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AnalyzeReport(Report):
+    """`analyze`'s result: each trace's measurements, and the per-rank comparison when the
+    traces are of several ranks."""
+
+    kind: ReportKind = "analyze"
+    traces: list[Any] = field(default_factory=list)
+    ranks: Any = None
 
 
 def timed_steps(raw: RawRun) -> list[StepRecord]:

@@ -12,7 +12,7 @@ from trainadvisor.analyze.rank_overview import RankOverview
 from trainadvisor.analyze.rank_table import RankTable, table_lines
 from trainadvisor.analyze.run.summary import percentile
 from trainadvisor.analyze.trace.facts import HOST_ITEM
-from trainadvisor.records import Report
+from trainadvisor.records import AnalyzeReport
 from trainadvisor.report.render import LABELS, _wrap
 from trainadvisor.report.utilization import flops
 
@@ -147,7 +147,7 @@ def _overview(table: RankTable, o: RankOverview) -> list[str]:
     return lines
 
 
-def analysis_summary(report: Report, analyses: list[Any], out_dir: Path) -> str:
+def analysis_summary(report: AnalyzeReport, analyses: list[Any], out_dir: Path) -> str:
     """The diagnosis `analyze` prints."""
     lines: list[str] = []
     if len(analyses) <= BLOCKS_UP_TO:

@@ -10,7 +10,7 @@ from typing import Any
 from trainadvisor._serial import to_plain
 from trainadvisor.analyze.run.shapes import usable
 from trainadvisor.analyze.run.summary import named_measurements, percentile
-from trainadvisor.records import Report, Run
+from trainadvisor.records import ProfileReport, Report, Run
 from trainadvisor.report import mdtext
 
 
@@ -54,7 +54,10 @@ UNCHANGED_PCT = 0.5  # a change smaller than this is "unchanged" whatever the no
 
 
 def pick_run(report: Report, which: str) -> Run:
-    run = report.after if which == "after" else report.baseline
+    if which == "after":
+        run = report.after if isinstance(report, ProfileReport) else None
+    else:
+        run = report.baseline
     if run is None:
         raise ValueError(f"the report of {report.script} has no '{which}' run")
     return run

@@ -10,14 +10,16 @@ from pathlib import Path
 from trainadvisor import rulebook
 from trainadvisor.analyze.run.summary import named_measurements
 from trainadvisor.errors import UsageError
-from trainadvisor.records import RankStats, Report
+from trainadvisor.records import ProfileReport, RankStats, Report
 
 
-def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> Report:
+def merge_reports(reports: list[Report], rule_dirs: list[Path]) -> ProfileReport:
     """The first report (the node with rank 0, usually) with every node's ranks added; its
     findings re-evaluated over the merged ranks. A rank present in several reports is taken from
     the first that has it."""
-    with_ranks = [r for r in reports if r.baseline is not None and r.baseline.ranks]
+    with_ranks = [
+        r for r in reports if isinstance(r, ProfileReport) and r.baseline is not None and r.baseline.ranks
+    ]
     if len(with_ranks) < len(reports):
         raise UsageError("only reports of torchrun runs (profile --nproc-per-node ...) can be merged")
     merged = copy.deepcopy(min(with_ranks, key=lambda r: min(s.rank for s in r.baseline.ranks)))  # type: ignore[union-attr]

@@ -19,8 +19,20 @@ import markupsafe
 
 from trainadvisor import _serial
 from trainadvisor.analyze.run.summary import BREAKDOWN_KEYS, NO_LOADER, OUTSIDE_CALL, window_samples
-from trainadvisor.records import FixOutcome, GpuSample, HostSample, LossCheck, Report, Run, timed_steps
+from trainadvisor.records import (
+    SCHEMA_VERSION,
+    AnalyzeReport,
+    FixOutcome,
+    GpuSample,
+    HostSample,
+    LossCheck,
+    ProfileReport,
+    Report,
+    Run,
+    timed_steps,
+)
 from trainadvisor.records.energy import Energy
+from trainadvisor.records.upgrade import upgraded
 from trainadvisor.report import mdtext
 from trainadvisor.report.memory import memory_cell, memory_fit, memory_title, peak_sites_text, step_chart
 from trainadvisor.report.parallel import parallelism
@@ -48,35 +60,36 @@ def label_of(key: str) -> str:
 
 def headline(report: Report) -> str:
     """One sentence: what the fixes measured, and what held the loop back."""
-    text = _gain_sentence(report)
+    outcomes = report.fix_outcomes if isinstance(report, ProfileReport) else []
+    text = _gain_sentence(report) if isinstance(report, ProfileReport) else ""
     top = report.findings[0] if report.findings else None
     if text and top is not None:  # the main bottleneck: the most severe finding
         text += f"; the bottleneck: {top.title[0].lower()}{top.title[1:]}"
     elif top is not None:
         text = f"{top.title} ({top.severity})"
-        if report.fix_outcomes:  # fixes were measured (not: --no-fix, a failed script, analyze)
+        if outcomes:  # fixes were measured (not: --no-fix, a failed script, analyze)
             text += "; no fix was kept"
-            recommended = [o.fix for o in report.fix_outcomes if o.status == "recommended"]
+            recommended = [o.fix for o in outcomes if o.status == "recommended"]
             if recommended and memory_fit(report) is None:
                 text += f"; recommended: {', '.join(recommended)}"
     elif not text:
         if report.baseline is None or not report.baseline.steps:
             return "Nothing was measured"
         text = "No bottleneck found by the rules in the profiled window"
-    for outcome in report.fix_outcomes:
+    for outcome in outcomes:
         if outcome.status == "opportunity" and outcome.gain:
             text += (
                 f"; opportunity: {outcome.gain:.2f}x {outcome.unit} with {_short(outcome.chosen)}, "
                 f"which changes training ({outcome.fix})"
             )
-    unsure = [o.fix for o in report.fix_outcomes if o.status == "inconclusive"]
+    unsure = [o.fix for o in outcomes if o.status == "inconclusive"]
     if unsure:  # faster in fresh runs on a machine whose speed changed: neither kept nor rejected
         text += f"; inconclusive: {', '.join(unsure)} (measured faster, but not comparably: see its fix line)"
     fit = memory_fit(report)
     return f"{text}; memory: {fit}" if fit else text
 
 
-def _gain_sentence(report: Report) -> str:
+def _gain_sentence(report: ProfileReport) -> str:
     """The confirmed gain of the kept fixes, or else the largest gain a trial measured that no
     confirmation run could check ("" when there is neither)."""
     kept = [o for o in report.fix_outcomes if o.status == "kept"]
@@ -162,7 +175,7 @@ def _joules(value: float) -> str:
 def after_line(report: Report, settings: bool = True) -> str | None:
     """What the after run contained, in words, with each fix's settings unless `settings` is
     False (the terminal, whose fix lines give them); None without an after run."""
-    if report.after is None:
+    if not isinstance(report, ProfileReport) or report.after is None:
         return None
     contains = report.comparison.contains if report.comparison else []
     if not contains or not settings:
@@ -362,7 +375,8 @@ def _number(value: Any, digits: int = 1) -> str:
 
 
 def _context(report: Report) -> dict[str, Any]:
-    runs = [r for r in (report.baseline, report.after) if r is not None]
+    after = report.after if isinstance(report, ProfileReport) else None
+    runs = [r for r in (report.baseline, after) if r is not None]
     scale = max((s.step_ms for r in runs for s in timed_steps(r.raw)), default=0.0)
     keys = breakdown_keys(runs)
     return {
@@ -406,18 +420,21 @@ def report_json(report: Report) -> str:
 
 
 def write_report(
-    report: Report, out_dir: Path, templates: Path, publish: Callable[[], None] | None = None
+    report: Report,
+    out_dir: Path,
+    templates: Path,
+    publish: Callable[[], None] | None = None,
+    with_json: bool = True,
 ) -> None:
     """report.json, report.md and report.html, each written atomically (JSON first: the other
     two are renderings of it). All three are rendered before anything is written, then
     `publish` puts the staged traces and logs they name in place (`ReportFolder.publish`): a
     report that cannot be rendered leaves the folder as it was. The caller holds the folder
-    (`report.folder.hold_out_dir`)."""
-    texts = {
-        "report.json": report_json(report),
-        "report.md": render_markdown(report, templates),
-        "report.html": render_html(report, templates),
-    }
+    (`report.folder.hold_out_dir`). `with_json=False` leaves report.json as it is: a saved
+    report re-rendered in its own folder keeps the version it was saved in."""
+    texts = {"report.json": report_json(report)} if with_json else {}
+    texts["report.md"] = render_markdown(report, templates)
+    texts["report.html"] = render_html(report, templates)
     out_dir.mkdir(parents=True, exist_ok=True)
     if publish is not None:
         publish()
@@ -426,19 +443,31 @@ def write_report(
 
 
 def load_report(out_dir: Path) -> Report:
-    return _serial.load_json(Report, out_dir / "report.json")
+    """DIR/report.json of any version this one reads, as this version's report (`records.upgrade`):
+    ValueError (`UnreadableVersion` for a version it does not know) where it is not one."""
+    plain = json.loads((out_dir / "report.json").read_text())
+    if not isinstance(plain, dict):
+        raise ValueError("not a JSON object")
+    plain = upgraded(plain, SCHEMA_VERSION)
+    kinds: dict[object, type[Report]] = {"profile": ProfileReport, "analyze": AnalyzeReport}
+    if plain.get("kind") not in kinds:
+        raise ValueError(f"kind {str(plain.get('kind'))[:40]!r} is neither 'profile' nor 'analyze'")
+    report: Report = _serial.from_plain(kinds[plain["kind"]], plain)
+    return report
 
 
 def terminal_summary(report: Report, out_dir: Path) -> str:
     """The diagnosis printed at the end of a run: fits in 80 columns, a dozen lines."""
     lines = _wrap(f"trainadvisor: {headline(report)}")
     base = report.baseline
-    samples = report.comparison is not None and report.comparison.unit == "samples/s"
+    profiled = report if isinstance(report, ProfileReport) else ProfileReport(1, [], "", None, None, [])
+    after, comparison = profiled.after, profiled.comparison
+    samples = comparison is not None and comparison.unit == "samples/s"
     if base is not None and base.steps:
         lines.append(_run_line("before", base, samples))
-    if report.after is not None:
-        if report.after.steps:
-            lines.append(_run_line("after", report.after, samples))
+    if after is not None:
+        if after.steps:
+            lines.append(_run_line("after", after, samples))
         lines += _wrap(f"         {after_line(report, settings=False)}")
     if base is not None and base.memory is not None and base.memory.peak_bytes is not None:
         lines += _wrap(f"  memory of one step: {memory_cell(base)}")
@@ -455,12 +484,12 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         lines += _wrap(f"  parallel: {parallel}")
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
-    for outcome in report.fix_outcomes:
+    for outcome in profiled.fix_outcomes:
         lines += _wrap(f"  fix {outcome.fix}: {fix_line(outcome)}")
         if outcome.setting_change:
             lines += _wrap(f"      where to set it: {outcome.setting_change}")
-    if report.comparison:
-        lines += _wrap(f"  {loss_sentence(report.comparison.loss_check)}")
+    if comparison:
+        lines += _wrap(f"  {loss_sentence(comparison.loss_check)}")
     for note in report.notes:
         lines += _wrap(f"  note: {note}")
     lines.append(f"  report: {out_dir / 'report.html'}")
