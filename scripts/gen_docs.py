@@ -14,16 +14,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from trainadvisor import fixes, rulebook
+from trainadvisor import fixes, records, rulebook
 from trainadvisor.cli import main
 from trainadvisor.options import table
-from trainadvisor.records import measurements
+from trainadvisor.records import measurements, schema
 from trainadvisor.records.measurements import CATALOGUE
 from trainadvisor.resources import rules_dir
 
@@ -172,6 +175,59 @@ def measurements_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _type_of(prop: dict[str, Any]) -> str:
+    """A schema property's type in a few words: `string`, `array of Finding`, `Run or null`."""
+    if "const" in prop:
+        return f"`{json.dumps(prop['const'])}`"
+    if "$ref" in prop:
+        return prop["$ref"].rsplit("/", 1)[1]
+    if "anyOf" in prop:
+        return " or ".join(_type_of(p) for p in prop["anyOf"])
+    if prop.get("type") == "array":
+        return f"array of {_type_of(prop.get('items', {}))}"
+    if "enum" in prop:
+        return " \\| ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
+    return str(prop.get("type", "any"))
+
+
+def report_json_page() -> str:
+    """report.json's fields, from the shipped schema."""
+    shipped = schema.report_schema()
+    defs = shipped["$defs"]
+    header = [f.name for f in dataclasses.fields(records.Report)]
+    lines = [
+        GENERATED + "# report.json",
+        "",
+        prose(inspect.cleandoc(schema.__doc__ or "").split("\n\n")[0]),
+        "",
+    ]
+    lines += [
+        f"Schema version {records.SCHEMA_VERSION}: [report.schema.json](report.schema.json) (JSON Schema "
+        "draft 2020-12; the same file ships in the package as `trainadvisor/records/report.schema.json`). "
+        "Reports of earlier versions are read as this one by `trainadvisor report` and `compare` "
+        "(`trainadvisor/records/upgrade.py`); CHANGELOG.md says what each version changed.",
+        "",
+        "## The header (every report)",
+        "",
+        "| field | type |",
+        "|---|---|",
+    ]
+    for name in header:  # `kind` differs between the two results
+        kinds = dict.fromkeys(
+            _type_of(defs[d]["properties"][name]) for d in ("ProfileReport", "AnalyzeReport")
+        )
+        lines.append(f"| `{name}` | {cell(' or '.join(kinds))} |")
+    for name, title, kind in (
+        ("ProfileReport", "`profile` and `@advise`", "profile"),
+        ("AnalyzeReport", "`analyze`", "analyze"),
+    ):
+        lines += ["", f"## The result of {title} (`kind`: `{kind}`)", ""]
+        lines += ["| field | type |", "|---|---|"]
+        own = [n for n in defs[name]["properties"] if n not in header]
+        lines += [f"| `{n}` | {cell(_type_of(defs[name]['properties'][n]))} |" for n in own]
+    return "\n".join(lines) + "\n"
+
+
 def _index(title: str, intro: str, entries: list[tuple[str, str]]) -> str:
     lines = [GENERATED + f"# {title}", "", intro, ""]
     lines += [f"- [{name}]({name}.md): {cell(what)}" for name, what in entries]
@@ -182,6 +238,8 @@ def pages() -> dict[Path, str]:
     """Every generated page, by its path under the repository."""
     rules = rulebook.load_rules([rules_dir()])
     out = {REFERENCE / "cli.md": cli_page(), REFERENCE / "measurements.md": measurements_page()}
+    out[REFERENCE / "report-json.md"] = report_json_page()
+    out[REFERENCE / "report.schema.json"] = out[schema.SCHEMA_FILE] = schema.schema_text()
     for rule in rules:
         out[REFERENCE / "rules" / f"{rule.id}.md"] = rule_page(rule)
     out[REFERENCE / "rules" / "index.md"] = _index(
@@ -201,7 +259,7 @@ def main_() -> int:
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if a page is stale")
     args = parser.parse_args()
     wanted = pages()
-    present = set((REFERENCE).rglob("*.md")) if REFERENCE.exists() else set()
+    present = {p for p in REFERENCE.rglob("*") if p.is_file()} if REFERENCE.exists() else set()
     stale = sorted(
         [p for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
         + list(present - set(wanted))

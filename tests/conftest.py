@@ -35,6 +35,10 @@ os.environ.setdefault(
 # Every measurement a test's run makes, in this process and the ones it starts, must be declared
 # in the catalogue (trainadvisor/records/measurements.py): `rulebook.diagnose` fails otherwise.
 os.environ["TRAINADVISOR_CHECK_MEASUREMENTS"] = "1"
+# Every report.json a test writes, in this process and the ones it starts, must hold to the
+# shipped schema (trainadvisor/records/report.schema.json): `report.render.write_report` fails
+# otherwise.
+os.environ["TRAINADVISOR_CHECK_REPORTS"] = "1"
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -13,10 +13,10 @@ from conftest import DATA, gpu_run
 
 from trainadvisor import __version__
 from trainadvisor.cli import main
-from trainadvisor.records import SCHEMA_VERSION, AnalyzeReport, DeviceInfo, ProfileReport
+from trainadvisor.records import SCHEMA_VERSION, AnalyzeReport, DeviceInfo, ProfileReport, schema
 from trainadvisor.records.identity import file_digest, run_id
 from trainadvisor.records.upgrade import ANALYZE_ONLY, PROFILE_ONLY, UnreadableVersion, from_v1, upgraded
-from trainadvisor.report.render import load_report, render_html, render_markdown, report_json
+from trainadvisor.report.render import load_report, render_html, render_markdown, report_json, write_report
 from trainadvisor.resources import templates_dir
 
 V1_PROFILE = DATA / "report"  # saved by version 1 (its SOURCE.md)
@@ -148,3 +148,30 @@ def test_the_same_traces_in_another_folder_are_the_same_run(tmp_path: Path) -> N
     assert ids[0] == ids[1] and ids[0].startswith("sha256:")
     code, output = _cli("analyze", "--out", tmp_path / "three", TRACES[0])
     assert json.loads((tmp_path / "three" / "report.json").read_text())["run_id"] != ids[0]
+
+
+def test_every_report_written_holds_to_the_shipped_schema_and_a_departure_is_named(tmp_path: Path) -> None:
+    """The suite checks every report.json it writes (`TRAINADVISOR_CHECK_REPORTS`, set in
+    conftest); the check names where a report departs: a string for a number, a field the schema
+    does not know, a profile's field in an analyze report."""
+    good = json.loads(report_json(load_report(V1_PROFILE)))
+    assert schema.problems(good) == []
+    assert schema.problems(json.loads(report_json(load_report(V1_ANALYZE)))) == []
+    bad = {**good, "elapsed_s": "12", "surprise": 1}
+    found = schema.problems(bad)
+    assert any(line.strip().startswith("elapsed_s: '12' is not of type 'number'") for line in found), found
+    assert any("'surprise' was unexpected" in line for line in found), found
+    mixed = {**json.loads(report_json(load_report(V1_ANALYZE))), "after": None}
+    assert any("'after' was unexpected" in line for line in schema.problems(mixed))
+    report = load_report(V1_PROFILE)
+    report.elapsed_s = "soon"  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="departs from its schema: .*elapsed_s"):
+        write_report(report, tmp_path / "out", templates_dir())
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_the_shipped_schema_is_the_records_own() -> None:
+    assert schema.SCHEMA_FILE.read_text() == schema.schema_text()  # scripts/gen_docs.py writes it
+    shipped = json.loads(schema.SCHEMA_FILE.read_text())
+    assert shipped["$defs"]["ProfileReport"]["properties"]["kind"] == {"const": "profile"}
+    assert set(shipped["$defs"]["AnalyzeReport"]["required"]) >= {"producer", "producer_version", "run_id"}

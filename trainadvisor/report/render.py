@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import textwrap
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from trainadvisor.records import (
     ProfileReport,
     Report,
     Run,
+    schema,
     timed_steps,
 )
 from trainadvisor.records.energy import Energy
@@ -433,6 +435,9 @@ def write_report(
     (`report.folder.hold_out_dir`). `with_json=False` leaves report.json as it is: a saved
     report re-rendered in its own folder keeps the version it was saved in."""
     texts = {"report.json": report_json(report)} if with_json else {}
+    if with_json and os.environ.get(schema.CHECK_ENV):
+        if found := schema.problems(json.loads(texts["report.json"])):
+            raise RuntimeError(f"{out_dir / 'report.json'} departs from its schema: " + "; ".join(found[:8]))
     texts["report.md"] = render_markdown(report, templates)
     texts["report.html"] = render_html(report, templates)
     out_dir.mkdir(parents=True, exist_ok=True)
