@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,9 @@ def cli_page() -> str:
     lines = [GENERATED + "# Command-line reference", ""]
     lines += [prose(main.help or ""), ""]
     for name in table.TABLES:
-        command = main.commands[name]
+        command: click.Command = main
+        for part in name.split():  # "baseline save": a group's command
+            command = typing.cast(click.Group, command).commands[part]
         usage = " ".join(command.collect_usage_pieces(click.Context(command, info_name=name)))
         lines += [f"## trainadvisor {name}", "", f"```\ntrainadvisor {name} {usage}\n```", ""]
         lines += [prose(command.help or ""), "", *_option_rows(name, command), ""]

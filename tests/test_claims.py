@@ -38,7 +38,8 @@ from trainadvisor.records import (
     StepRecord,
 )
 from trainadvisor.report.analyze import analysis_summary
-from trainadvisor.report.compare import compare_reports, comparison_markdown
+from trainadvisor.report.compare import compare_reports
+from trainadvisor.report.compare_text import comparison_markdown
 from trainadvisor.report.render import render_markdown, terminal_summary
 from trainadvisor.resources import rules_dir, templates_dir
 
@@ -265,14 +266,19 @@ def test_a_speedup_is_never_outside_its_range_and_says_when_the_range_was_widene
     assert compare(before, after).speedup_low == r.low
 
 
-def test_compare_keeps_the_change_inside_its_window_range() -> None:
+def test_compare_gates_on_the_change_with_its_interval_never_on_the_median_alone() -> None:
+    """Base: 50 steps of 10 ms. Head: 48 of 9 ms and two of 1 ms: its median step is 10% faster,
+    but its windows are what the interval comes from, and the verdict reads the interval."""
     base = ProfileReport(1, ["x"], "a.py", None, summarize(raw([10.0] * 50)), [])
     head = replace(base, baseline=summarize(raw([9.0] * 48 + [1.0] * 2)))
     c = compare_reports(base, head)
-    assert c.throughput_range_pct is not None and c.throughput_change_pct is not None
-    low, high = c.throughput_range_pct
-    assert low <= c.throughput_change_pct <= high
-    assert "widened to include the change of all timed steps" in comparison_markdown(c)
+    assert c.gate.change_pct == pytest.approx(-10.0)
+    assert c.gate.interval_pct is not None
+    low, high = c.gate.interval_pct
+    assert (round(low, 1), round(high, 1)) == (-11.8, -8.2)  # 0.9x, give or take the 2% floor
+    assert c.gate.noise_floor_pct == pytest.approx(2.0)
+    assert c.verdict == "improvement_likely", c.gate.reason
+    assert "improvement_likely" in comparison_markdown(c)
 
 
 # ---- 4. only a wait for a device is a sync; one step-time statistic ----

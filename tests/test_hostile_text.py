@@ -168,14 +168,17 @@ def test_compare_shows_the_heads_exception_as_text(tmp_path: Path) -> None:
         "RuntimeError: <img src=x onerror=alert(1)>\r\n# pwned @octocat [click](https://evil) \u202e\x1b[2J"
     )
     (head / "report.json").write_text(json.dumps(data))
-    result = run_cli("compare", base, head, cwd=tmp_path)
+    result = run_cli("compare", "--format", "markdown", base, head, cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == (
-        r"### ❌ trainadvisor compare: the head's run did not complete (script failed: RuntimeError: "
-        r"\<img src=x onerror=alert(1)\> \# pwned @&#8203;octocat \[click\](https://evil) \\u202e\\x1b\[2J)"
+    assert lines[0] == "### ❌ trainadvisor compare: regression_likely"
+    assert lines[2] == (
+        r"the head's run did not complete (script failed: RuntimeError: "
+        r"\<img src=x onerror=alert(1)\> \# pwned @&#8203;octocat \[click\](https://evil) \\u202e\\x1b\[2J)."
     )
-    assert lines[2].startswith("Base `/work/main/examples/slow_input_mnist.py` vs head ``train`s.py`` (")
+    assert lines[4].startswith("Base `/work/main/examples/slow_input_mnist.py` vs head ``train`s.py`` (")
+    shown = run_cli("compare", base, head, cwd=tmp_path).stdout  # the terminal: no escape acts
+    assert "\x1b" not in shown and "\u202e" not in shown and "regression_likely" in shown
 
 
 def test_analyze_shows_a_hostile_trace_file_name_as_text(tmp_path: Path) -> None:

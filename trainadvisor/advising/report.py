@@ -68,6 +68,7 @@ def advise_report(
     report = ProfileReport(
         schema_version=SCHEMA_VERSION,
         run_id=run_id(content, sys.argv[1:], raw.device, max(1, len(raw.ranks))),
+        content_digest=content,
         command=command or [called],
         script=str(script) if script else "<in-process>",
         environment=raw.device,

@@ -195,7 +195,11 @@ def _script(analyses: list[TraceAnalysis]) -> str:
 
 
 def analyze(
-    paths: list[Location], rule_dirs: list[Path], command: list[str], runner: Engine | None = None
+    paths: list[Location],
+    rule_dirs: list[Path],
+    command: list[str],
+    runner: Engine | None = None,
+    workload: str | None = None,
 ) -> tuple[AnalyzeReport, list[TraceAnalysis]]:
     """The report of the traces named; `runner` analyses each of them (`engines`: this
     machine's cores by default, or a Ray cluster), everything after that runs here."""
@@ -205,10 +209,12 @@ def analyze(
         analyses = (runner or LocalEngine()).run([path for path, _ in traces])
     for analysis, (_, shown) in zip(analyses, traces):
         analysis.path = shown
-    return report_of(analyses, rules, [shown_url(arg) for arg in command]), analyses
+    return report_of(analyses, rules, [shown_url(arg) for arg in command], workload), analyses
 
 
-def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[str]) -> AnalyzeReport:
+def report_of(
+    analyses: list[TraceAnalysis], rules: list[Rule], command: list[str], workload: str | None = None
+) -> AnalyzeReport:
     """The report of the traces' summaries: each trace's findings merged into one per rule, the
     rank table and its straggler. Linear in the traces: a second for 1,024 ranks."""
     runs = [to_run(a) for a in analyses]
@@ -239,6 +245,8 @@ def report_of(analyses: list[TraceAnalysis], rules: list[Rule], command: list[st
     return AnalyzeReport(
         schema_version=SCHEMA_VERSION,
         run_id=run_id(content, [], runs[0].raw.device, world),
+        content_digest=content,
+        workload=workload,
         command=command,
         script=_script(analyses),
         environment=runs[0].raw.device,

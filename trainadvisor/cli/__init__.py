@@ -1,35 +1,25 @@
 """The `trainadvisor` command line.
 
-May import: profile, analyze, report, options, measure (signals noted where they arrive), records,
+May import: profile, analyze, report, options, measure (signals noted where they arrive), records, _serial,
 resources, _version, errors."""
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from trainadvisor._version import __version__
-from trainadvisor.cli import exits
-from trainadvisor.errors import ScriptFailedError, Terminated, TrainAdvisorError, UsageError
+from trainadvisor.cli import baseline_commands, exits, output
+from trainadvisor.cli.boundary import echo, load, run
+from trainadvisor.errors import ScriptFailedError, UsageError
 from trainadvisor.options import table
 from trainadvisor.options.kinds import TraceLocation
 from trainadvisor.records import Report
-from trainadvisor.records.upgrade import UnreadableVersion
-from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
-
-
-def _echo(message: str, err: bool = True) -> None:
-    """Every line trainadvisor writes to the terminal (JSON aside): what it quotes of others
-    (file names, object keys, a script's exception) shown, never acted on (`mdtext.terminal`)."""
-    click.echo(terminal(message), err=err)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -83,7 +73,7 @@ def profile_command(script: Path, script_args: tuple[str, ...], **given: Any) ->
     from trainadvisor.profile.runs import options_from
 
     options = options_from({"script": script, "script_args": script_args, **given})
-    _run(lambda: _profile(options))
+    run(lambda: _profile(options))
 
 
 def _profile(options: Any) -> int:
@@ -95,14 +85,16 @@ def _profile(options: Any) -> int:
     from trainadvisor.profile.command import profile
 
     out_dir = options.out_dir
+    at = output.root()
 
     def save(report: Report, publish: Callable[[], None]) -> None:
-        write_report(report, out_dir, templates_dir(), publish)
+        write_report(output.published(report, at), out_dir, templates_dir(), publish)
 
-    with interrupts.noted_only():
-        report = profile(options, _echo, save)
+    with output.stdout_kept_for(options.output_format), interrupts.noted_only():
+        report = profile(options, echo, save)
         interrupts.check()  # one that came after the run's last check: the exit says so
-    _echo(terminal_summary(report, out_dir), err=False)
+    report = output.published(report, at)
+    output.print_as(options.output_format, report, lambda: terminal_summary(report, out_dir))
     raw = report.baseline.raw if report.baseline is not None else None
     if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
         found = (
@@ -120,7 +112,9 @@ def _profile(options: Any) -> int:
 def analyze(
     out_dir: Path,
     rule_dirs: tuple[Path, ...],
+    output_format: str,
     as_json: bool,
+    workload: str | None,
     engine: str,
     address: str | None,
     paths: tuple[Path | str, ...],
@@ -144,96 +138,40 @@ def analyze(
     \b
     Examples:
       trainadvisor analyze --out report/ ./log/resnet50/
-      trainadvisor analyze --json trace_rank*.json.gz > report.json
+      trainadvisor analyze --format json trace_rank*.json.gz > report.json
+      trainadvisor analyze --format sarif ./log/ > trainadvisor.sarif
       trainadvisor analyze s3://my-bucket/runs/42/traces/
     """
     from trainadvisor.analyze.command import analyze as run_analysis
     from trainadvisor.analyze.engines import engine_for
     from trainadvisor.report.analyze import analysis_summary
     from trainadvisor.report.folder import hold_out_dir
-    from trainadvisor.report.render import report_json
+
+    shown = "json" if as_json else output_format
 
     def work() -> int:
-        with hold_out_dir(out_dir):  # from the start: a busy folder is refused before the reading
+        with output.stdout_kept_for(shown), hold_out_dir(out_dir):  # a busy folder: refused before reading
             report, analyses = run_analysis(
                 list(paths),
                 list(rule_dirs),
                 ["trainadvisor", "analyze", *map(str, paths)],
                 engine_for(engine, address),
+                workload,
             )
+            report = output.published(report)
             write_report(report, out_dir, templates_dir())
-        if as_json:
-            click.echo(report_json(report), nl=False)
-        else:
-            _echo(analysis_summary(report, analyses, out_dir), err=False)
+        output.print_as(shown, report, lambda: analysis_summary(report, analyses, out_dir))
         return 0
 
-    _run(work)
-
-
-def _run(work: Callable[[], int]) -> NoReturn:
-    """The one error boundary of every command: trainadvisor's own errors as one line with
-    their exit code; a file that cannot be read or written (no space left, a folder that is a
-    file) as a usage problem; Ctrl-C as 130; a defect of ours as one line and exit 1, its
-    traceback with TRAINADVISOR_DEBUG=1."""
-    # SIGINT too: a shell starting a background job, or a scheduler, may have set it to be
-    # ignored, and a `kill -INT` to this process alone must still stop the run.
-    previous = {
-        signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-    }
-    try:
-        code = work()
-    except TrainAdvisorError as exc:
-        _echo(f"trainadvisor: error: {exc}")
-        sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, Terminated) as exc:
-        click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
-        sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
-    except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        _echo(
-            f"trainadvisor: error: {exc.strerror or exc} while writing or reading{where}; free space, "
-            "fix the permissions or choose another --out"
-        )
-        sys.exit(UsageError.exit_code)
-    except Exception as exc:  # a defect of ours: one line for the user, the details on request
-        if os.environ.get("TRAINADVISOR_DEBUG"):
-            raise
-        _echo(
-            f"trainadvisor: internal error: {type(exc).__name__}: {exc}. Please report it; "
-            "set TRAINADVISOR_DEBUG=1 to see the traceback."
-        )
-        sys.exit(1)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    sys.exit(code)
-
-
-def _terminate(signum: int, _frame: object) -> None:
-    raise Terminated(signum)
-
-
-def _load(path: Path) -> Any:
-    """A saved report: its folder or its report.json."""
-    from trainadvisor.report.render import load_report
-
-    folder = path.parent if path.name == "report.json" else path
-    if not (folder / "report.json").is_file():
-        raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
-    try:
-        return load_report(folder)
-    except UnreadableVersion as exc:
-        raise UsageError(f"{folder / 'report.json'}: {exc}") from None
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise UsageError(f"{folder / 'report.json'}: not a report this version can read ({exc})") from None
+    run(work)
 
 
 @main.command(epilog=exits.REPORT)
 @table.decorators(table.REPORT)
 @click.argument("folders", metavar="DIR...", nargs=-1, required=True, type=click.Path(path_type=Path))
-def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Path, ...]) -> None:
+def report(
+    out_dir: Path | None, rule_dirs: tuple[Path, ...], output_format: str, folders: tuple[Path, ...]
+) -> None:
     """Re-render report.html and report.md from DIR/report.json, without rerunning anything
     (after an upgrade of trainadvisor, or with edited templates).
 
@@ -256,44 +194,84 @@ def report(out_dir: Path | None, rule_dirs: tuple[Path, ...], folders: tuple[Pat
             raise UsageError("several report folders are merged into one: give --out for it")
         if len({d.resolve() for d in dirs}) < len(dirs):
             raise UsageError("a report folder was given twice")
-        saved = _load(dirs[0]) if len(dirs) == 1 else merge_reports([_load(d) for d in dirs], list(rule_dirs))
+        loaded = load(dirs[0]) if len(dirs) == 1 else merge_reports([load(d) for d in dirs], list(rule_dirs))
+        saved = output.published(loaded)
         target = out_dir or dirs[0]
-        with hold_out_dir(target, "--out" if out_dir is not None else ""):
+        with (
+            output.stdout_kept_for(output_format),
+            hold_out_dir(target, "--out" if out_dir is not None else ""),
+        ):
             # in its own folder, report.json stays as saved (an earlier version's, maybe)
             write_report(saved, target, templates_dir(), with_json=out_dir is not None or len(dirs) > 1)
-        _echo(terminal_summary(saved, target), err=False)
+        output.print_as(output_format, saved, lambda: terminal_summary(saved, target))
         return 0
 
-    _run(work)
+    run(work)
 
 
 @main.command(epilog=exits.COMPARE)
 @table.decorators(table.COMPARE)
-@click.argument("base", type=click.Path(path_type=Path))
-@click.argument("head", type=click.Path(path_type=Path))
-def compare(max_regression: float, output: str, which: str, base: Path, head: Path) -> None:
-    """Compare two saved reports (folders or report.json files): every metric's change, the
-    noise of the runs' own windows, and a gate on throughput for CI.
-
-    A throughput drop counts as a regression only when it is larger than --max-regression and
-    larger than the window-to-window spread of the runs.
+@click.argument("reports", metavar="[BASE] HEAD", nargs=-1, required=True, type=click.Path(path_type=Path))
+def compare(
+    gate_pct: float,
+    max_regression: float | None,
+    metric: str,
+    strict: bool,
+    against: str | None,
+    output_format: str,
+    which: str,
+    reports: tuple[Path, ...],
+) -> None:
+    """Compare two saved reports (folders or report.json files), BASE and HEAD, or HEAD with a
+    named baseline (--against baseline:NAME). First whether they are comparable (the script or
+    a declared --workload, the device, the ranks, the batch size, torch, the fixes applied: a
+    score and what differs), then one verdict on --metric: regression_likely,
+    improvement_likely, neutral or inconclusive, from the change and its interval over the
+    runs' own timed windows (never from medians alone), and every metric both measured.
 
     \b
-    Example (profile both commits with --no-fix, then):
-      trainadvisor compare base-report/ head-report/ --max-regression 5
+    Examples (profile both commits with --no-fix, then):
+      trainadvisor compare base-report/ head-report/ --gate 5
+      trainadvisor compare --against baseline:main head-report/ --format markdown > comment.md
     """
 
     def work() -> int:
-        from trainadvisor.report.compare import compare_reports, comparison_json, comparison_markdown
+        from trainadvisor.report.compare import compare_reports, exit_code
+        from trainadvisor.report.compare_text import comparison_json, comparison_markdown, comparison_terminal
 
+        base, head = (output.published(report) for report in _compared(reports, against))
         try:
-            result = compare_reports(_load(base), _load(head), max_regression, which)
+            result = compare_reports(
+                base, head, max_regression if max_regression is not None else gate_pct, which, metric
+            )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        click.echo(comparison_json(result) if output == "json" else comparison_markdown(result), nl=False)
-        return 1 if result.regressed else 0
+        if output_format == "sarif":  # the head's findings, for code scanning on its diff
+            output.print_as("sarif", head, str)
+        else:
+            shown = {
+                "terminal": comparison_terminal,
+                "markdown": comparison_markdown,
+                "json": comparison_json,
+            }
+            click.echo(shown[output_format](result), nl=False)
+        return exit_code(result, strict)
 
-    _run(work)
+    run(work)
+
+
+def _compared(reports: tuple[Path, ...], against: str | None) -> tuple[Report, Report]:
+    """(base, head) from the arguments: two reports, or --against baseline:NAME and one."""
+    if against is None:
+        if len(reports) != 2:
+            raise UsageError("compare takes BASE and HEAD, or --against baseline:NAME and HEAD")
+        return load(reports[0]), load(reports[1])
+    if len(reports) != 1:
+        raise UsageError("with --against, give HEAD alone")
+    return baseline_commands.load_named(against), load(reports[0])
+
+
+main.add_command(baseline_commands.baseline)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,15 @@ Exit codes:
 
 COMPARE = """\b
 Exit codes:
-  0  no regression beyond --max-regression (or within the runs' noise)
-  1  HEAD's throughput is lower than BASE's by more than --max-regression, beyond noise
-  2  a usage problem: no report at a path, a report without the run asked for"""
+  0  neutral, improvement_likely or inconclusive (with --strict, inconclusive exits 1)
+  1  regression_likely: HEAD worse on --metric by more than --gate, beyond the runs' noise (or
+     HEAD's run did not complete)
+  2  a usage problem: no report at a path, one this version cannot read, a report without
+     the run asked for, no such baseline"""
+
+BASELINE = """\b
+Exit codes:
+  0  done
+  2  a usage problem: a bad name, no such baseline, a report this version cannot read, a store
+     that cannot be reached
+  1  trainadvisor itself failed (please report it)"""

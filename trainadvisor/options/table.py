@@ -114,6 +114,29 @@ RULES = Option(
 )
 
 
+FORMATS = ("terminal", "markdown", "json", "sarif")
+
+
+def format_option(what: str, document: str = "the report", findings: str = "its findings") -> Option:
+    """--format: what goes to stdout (the report folder is written whatever it is)."""
+    return Option(
+        "--format", "output_format", click.Choice(FORMATS), "terminal",
+        f"What to print on stdout: terminal, {what}; markdown, {document} as Markdown (a pull-request "
+        f"comment); json, {document} as JSON, and nothing else; sarif, SARIF 2.1.0 of {findings} that "
+        "name a line of code (code scanning on the diff). Progress and errors go to stderr.",
+        spelled=str,
+    )  # fmt: skip
+
+
+WORKLOAD = Option(
+    "--workload", "workload", str, None,
+    "A name for what this run trains (e.g. resnet50-imagenet), kept in the report: `compare` "
+    "refuses to gate two reports of different workloads, and accepts two of one workload whose "
+    "scripts differ (a pull request that edits the training script).",
+    spelled=str,
+)  # fmt: skip
+
+
 def _launcher(flag: str, kind: Any, help_text: str) -> Option:
     """One of torchrun's own options, handed to it as written."""
     dest = flag.removeprefix("--").replace("-", "_")
@@ -159,6 +182,8 @@ PROFILE: tuple[Option, ...] = (
     ),
     out_option("Report folder: report.html, report.md, report.json and the raw traces."),
     RULES,
+    format_option("the diagnosis in a dozen lines"),
+    WORKLOAD,
     Option(
         "--run-to-end", "run_to_end", default=False,
         help="Let the script finish after the profiled window instead of stopping it.",
@@ -222,9 +247,11 @@ PROFILE: tuple[Option, ...] = (
 ANALYZE: tuple[Option, ...] = (
     out_option("Report folder: report.html, report.md and report.json."),
     RULES,
+    format_option("the diagnosis per trace, or the rank table"),
     Option(
-        "--json", "as_json", default=False, help="Print the report JSON to stdout instead of the diagnosis."
+        "--json", "as_json", default=False, help="The same as --format json (kept for scripts that use it)."
     ),
+    WORKLOAD,
     Option(
         "--engine", "engine", click.Choice(["local", "ray"]), "local",
         "Where each trace is analysed: `local`, on this machine's cores; `ray`, one Ray task per "
@@ -242,18 +269,39 @@ ANALYZE: tuple[Option, ...] = (
 REPORT: tuple[Option, ...] = (
     out_option("Write the report here instead of into DIR (needed with several DIRs).", default=None),
     RULES,
+    format_option("the diagnosis in a dozen lines"),
 )
 
 
+METRICS = ("step_time", "samples_per_s", "peak_memory", "mfu", "energy_per_sample")
+
 COMPARE: tuple[Option, ...] = (
     Option(
-        "--max-regression", "max_regression", Finite(min=0), 5.0,
-        "Largest throughput loss, in percent, that still passes.",
+        "--gate", "gate_pct", Finite(min=0), 5.0,
+        "The smallest change, in percent, that matters: a head worse by more than this, beyond the "
+        "runs' own noise, is regression_likely (exit 1); one within it either way is neutral.",
     ),
     Option(
-        "--format", "output", click.Choice(["markdown", "json"]), "markdown",
-        "Markdown for a pull-request comment, or JSON for scripts.",
+        "--max-regression", "max_regression", Finite(min=0), None,
+        "The same as --gate (kept for scripts that use it).",
     ),
+    Option(
+        "--metric", "metric", click.Choice(METRICS), "step_time",
+        "What the gate reads: step_time (of the timed steps), samples_per_s, peak_memory, mfu or "
+        "energy_per_sample; every metric both reports measured is shown whichever it is.",
+        spelled=str,
+    ),
+    Option(
+        "--strict", "strict", default=False,
+        help="Fail (exit 1) on an inconclusive verdict too: runs too noisy, too short or not comparable.",
+    ),
+    Option(
+        "--against", "against", str, None,
+        "The base to compare HEAD with, as baseline:NAME (a report saved with `trainadvisor baseline "
+        "save`); then only HEAD is given.",
+        metavar="baseline:NAME", spelled=str,
+    ),
+    format_option("the verdict and a table of the metrics", "the comparison", "HEAD's findings"),
     Option(
         "--run", "which", click.Choice(["baseline", "after"]), "baseline",
         "Compare each report's first run (the code as it is) or its run with the kept fixes.",
@@ -261,11 +309,25 @@ COMPARE: tuple[Option, ...] = (
 )  # fmt: skip
 
 
+STORE = Option(
+    "--store", "store", str, None,
+    "Where baselines are kept: a folder, or an object-store URL (s3://bucket/prefix). Default: "
+    "$TRAINADVISOR_BASELINES, else ~/.local/share/trainadvisor/baselines.",
+    spelled=str,
+)  # fmt: skip
+BASELINE_SAVE: tuple[Option, ...] = (STORE,)
+BASELINE_LIST: tuple[Option, ...] = (STORE,)
+BASELINE_DELETE: tuple[Option, ...] = (STORE,)
+
+
 TABLES: dict[str, tuple[Option, ...]] = {
     "profile": PROFILE,
     "analyze": ANALYZE,
     "report": REPORT,
     "compare": COMPARE,
+    "baseline save": BASELINE_SAVE,
+    "baseline list": BASELINE_LIST,
+    "baseline delete": BASELINE_DELETE,
 }
 
 

@@ -363,11 +363,12 @@ def _report(
     details = [baseline_note(diagnosed.baseline.raw), *(tuning.details if tuning else [])]
     details.append(_modes_note(outcomes))
     baseline = diagnosed.baseline
+    content = file_digest(options.script)
     return ProfileReport(
         schema_version=SCHEMA_VERSION,
-        run_id=run_id(
-            file_digest(options.script), options.args, baseline.raw.device, max(1, len(baseline.ranks))
-        ),
+        run_id=run_id(content, options.args, baseline.raw.device, max(1, len(baseline.ranks))),
+        content_digest=content,
+        workload=options.workload,
         command=reproduce_command(options),
         script=str(options.script),
         environment=diagnosed.baseline.raw.device,

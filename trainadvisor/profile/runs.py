@@ -52,6 +52,8 @@ class ProfileOptions:
     max_warmup_s: float = default("max_warmup_s")
     memory_budget_bytes: int | None = default("memory_budget_bytes")
     max_workers: int | None = default("max_workers")
+    output_format: str = default("output_format")
+    workload: str | None = default("workload")
     # Where the runs write their traces and logs until a report is published (the writer's
     # staging folder, `report.folder`); None: into out_dir itself.
     stage_dir: Path | None = None

@@ -491,9 +491,12 @@ class Report:
     kind: ReportKind = "profile"
     producer: str = PRODUCER
     producer_version: str | None = __version__  # None: upgraded from version 1, which had none
-    # the same for two runs of the same code, arguments and environment (`report.identity`);
+    # the same for two runs of the same code, arguments and environment (`records.identity`);
     # None: upgraded from version 1
     run_id: str | None = None
+    # sha256 of what ran: the script's bytes (analyze: the traces' summaries); None: version 1
+    content_digest: str | None = None
+    workload: str | None = None  # --workload: what the run trains, as its user names it
 
 
 @dataclass

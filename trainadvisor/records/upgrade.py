@@ -60,5 +60,6 @@ def from_v1(plain: dict[str, Any]) -> dict[str, Any]:
     kind = kind_of_v1(plain)
     other = PROFILE_ONLY if kind == "analyze" else ANALYZE_ONLY
     upgraded = {key: value for key, value in plain.items() if key not in other}
-    upgraded.update(schema_version=2, kind=kind, producer="trainadvisor", producer_version=None, run_id=None)
+    missing = dict.fromkeys(("producer_version", "run_id", "content_digest", "workload"))
+    upgraded.update(schema_version=2, kind=kind, producer="trainadvisor", **missing)
     return upgraded

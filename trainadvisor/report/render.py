@@ -17,6 +17,7 @@ from typing import Any
 
 import jinja2
 import markupsafe
+import msgspec
 
 from trainadvisor import _serial
 from trainadvisor.analyze.run.summary import BREAKDOWN_KEYS, NO_LOADER, OUTSIDE_CALL, window_samples
@@ -447,17 +448,33 @@ def write_report(
         _serial.write_atomically(out_dir / name, text)
 
 
+# Larger than any report written (1,024 ranks' summaries: a few MB): a bigger report.json is
+# not one, and reading it whole would cost the machine's memory.
+MAX_REPORT_BYTES = 50 * 2**20
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a report holds")
+
+
 def load_report(out_dir: Path) -> Report:
-    """DIR/report.json of any version this one reads, as this version's report (`records.upgrade`):
-    ValueError (`UnreadableVersion` for a version it does not know) where it is not one."""
-    plain = json.loads((out_dir / "report.json").read_text())
+    """DIR/report.json of any version this one reads, as this version's report (`records.upgrade`),
+    every field checked against its type: ValueError (`UnreadableVersion` for a version it does
+    not know) where it is not one, naming where (a string for a number, NaN, a field missing)."""
+    path = out_dir / "report.json"
+    if path.stat().st_size > MAX_REPORT_BYTES:
+        raise ValueError(f"larger than {MAX_REPORT_BYTES // 2**20} MiB, which no report is")
+    plain = json.loads(path.read_text(encoding="utf-8", errors="replace"), parse_constant=_no_constant)
     if not isinstance(plain, dict):
         raise ValueError("not a JSON object")
     plain = upgraded(plain, SCHEMA_VERSION)
     kinds: dict[object, type[Report]] = {"profile": ProfileReport, "analyze": AnalyzeReport}
     if plain.get("kind") not in kinds:
         raise ValueError(f"kind {str(plain.get('kind'))[:40]!r} is neither 'profile' nor 'analyze'")
-    report: Report = _serial.from_plain(kinds[plain["kind"]], plain)
+    try:
+        report: Report = msgspec.convert(plain, kinds[plain["kind"]])
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)[:300]) from None
     return report
 
 

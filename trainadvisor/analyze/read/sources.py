@@ -139,6 +139,17 @@ def _store_call(url: str, timeout_s: float, size_bytes: int = 0) -> Iterator[Non
         raise _store_error(url, exc) from None
 
 
+def filesystem(url: str) -> tuple[Any, str]:
+    """fsspec's filesystem for a store's URL and the path within it (a usage error where the
+    package it needs is missing), for others of the package that keep files in a store."""
+    return _filesystem(url)
+
+
+def store_call(url: str) -> Any:
+    """One call to a store, within its deadline, its failure said as a usage problem."""
+    return _store_call(url, store_timeout_s())
+
+
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = getattr(fs, "protocol", ())
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
