@@ -7,6 +7,7 @@ report file; the objects are read in ranged requests, never fetched whole."""
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import shutil
 import socket
@@ -329,3 +330,28 @@ def test_local_paths_do_not_import_fsspec(tmp_path: Path) -> None:
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_baseline_kept_in_a_bucket_is_saved_listed_compared_and_deleted(
+    tmp_path: Path, s3: tuple[str, _Requests]
+) -> None:
+    """`baseline save` into s3://, `compare --against` reading it back through the same layer
+    as `analyze`: the report compared is the one saved, and one object is all it leaves."""
+    store = f"s3://{BUCKET}/baselines"
+    saved = DATA / "report"
+    result = run_cli("baseline", "save", "--store", store, "main", saved, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listed = run_cli("baseline", "list", "--store", store, cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.startswith("baseline:main\t"), listed.stderr
+    compared = run_cli(
+        "compare", "--format", "json", "--store", store, "--against", "baseline:main", saved, cwd=tmp_path
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    data = json.loads(compared.stdout)
+    assert all(m["change_pct"] == 0.0 for m in data["metrics"]) and data["verdict"] == "neutral"
+    objects = boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="baselines/")["Contents"]
+    assert [o["Key"] for o in objects] == ["baselines/main/report.json"]
+    deleted = run_cli("baseline", "delete", "--store", store, "main", cwd=tmp_path)
+    assert deleted.returncode == 0, deleted.stderr
+    missing = run_cli("baseline", "delete", "--store", store, "main", cwd=tmp_path)
+    assert missing.returncode == 2 and "no baseline 'main'" in missing.stderr

@@ -218,6 +218,7 @@ def compare(
     metric: str,
     strict: bool,
     against: str | None,
+    store: str | None,
     output_format: str,
     which: str,
     reports: tuple[Path, ...],
@@ -239,7 +240,7 @@ def compare(
         from trainadvisor.report.compare import compare_reports, exit_code
         from trainadvisor.report.compare_text import comparison_json, comparison_markdown, comparison_terminal
 
-        base, head = (output.published(report) for report in _compared(reports, against))
+        base, head = (output.published(report) for report in _compared(reports, against, store))
         try:
             result = compare_reports(
                 base, head, max_regression if max_regression is not None else gate_pct, which, metric
@@ -260,7 +261,7 @@ def compare(
     run(work)
 
 
-def _compared(reports: tuple[Path, ...], against: str | None) -> tuple[Report, Report]:
+def _compared(reports: tuple[Path, ...], against: str | None, store: str | None) -> tuple[Report, Report]:
     """(base, head) from the arguments: two reports, or --against baseline:NAME and one."""
     if against is None:
         if len(reports) != 2:
@@ -268,7 +269,7 @@ def _compared(reports: tuple[Path, ...], against: str | None) -> tuple[Report, R
         return load(reports[0]), load(reports[1])
     if len(reports) != 1:
         raise UsageError("with --against, give HEAD alone")
-    return baseline_commands.load_named(against), load(reports[0])
+    return baseline_commands.load_named(against, store), load(reports[0])
 
 
 main.add_command(baseline_commands.baseline)

@@ -273,6 +273,13 @@ REPORT: tuple[Option, ...] = (
 )
 
 
+STORE = Option(
+    "--store", "store", str, None,
+    "Where baselines are kept: a folder, or an object-store URL (s3://bucket/prefix). Default: "
+    "$TRAINADVISOR_BASELINES, else ~/.local/share/trainadvisor/baselines.",
+    spelled=str,
+)  # fmt: skip
+
 METRICS = ("step_time", "samples_per_s", "peak_memory", "mfu", "energy_per_sample")
 
 COMPARE: tuple[Option, ...] = (
@@ -301,6 +308,7 @@ COMPARE: tuple[Option, ...] = (
         "save`); then only HEAD is given.",
         metavar="baseline:NAME", spelled=str,
     ),
+    STORE,
     format_option("the verdict and a table of the metrics", "the comparison", "HEAD's findings"),
     Option(
         "--run", "which", click.Choice(["baseline", "after"]), "baseline",
@@ -309,12 +317,6 @@ COMPARE: tuple[Option, ...] = (
 )  # fmt: skip
 
 
-STORE = Option(
-    "--store", "store", str, None,
-    "Where baselines are kept: a folder, or an object-store URL (s3://bucket/prefix). Default: "
-    "$TRAINADVISOR_BASELINES, else ~/.local/share/trainadvisor/baselines.",
-    spelled=str,
-)  # fmt: skip
 BASELINE_SAVE: tuple[Option, ...] = (STORE,)
 BASELINE_LIST: tuple[Option, ...] = (STORE,)
 BASELINE_DELETE: tuple[Option, ...] = (STORE,)
