@@ -24,6 +24,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from trainadvisor import advise
 from trainadvisor.advising.advisor import Advisor
 from trainadvisor.errors import MissingDependencyError
+from trainadvisor.report.paths import repository_root
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__next__
 # Windows of exactly `warmup` and `steps` steps (no steadiness test, no time floor): these tests
@@ -176,7 +177,8 @@ def test_a_with_block_times_steps_and_dataloader_waits(tmp_path: Path) -> None:
     # 4 samples x 10 ms a batch: the wait is most of the step whatever else the step costs on
     # this machine (at 2 ms a sample it was about 20% of it, the rule's threshold: noise decided)
     loader = DataLoader(_Slow(sample_s=0.01), batch_size=4)
-    built_at = f"{__file__}:{inspect.currentframe().f_lineno - 1}"  # type: ignore[union-attr]
+    line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+    built_at = f"{Path(__file__).resolve().relative_to(repository_root(Path.cwd()))}:{line}"  # published
     with advise(warmup=2, steps=6, out=tmp_path / "r", **EXACT) as advisor:
         for _ in range(8):
             for x, y in loader:

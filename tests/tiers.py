@@ -14,10 +14,10 @@ from pathlib import Path
 
 # Names whose use starts a process: the CLI in a subprocess, subprocess itself and sys.executable,
 # a measured run (`runner.measure`, `LiveRun`), a child interpreter, multiprocessing, Ray, moto's
-# server, a browser.
+# server, a browser, a notebook's kernel.
 STARTERS = frozenset({
     "run_cli", "subprocess", "Popen", "executable", "measure", "LiveRun", "_in_child",
-    "multiprocessing", "ray", "ThreadedMotoServer", "sync_playwright", "fork", "forkserver",
+    "multiprocessing", "ray", "ThreadedMotoServer", "sync_playwright", "fork", "forkserver", "NotebookClient",
 })  # fmt: skip
 
 

@@ -7,13 +7,13 @@ Steps are found through `torch.optim` optimizers, or through backward() where th
 none; a loop can also mark each step with `trainadvisor.step()`, which does nothing outside a
 trainadvisor run.
 
-May import: advising, training, _version."""
+May import: advising, training, report (a saved report in a notebook), _version."""
 
 from __future__ import annotations
 
 from trainadvisor._version import __version__
 
-__all__ = ["advise", "step", "__version__"]
+__all__ = ["advise", "load_report", "step", "__version__"]
 
 
 def __getattr__(name: str) -> object:
@@ -23,6 +23,10 @@ def __getattr__(name: str) -> object:
         from trainadvisor.advising.advisor import advise
 
         return advise
+    if name == "load_report":  # a saved report in a notebook (`report.notebook`)
+        from trainadvisor.report.notebook import load_report
+
+        return load_report
     raise AttributeError(f"module 'trainadvisor' has no attribute {name!r}")
 
 

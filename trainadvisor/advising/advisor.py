@@ -51,8 +51,10 @@ from trainadvisor.measure.sampling import Sampler
 from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S, Settling
 from trainadvisor.options.table import default
 from trainadvisor.records import FrameworkCall, LoaderInfo, ProfileReport, RawRun
+from trainadvisor.report import notebook
 from trainadvisor.report.folder import check_out_dir, hold_out_dir
 from trainadvisor.report.mdtext import terminal
+from trainadvisor.report.paths import published
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 from trainadvisor.training import gpu, hooks
@@ -386,9 +388,11 @@ class Advisor:
             if sampler is not None:
                 attach_samples(raw, sampler, until_unix_s=time.time())
             self.report = self._report(raw, folder.stage)
-            write_report(self.report, self.out, templates_dir(), folder.publish)
+            write_report(published(self.report), self.out, templates_dir(), folder.publish)
         if not (trials and self._start_trials(self.report)):
-            self.echo(terminal_summary(self.report, self.out))  # once: after the trials where they run
+            shown = published(self.report)
+            self.echo(terminal_summary(shown, self.out))  # once: after the trials where they run
+            notebook.show(shown, self.out)
 
     def outside_calls(self, window: Window) -> None:
         """The window's steps gain the time their loop spent outside the decorated function."""
@@ -442,8 +446,9 @@ class Advisor:
         self._cleanup()
         self.report = final
         with hold_out_dir(self.out, self.out_option):
-            write_report(final, self.out, templates_dir())
-        self.echo(terminal_summary(final, self.out))
+            write_report(published(final), self.out, templates_dir())
+        self.echo(terminal_summary(published(final), self.out))
+        notebook.show(published(final), self.out)
 
     def _report(self, raw: RawRun, traces_in: Path) -> ProfileReport:
         report, self.values = advise_report(

@@ -17,10 +17,10 @@ from typing import TypeVar
 
 import click
 
-from trainadvisor import _serial
 from trainadvisor.records import Report
+from trainadvisor.report import paths
 from trainadvisor.report.mdtext import terminal
-from trainadvisor.report.paths import relative_text, relativized, repository_root
+from trainadvisor.report.paths import relative_text, repository_root
 from trainadvisor.report.render import render_markdown, report_json
 from trainadvisor.report.sarif import sarif_json
 from trainadvisor.resources import templates_dir
@@ -34,8 +34,7 @@ def root() -> Path:
 
 def published(report: R, at: Path | None = None) -> R:
     """The report as it is published: every path under the repository root relative to it."""
-    plain = relativized(_serial.to_plain(report), at or root())
-    return _serial.from_plain(type(report), plain)  # type: ignore[no-any-return]
+    return paths.published(report, at or root())
 
 
 @contextmanager

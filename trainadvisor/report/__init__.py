@@ -3,4 +3,5 @@ summary of a run (`render`), the report folder's checks and lock (`folder`), `an
 (`analyze`), `compare` and its CI gate (`compare`), the merge of several nodes' reports
 (`merge`) and Markdown that shows user text as text (`mdtext`).
 
-May import: analyze (summaries of runs), rulebook, records, units, _serial, _version, errors."""
+May import: analyze (summaries of runs), rulebook, records, units, resources (the templates a
+notebook renders with), _serial, _version, errors."""

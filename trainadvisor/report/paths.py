@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from trainadvisor import _serial
+from trainadvisor.records import Report
+
+R = TypeVar("R", bound=Report)
 
 
 def repository_root(start: Path) -> Path:
@@ -35,3 +40,10 @@ def relativized(plain: Any, root: Path) -> Any:
     if isinstance(plain, dict):
         return {key: relativized(value, root) for key, value in plain.items()}
     return plain
+
+
+def published(report: R, root: Path | None = None) -> R:
+    """The report as it is published: every path under the repository root (`root`, else the
+    one around the working directory) relative to it."""
+    plain = relativized(_serial.to_plain(report), root or repository_root(Path.cwd()))
+    return _serial.from_plain(type(report), plain)  # type: ignore[no-any-return]
