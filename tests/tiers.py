@@ -14,10 +14,11 @@ from pathlib import Path
 
 # Names whose use starts a process: the CLI in a subprocess, subprocess itself and sys.executable,
 # a measured run (`runner.measure`, `LiveRun`), a child interpreter, multiprocessing, Ray, moto's
-# server, a browser, a notebook's kernel.
+# server, a browser, a notebook's kernel, an MCP server.
 STARTERS = frozenset({
     "run_cli", "subprocess", "Popen", "executable", "measure", "LiveRun", "_in_child",
-    "multiprocessing", "ray", "ThreadedMotoServer", "sync_playwright", "fork", "forkserver", "NotebookClient",
+    "multiprocessing", "ray", "ThreadedMotoServer", "sync_playwright", "fork", "forkserver",
+    "NotebookClient", "stdio_client",
 })  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """The `trainadvisor` command line.
 
 May import: profile, analyze, report, options, measure (signals noted where they arrive), records, _serial,
-resources, _version, errors."""
+resources, agents (`trainadvisor mcp`), _version, errors."""
 
 from __future__ import annotations
 
@@ -270,6 +270,27 @@ def _compared(reports: tuple[Path, ...], against: str | None, store: str | None)
     if len(reports) != 1:
         raise UsageError("with --against, give HEAD alone")
     return baseline_commands.load_named(against, store), load(reports[0])
+
+
+@main.command(epilog=exits.MCP)
+def mcp() -> None:
+    """Serve trainadvisor to a coding agent over the Model Context Protocol (stdio): tools to
+    profile a script (progress notifications; cancelling stops the script and its workers),
+    analyse traces, compare reports and explain a finding, each answering with a summary of at
+    most 8 KB and the report's path (pip install 'trainadvisor[mcp]'). See docs/agents.md.
+
+    \b
+    Example (an MCP client's configuration):
+      {"mcpServers": {"trainadvisor": {"command": "trainadvisor", "args": ["mcp"]}}}
+    """
+
+    def work() -> int:
+        from trainadvisor.agents.server import serve
+
+        serve()
+        return 0
+
+    run(work)
 
 
 main.add_command(baseline_commands.baseline)

@@ -35,3 +35,9 @@ Exit codes:
   2  a usage problem: a bad name, no such baseline, a report this version cannot read, a store
      that cannot be reached
   1  trainadvisor itself failed (please report it)"""
+
+MCP = """\b
+Exit codes:
+  0  the client closed the connection
+  2  the Model Context Protocol SDK is not installed (pip install 'trainadvisor[mcp]')
+  1  trainadvisor itself failed (please report it)"""

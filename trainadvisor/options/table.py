@@ -327,6 +327,7 @@ TABLES: dict[str, tuple[Option, ...]] = {
     "analyze": ANALYZE,
     "report": REPORT,
     "compare": COMPARE,
+    "mcp": (),
     "baseline save": BASELINE_SAVE,
     "baseline list": BASELINE_LIST,
     "baseline delete": BASELINE_DELETE,
