@@ -195,6 +195,14 @@ def gpu_run(relative: str) -> Path:
     return _shared(GPU_RUNS / relative, what)
 
 
+def published(path: str | Path, cwd: Path) -> str:
+    """A path as a published report shows it when trainadvisor ran in `cwd`: relative to the
+    repository around `cwd` (its .git), else to `cwd` itself (`report.paths`)."""
+    from trainadvisor.report.paths import relative_text, repository_root
+
+    return relative_text(str(path), repository_root(cwd))
+
+
 def run_cli(*args: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "trainadvisor", *map(str, args)],

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, load_report, processes_running, run_cli
+from conftest import EXAMPLES, load_report, processes_running, published, run_cli
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
@@ -84,8 +84,8 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
     assert report["comparison"]["loss_check"]["equivalent"] is True
     assert [r["rank"] for r in report["after"]["ranks"]] == [0, 1]
     assert report["command"][:13] == [
-        "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", str(out), "--seed", "0",
-        "--max-workers", "2", "--nproc-per-node",
+        "trainadvisor", "profile", "--warmup", "3", "--steps", "10", "--out", published(out, tmp_path),
+        "--seed", "0", "--max-workers", "2", "--nproc-per-node",
     ]  # fmt: skip
 
 

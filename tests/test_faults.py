@@ -146,7 +146,8 @@ def test_a_full_disk_keeps_the_earlier_report_whole(tmp_path: Path) -> None:
     )
     [line] = done.stderr.splitlines()
     assert line == (
-        "trainadvisor: error: no space left on device while writing /mnt/r/report.json; free space or "
+        # re-rendered in its own folder, report.json is left as saved: report.md is written first
+        "trainadvisor: error: no space left on device while writing /mnt/r/report.md; free space or "
         "choose another --out"
     )
     assert done.stdout.split() == ["rc=2", "same", ".", "..", "SOURCE.md", "report.json"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, SETTLE_CAP, SHORT, run_cli
+from conftest import EXAMPLES, SETTLE_CAP, SHORT, published, run_cli
 
 from trainadvisor import rulebook
 from trainadvisor.frameworks.change import fix_change
@@ -126,7 +126,7 @@ def test_lightning_data_module_loader_is_changed_where_the_user_built_it(tmp_pat
     assert (call["name"], call["settings"]["precision"], call["settings"]["accumulate_grad_batches"]) == (
         "Trainer", "32-true", 1,
     )  # fmt: skip
-    assert call["site"] == f"{LIGHTNING}:{_line(LIGHTNING, 'L.Trainer(')}"
+    assert call["site"] == published(f"{LIGHTNING}:{_line(LIGHTNING, 'L.Trainer(')}", EXAMPLES)
 
 
 # ---- the GPU fixes from recorded facts ----
@@ -323,7 +323,7 @@ def test_accelerate_prepared_loader_maps_back_to_the_users(tmp_path: Path) -> No
 
     raw = _serial.from_plain(RawRun, report["baseline"]["raw"])
     shard = max(raw.loaders, key=lambda lo: lo.batches_in_window)
-    assert (shard.framework, shard.origin_site) == ("accelerate", f"{script}:16")
+    assert (shard.framework, shard.origin_site) == ("accelerate", published(f"{script}:16", tmp_path))
     workers = fix_change(script, "dataloader-workers", Overrides({shard.created_at: {"num_workers": 4}}), raw)
     assert "-loader = DataLoader(Slow(), batch_size=16, shuffle=True)\n" in workers.diff
     assert "+loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=4)\n" in workers.diff

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, load_report, run_cli, shared_trace
+from conftest import DATA, load_report, published, run_cli, shared_trace
 
 pytest.importorskip("s3fs", reason="the object-storage tests need s3fs: pip install -e '.[dev]'")
 moto_server = pytest.importorskip(
@@ -131,12 +131,13 @@ def test_a_prefix_in_a_bucket_gives_the_report_of_the_same_files_on_disk(
         f"{url}record_shapes_bf16.json.gz",
     ]
     assert report["command"] == ["trainadvisor", "analyze", url]
-    expected = (tmp_path / "local" / "report.json").read_text().replace(f"{folder}/", url)
-    expected = expected.replace(f'"{folder}"', f'"{url}"')  # the command line's argument
+    shown = published(folder, tmp_path)  # as the published report names it
+    expected = (tmp_path / "local" / "report.json").read_text().replace(f"{shown}/", url)
+    expected = expected.replace(f'"{shown}"', f'"{url}"')  # the command line's argument
     assert (tmp_path / "remote" / "report.json").read_text() == expected
-    assert remote.stdout.replace(str(tmp_path / "remote"), "OUT") == local.stdout.replace(
-        str(tmp_path / "local"), "OUT"
-    ).replace(f"{folder}/", url)
+    assert remote.stdout.replace(published(tmp_path / "remote", tmp_path), "OUT") == local.stdout.replace(
+        published(tmp_path / "local", tmp_path), "OUT"
+    ).replace(f"{shown}/", url)
     for file in (tmp_path / "remote").rglob("*"):
         if file.is_file():
             text = file.read_bytes().decode("utf-8", "replace")

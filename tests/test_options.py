@@ -46,6 +46,7 @@ EXAMPLES: dict[str, Any] = {
     "trials": "restart",
     "output_format": "sarif",
     "workload": "mnist-mlp",
+    "log_to": ["mlflow", "tensorboard"],
 }
 LAUNCHER = {
     "nproc_per_node": 4,

@@ -9,7 +9,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, processes_running, run_cli
+from conftest import (
+    EXAMPLES,
+    SCRIPTS,
+    SETTLE_CAP,
+    SHORT,
+    WORKER_CAP,
+    load_report,
+    processes_running,
+    published,
+    run_cli,
+)
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
@@ -74,7 +84,7 @@ def test_slow_input_is_diagnosed_fixed_and_reported(
     assert check["steps_compared"] == recorded >= 3 + 10 + 1 + 10
     # The terminal diagnosis names the finding, the fix, the speedup and the report.
     assert "data-stall" in result.stdout and "x faster" in result.stdout
-    assert str(out / "report.html") in result.stdout
+    assert f"report: {published(out / 'report.html', out.parent)}" in result.stdout
 
 
 @pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker

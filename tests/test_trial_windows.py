@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, run_cli
+from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, published, run_cli
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP
 
@@ -188,7 +188,8 @@ def test_a_spent_budget_lists_the_fix_with_the_command_that_measures_it(tmp_path
     ), outcome["reason"]
     command = outcome["reason"].split("with: ")[1]
     assert "--fix dataloader-workers" in command and "--budget" not in command
-    assert f"--out {tmp_path / 'r-dataloader-workers'}" in command  # beside this report, not over it
+    beside = published(tmp_path / "r-dataloader-workers", tmp_path)
+    assert f"--out {beside}" in command  # beside this report, not over it
 
 
 @pytest.mark.parametrize(

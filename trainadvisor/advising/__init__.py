@@ -3,4 +3,5 @@
 Face callbacks (`integrations`, public as `trainadvisor.integrations`).
 
 May import: profile (the trial decisions and window sizes the `profile` command shares), training,
-report, analyze, rulebook, options, fixes, frameworks, measure, records, redact, resources, errors."""
+report, trackers, analyze, rulebook, options, fixes, frameworks, measure, records, redact, resources,
+errors."""

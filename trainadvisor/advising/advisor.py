@@ -43,6 +43,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from trainadvisor import trackers
 from trainadvisor.advising import sites
 from trainadvisor.advising.report import advise_report, data_parallel_modules, main_script, profile_command
 from trainadvisor.errors import UsageError
@@ -89,6 +90,7 @@ class Advisor:
         min_time: float = MIN_TIME_S,
         max_warmup: float | None = MAX_WARMUP_S,
         name: str = "advise",  # what the script called: a framework's callback says its own name
+        log_to: list[str] | None = None,  # experiment trackers the report goes to (`trackers`)
     ) -> None:
         if warmup < 1 or steps < 1:
             raise ValueError(f"{name}: warmup and steps must be at least 1")
@@ -106,6 +108,10 @@ class Advisor:
         )
         self.out = Path(out) if out is not None else DEFAULT_OUT
         self.rule_dirs = [Path(r) for r in rules or []]
+        unknown = [t for t in log_to or [] if t not in trackers.BACKENDS]
+        if unknown:
+            raise ValueError(f"{name}: log_to={unknown}: the trackers are {', '.join(trackers.BACKENDS)}")
+        self.log_to = list(log_to or [])
         self.echo = echo or (lambda text: print(terminal(text), file=sys.stderr, flush=True))
         self.active = True  # False once the window is reported or the advisor failed
         self.decorated = False  # steps are calls of a decorated function (their arguments: the batch)
@@ -393,6 +399,7 @@ class Advisor:
             shown = published(self.report)
             self.echo(terminal_summary(shown, self.out))  # once: after the trials where they run
             notebook.show(shown, self.out)
+            trackers.export(shown, self.out, self.log_to, self.echo)
 
     def outside_calls(self, window: Window) -> None:
         """The window's steps gain the time their loop spent outside the decorated function."""
@@ -449,6 +456,7 @@ class Advisor:
             write_report(published(final), self.out, templates_dir())
         self.echo(terminal_summary(published(final), self.out))
         notebook.show(published(final), self.out)
+        trackers.export(published(final), self.out, self.log_to, self.echo)
 
     def _report(self, raw: RawRun, traces_in: Path) -> ProfileReport:
         report, self.values = advise_report(
@@ -540,6 +548,7 @@ def advise(
     trials: bool = False,
     min_time: float = MIN_TIME_S,
     max_warmup: float | None = MAX_WARMUP_S,
+    log_to: list[str] | None = None,
 ) -> Advisor: ...
 
 
@@ -554,13 +563,15 @@ def advise(
     trials: bool = False,
     min_time: float = MIN_TIME_S,
     max_warmup: float | None = MAX_WARMUP_S,
+    log_to: list[str] | None = None,
 ) -> Callable[P, R] | Advisor:
     """Profile a training step where it runs: `@advise`, `@advise(warmup=5, steps=20)`, or
     `with advise() as advisor: ... advisor.step()`. The warm-up lasts at least `warmup` steps
     and until step time settles (at most `max_warmup` seconds; None: `warmup` steps exactly);
     then at least `steps` steps are timed, over at least `min_time` seconds. With `trials=True`
-    the fixes that can switch while the loop runs are measured in windows after it. See the
-    module's documentation."""
+    the fixes that can switch while the loop runs are measured in windows after it.
+    `log_to=["wandb", "mlflow", "tensorboard"]` logs the report into the training's own active
+    run of each tracker (`trackers`). See the module's documentation."""
     advisor = Advisor(
         warmup=warmup,
         steps=steps,
@@ -569,5 +580,6 @@ def advise(
         trials=trials,
         min_time=min_time,
         max_warmup=max_warmup,
+        log_to=log_to,
     )
     return advisor(fn) if fn is not None else advisor

@@ -1,7 +1,7 @@
 """The `trainadvisor` command line.
 
 May import: profile, analyze, report, options, measure (signals noted where they arrive), records, _serial,
-resources, agents (`trainadvisor mcp`), _version, errors."""
+resources, agents (`trainadvisor mcp`), trackers, _version, errors."""
 
 from __future__ import annotations
 
@@ -94,6 +94,8 @@ def _profile(options: Any) -> int:
         report = profile(options, echo, save)
         interrupts.check()  # one that came after the run's last check: the exit says so
     report = output.published(report, at)
+    if options.log_to:
+        _log_to(report, out_dir, options.log_to)
     output.print_as(options.output_format, report, lambda: terminal_summary(report, out_dir))
     raw = report.baseline.raw if report.baseline is not None else None
     if raw is not None and (raw.status == "script_failed" or (raw.exit_code or 0) != 0):
@@ -270,6 +272,39 @@ def _compared(reports: tuple[Path, ...], against: str | None, store: str | None)
     if len(reports) != 1:
         raise UsageError("with --against, give HEAD alone")
     return baseline_commands.load_named(against, store), load(reports[0])
+
+
+def _log_to(report: Report, folder: Path, backends: list[str]) -> list[str]:
+    from trainadvisor import trackers
+    from trainadvisor.trackers.mlflow_run import quick_failures
+
+    quick_failures()  # this is trainadvisor's own process: a tracker that is down fails fast
+    return trackers.export(report, folder, backends, echo)
+
+
+@main.command(epilog=exits.EXPORT)
+@table.decorators(table.EXPORT)
+@click.argument("report_dir", metavar="REPORT", type=click.Path(path_type=Path))
+def export(to: tuple[str, ...], report_dir: Path) -> None:
+    """Log a saved report (a folder or its report.json) into experiment trackers: its summary
+    metrics (trainadvisor/step_time_ms, trainadvisor/steps_per_s, ... see docs/trackers.md),
+    findings, fixes, report.html and report.json.
+
+    \b
+    Examples:
+      trainadvisor export trainadvisor-report/ --to mlflow     # MLFLOW_TRACKING_URI, MLFLOW_RUN_ID
+      WANDB_RUN_ID=abc123 WANDB_RESUME=allow trainadvisor export report/ --to wandb
+    """
+
+    def work() -> int:
+        if not to:
+            raise UsageError("give at least one tracker: --to wandb, --to mlflow or --to tensorboard")
+        report = output.published(load(report_dir))
+        folder = report_dir.parent if report_dir.name == "report.json" else report_dir
+        reached = _log_to(report, folder, list(to))
+        return 0 if len(reached) == len(set(to)) else 4
+
+    run(work)
 
 
 @main.command(epilog=exits.MCP)

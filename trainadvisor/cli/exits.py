@@ -41,3 +41,10 @@ Exit codes:
   0  the client closed the connection
   2  the Model Context Protocol SDK is not installed (pip install 'trainadvisor[mcp]')
   1  trainadvisor itself failed (please report it)"""
+
+EXPORT = """\b
+Exit codes:
+  0  logged into every tracker given
+  4  a tracker was not reached (missing package, server down, bad credentials): said above
+  2  a usage problem: no report there, one this version cannot read, no --to
+  1  trainadvisor itself failed (please report it)"""

@@ -115,6 +115,7 @@ RULES = Option(
 
 
 FORMATS = ("terminal", "markdown", "json", "sarif")
+TRACKERS = ("wandb", "mlflow", "tensorboard")  # `trackers.BACKENDS`
 
 
 def format_option(what: str, document: str = "the report", findings: str = "its findings") -> Option:
@@ -184,6 +185,14 @@ PROFILE: tuple[Option, ...] = (
     RULES,
     format_option("the diagnosis in a dozen lines"),
     WORKLOAD,
+    Option(
+        "--log-to", "log_to", click.Choice(TRACKERS), None,
+        "Log the verdict into an experiment tracker too (repeatable): its metrics, findings and "
+        "report files, in the run WANDB_RUN_ID / MLFLOW_RUN_ID names (the training's), else a run "
+        "of its own; TensorBoard into TRAINADVISOR_TENSORBOARD_DIR, else the report folder. A "
+        "tracker that fails says so in one line; the profile goes on.",
+        multiple=True, spelled=str,
+    ),
     Option(
         "--run-to-end", "run_to_end", default=False,
         help="Let the script finish after the profiled window instead of stopping it.",
@@ -273,6 +282,15 @@ REPORT: tuple[Option, ...] = (
 )
 
 
+EXPORT: tuple[Option, ...] = (
+    Option(
+        "--to", "to", click.Choice(TRACKERS), None,
+        "The tracker to log the report into (repeatable): wandb, mlflow or tensorboard.",
+        multiple=True, spelled=str,
+    ),
+)  # fmt: skip
+
+
 STORE = Option(
     "--store", "store", str, None,
     "Where baselines are kept: a folder, or an object-store URL (s3://bucket/prefix). Default: "
@@ -328,6 +346,7 @@ TABLES: dict[str, tuple[Option, ...]] = {
     "report": REPORT,
     "compare": COMPARE,
     "mcp": (),
+    "export": EXPORT,
     "baseline save": BASELINE_SAVE,
     "baseline list": BASELINE_LIST,
     "baseline delete": BASELINE_DELETE,

@@ -54,6 +54,7 @@ class ProfileOptions:
     max_workers: int | None = default("max_workers")
     output_format: str = default("output_format")
     workload: str | None = default("workload")
+    log_to: list[str] = field(default_factory=list)
     # Where the runs write their traces and logs until a report is published (the writer's
     # staging folder, `report.folder`); None: into out_dir itself.
     stage_dir: Path | None = None
