@@ -209,3 +209,44 @@ def test_advise_logs_into_the_trainings_own_mlflow_run(tmp_path: Path) -> None:
                 advisor.step(loss)
     metrics = MlflowClient(f"sqlite:///{tmp_path / 'runs.db'}").get_run(training.info.run_id).data.metrics
     assert "loss" in metrics and metrics["trainadvisor/steps_per_s"] > 0
+
+
+def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(tmp_path: Path) -> None:
+    """`log_to="auto"`: the report's metrics land in the TensorBoardLogger's own version folder,
+    beside the training's curves, read back with TensorBoard's reader."""
+    lightning = pytest.importorskip("lightning")
+    import torch
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainadvisor.integrations import LightningAdvisor
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 4)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=8)
+    logger = TensorBoardLogger(str(tmp_path / "tb"), name="run")
+    callback = LightningAdvisor(
+        warmup=2, steps=5, out=tmp_path / "r", min_time=0.0, max_warmup=None, log_to="auto"
+    )
+    trainer = lightning.Trainer(
+        max_epochs=1, callbacks=[callback], accelerator="cpu", logger=logger, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(Module(), data)
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    assert "train_loss" in events.Tags()["scalars"]  # the training's own curve, in the same folder
+    assert events.Scalars("trainadvisor/steps_per_s")[0].value > 0

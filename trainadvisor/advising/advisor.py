@@ -90,7 +90,7 @@ class Advisor:
         min_time: float = MIN_TIME_S,
         max_warmup: float | None = MAX_WARMUP_S,
         name: str = "advise",  # what the script called: a framework's callback says its own name
-        log_to: list[str] | None = None,  # experiment trackers the report goes to (`trackers`)
+        log_to: list[str] | str | None = None,  # experiment trackers the report goes to, or "auto"
     ) -> None:
         if warmup < 1 or steps < 1:
             raise ValueError(f"{name}: warmup and steps must be at least 1")
@@ -108,10 +108,15 @@ class Advisor:
         )
         self.out = Path(out) if out is not None else DEFAULT_OUT
         self.rule_dirs = [Path(r) for r in rules or []]
-        unknown = [t for t in log_to or [] if t not in trackers.BACKENDS]
+        self.auto_log = log_to == "auto"  # the trackers the training itself logs to
+        wanted = [] if log_to is None or log_to == "auto" else [log_to] if isinstance(log_to, str) else log_to
+        unknown = [t for t in wanted if t not in trackers.BACKENDS]
         if unknown:
-            raise ValueError(f"{name}: log_to={unknown}: the trackers are {', '.join(trackers.BACKENDS)}")
-        self.log_to = list(log_to or [])
+            raise ValueError(
+                f"{name}: log_to={unknown}: give 'auto' or some of {', '.join(trackers.BACKENDS)}"
+            )
+        self.log_to = list(wanted)
+        self.joined: dict[str, str] = {}  # a framework logger's run id or folder, by tracker
         self.echo = echo or (lambda text: print(terminal(text), file=sys.stderr, flush=True))
         self.active = True  # False once the window is reported or the advisor failed
         self.decorated = False  # steps are calls of a decorated function (their arguments: the batch)
@@ -399,7 +404,20 @@ class Advisor:
             shown = published(self.report)
             self.echo(terminal_summary(shown, self.out))  # once: after the trials where they run
             notebook.show(shown, self.out)
-            trackers.export(shown, self.out, self.log_to, self.echo)
+            trackers.export(shown, self.out, self._trackers(), self.echo, self.joined)
+
+    def _trackers(self) -> list[str]:
+        """The trackers to log into: those given; with "auto", those the training logs to (an
+        active W&B or MLflow run, a framework logger's folder or run)."""
+        if not self.auto_log:
+            return self.log_to
+        found = list(self.joined)
+        wandb, mlflow = sys.modules.get("wandb"), sys.modules.get("mlflow")
+        if wandb is not None and getattr(wandb, "run", None) is not None:
+            found.append("wandb")
+        if mlflow is not None and hasattr(mlflow, "active_run") and mlflow.active_run() is not None:
+            found.append("mlflow")
+        return list(dict.fromkeys([*self.log_to, *found]))
 
     def outside_calls(self, window: Window) -> None:
         """The window's steps gain the time their loop spent outside the decorated function."""
@@ -456,7 +474,7 @@ class Advisor:
             write_report(published(final), self.out, templates_dir())
         self.echo(terminal_summary(published(final), self.out))
         notebook.show(published(final), self.out)
-        trackers.export(published(final), self.out, self.log_to, self.echo)
+        trackers.export(published(final), self.out, self._trackers(), self.echo, self.joined)
 
     def _report(self, raw: RawRun, traces_in: Path) -> ProfileReport:
         report, self.values = advise_report(
@@ -548,7 +566,7 @@ def advise(
     trials: bool = False,
     min_time: float = MIN_TIME_S,
     max_warmup: float | None = MAX_WARMUP_S,
-    log_to: list[str] | None = None,
+    log_to: list[str] | str | None = None,
 ) -> Advisor: ...
 
 
@@ -563,7 +581,7 @@ def advise(
     trials: bool = False,
     min_time: float = MIN_TIME_S,
     max_warmup: float | None = MAX_WARMUP_S,
-    log_to: list[str] | None = None,
+    log_to: list[str] | str | None = None,
 ) -> Callable[P, R] | Advisor:
     """Profile a training step where it runs: `@advise`, `@advise(warmup=5, steps=20)`, or
     `with advise() as advisor: ... advisor.step()`. The warm-up lasts at least `warmup` steps
@@ -571,7 +589,8 @@ def advise(
     then at least `steps` steps are timed, over at least `min_time` seconds. With `trials=True`
     the fixes that can switch while the loop runs are measured in windows after it.
     `log_to=["wandb", "mlflow", "tensorboard"]` logs the report into the training's own active
-    run of each tracker (`trackers`). See the module's documentation."""
+    run of each tracker (`trackers`); `log_to="auto"`, into those the training logs to. See the
+    module's documentation."""
     advisor = Advisor(
         warmup=warmup,
         steps=steps,

@@ -51,10 +51,10 @@ def _set_up(callback: Any, factory: Any, options: tuple[Any, ...]) -> None:
     """The state of a callback: its advisor, named as the script calls it, and the factory
     call that made it."""
     callback._factory, callback._options = factory, options
-    warmup, steps, out, rules, min_time, max_warmup = options
+    warmup, steps, out, rules, min_time, max_warmup, log_to = options
     callback.advisor = Advisor(
         warmup=warmup, steps=steps, out=out, rules=rules, min_time=min_time, max_warmup=max_warmup,
-        name=factory.__name__,
+        name=factory.__name__, log_to=log_to,
     )  # fmt: skip
 
 
@@ -64,6 +64,21 @@ def _told(advisor: Advisor, framework: str, settings: Any) -> None:
         advisor.frameworks[:] = [described(framework, settings)]
     except Exception:  # the advice stays generic; training goes on
         pass
+
+
+def _joined_lightning(advisor: Advisor, loggers: list[Any]) -> None:
+    """Where the Trainer's own loggers write: the report goes there too (`log_to="auto"`)."""
+    for logger in loggers:
+        kind = type(logger).__name__
+        try:
+            if kind == "TensorBoardLogger":
+                advisor.joined["tensorboard"] = str(logger.log_dir)
+            elif kind == "MLFlowLogger" and logger.run_id:
+                advisor.joined["mlflow"] = str(logger.run_id)
+            elif kind == "WandbLogger":
+                logger.experiment  # noqa: B018 - starts its run: `wandb.run`, which the report joins
+        except Exception:  # a logger that cannot say: the report stays in its folder
+            continue
 
 
 def _reduce(self: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -80,10 +95,13 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
     rules: list[str | Path] | None = None,
     min_time: float = MIN_TIME_S,
     max_warmup: float | None = MAX_WARMUP_S,
+    log_to: list[str] | str | None = None,
 ) -> Any:
     """A `lightning.pytorch.Callback` that profiles training batches: at least `steps` (and
     `min_time` seconds) after a warm-up of at least `warmup` that lasts until step time settles
-    (at most `max_warmup` seconds), as `advise` does."""
+    (at most `max_warmup` seconds), as `advise` does. `log_to="auto"`: the report goes where the
+    Trainer's loggers write (a TensorBoardLogger's folder, a WandbLogger's run, an MLFlowLogger's
+    run), as `advise(log_to=...)` says."""
     base = _base_class(
         (("lightning.pytorch", "Callback"), ("pytorch_lightning", "Callback")),  # new and old names
         "LightningAdvisor needs PyTorch Lightning: pip install lightning (or pytorch-lightning)",
@@ -95,6 +113,8 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
 
     def on_fit_start(self: Any, trainer: Any, pl_module: Any) -> None:
         _told(self.advisor, "lightning", trainer)
+        if self.advisor.auto_log:
+            _joined_lightning(self.advisor, getattr(trainer, "loggers", []))
 
     def on_train_batch_start(self: Any, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.advisor.call_started((batch,))
@@ -115,7 +135,7 @@ def LightningAdvisor(  # noqa: N802 - used like the class it returns an instance
         "on_train_batch_start": on_train_batch_start,
         "on_train_batch_end": on_train_batch_end, "on_train_end": on_train_end, "on_exception": on_exception,
     }  # fmt: skip
-    options = (warmup, steps, out, rules, min_time, max_warmup)
+    options = (warmup, steps, out, rules, min_time, max_warmup, log_to)
     return _callback_class("LightningAdvisorCallback", base, methods)(*options)
 
 
@@ -126,10 +146,13 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
     rules: list[str | Path] | None = None,
     min_time: float = MIN_TIME_S,
     max_warmup: float | None = MAX_WARMUP_S,
+    log_to: list[str] | str | None = None,
 ) -> Any:
     """A `transformers.TrainerCallback` that profiles optimizer steps: at least `steps` (and
     `min_time` seconds) after a warm-up of at least `warmup` that lasts until step time settles
-    (at most `max_warmup` seconds), as `advise` does."""
+    (at most `max_warmup` seconds), as `advise` does. `log_to="auto"`: the report goes where the
+    Trainer's `report_to` sends its logs (W&B's and MLflow's active runs, TensorBoard's
+    `logging_dir`)."""
     base = _base_class(
         (("transformers", "TrainerCallback"),),
         "HuggingFaceAdvisor needs transformers: pip install transformers",
@@ -140,6 +163,9 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
 
     def on_train_begin(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         _told(self.advisor, "transformers", args)
+        reports = getattr(args, "report_to", None) or []
+        if self.advisor.auto_log and "tensorboard" in reports and getattr(args, "logging_dir", None):
+            self.advisor.joined["tensorboard"] = str(args.logging_dir)
 
     def on_step_begin(self: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.advisor.call_started()
@@ -155,7 +181,7 @@ def HuggingFaceAdvisor(  # noqa: N802 - used like the class it returns an instan
         "on_step_begin": on_step_begin, "on_step_end": on_step_end,
         "on_train_end": on_train_end,
     }  # fmt: skip
-    options = (warmup, steps, out, rules, min_time, max_warmup)
+    options = (warmup, steps, out, rules, min_time, max_warmup, log_to)
     return _callback_class("HuggingFaceAdvisorCallback", base, methods)(*options)
 
 

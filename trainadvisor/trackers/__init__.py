@@ -10,6 +10,7 @@ resources (the templates report.html is rendered with), errors."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +22,25 @@ from trainadvisor.resources import templates_dir
 BACKENDS = ("wandb", "mlflow", "tensorboard")
 
 
-def export(report: Report, folder: Path, backends: list[str], echo: Callable[[str], None]) -> list[str]:
+def export(
+    report: Report,
+    folder: Path,
+    backends: list[str],
+    echo: Callable[[str], None],
+    joined: dict[str, str] | None = None,
+) -> list[str]:
     """Log the report into each backend; the backends it reached. Never raises for a tracker's
-    failure (a missing package, a server that does not answer, bad credentials)."""
+    failure (a missing package, a server that does not answer, bad credentials). `joined`: what
+    a framework's own logger already uses, by backend (MLflow's run id, TensorBoard's log
+    folder), so that the report lands beside the training's own curves."""
     from trainadvisor.trackers import mlflow_run, tensorboard_run, wandb_run
 
-    loggers = {"wandb": wandb_run.log, "mlflow": mlflow_run.log, "tensorboard": tensorboard_run.log}
+    joined = joined or {}
+    loggers: dict[str, Callable[[Report, Path, Path], str]] = {
+        "wandb": wandb_run.log,
+        "mlflow": functools.partial(mlflow_run.log, run_id=joined.get("mlflow")),
+        "tensorboard": functools.partial(tensorboard_run.log, logdir=joined.get("tensorboard")),
+    }
     reached = []
     with tempfile.TemporaryDirectory(prefix="trainadvisor-tracked-") as staged:
         files = Path(staged)  # the report's files as published, whatever the folder holds

@@ -33,14 +33,16 @@ def quick_failures() -> None:
         os.environ.setdefault(name, value)
 
 
-def log(report: Report, files: Path, folder: Path) -> str:
+def log(report: Report, files: Path, folder: Path, run_id: str | None = None) -> str:
     """`files`: the report's report.json and report.html as published; `folder`: where it is kept."""
     import mlflow
 
     active = mlflow.active_run()
-    run = active or mlflow.start_run(
-        run_name=run_name(report), tags={"trainadvisor.run_id": str(report.run_id)}
-    )
+    if active is None and run_id is not None:  # a framework's logger's run, not the active one
+        run = mlflow.start_run(run_id=run_id)
+    else:
+        tags = {"trainadvisor.run_id": str(report.run_id)}
+        run = active or mlflow.start_run(run_name=run_name(report), tags=tags)
     try:
         mlflow.log_metrics(figures(report))
         mlflow.set_tags({f"trainadvisor.finding.{f.rule}": f.severity for f in report.findings})

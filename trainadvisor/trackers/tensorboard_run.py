@@ -24,15 +24,15 @@ def _table(columns: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
-def log(report: Report, files: Path, folder: Path) -> str:
+def log(report: Report, files: Path, folder: Path, logdir: str | None = None) -> str:
     """`files`: the report's report.json and report.html as published; `folder`: where it is kept."""
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.text.summary_v2 import text_pb
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    logdir = Path(os.environ.get(DIR_ENV) or folder / "tensorboard")
-    writer = EventFileWriter(str(logdir), filename_suffix=".trainadvisor")
+    where = Path(logdir or os.environ.get(DIR_ENV) or folder / "tensorboard")
+    writer = EventFileWriter(str(where), filename_suffix=".trainadvisor")
     now = time.time()
     values = [Summary.Value(tag=name, simple_value=value) for name, value in figures(report).items()]
     writer.add_event(Event(wall_time=now, step=0, summary=Summary(value=values)))
@@ -44,4 +44,4 @@ def log(report: Report, files: Path, folder: Path) -> str:
     for tag, text in texts.items():
         writer.add_event(Event(wall_time=now, step=0, summary=text_pb(tag, text)))
     writer.close()
-    return str(logdir)
+    return str(where)
