@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, EXAMPLES
+from conftest import DATA, EXAMPLES, SCRIPTS
 
 mlflow = pytest.importorskip("mlflow", reason="the tracker tests need mlflow: pip install -e '.[dev]'")
 pytest.importorskip("wandb", reason="the tracker tests need wandb: pip install -e '.[dev]'")
@@ -250,3 +250,26 @@ def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(
     events.Reload()
     assert "train_loss" in events.Tags()["scalars"]  # the training's own curve, in the same folder
     assert events.Scalars("trainadvisor/steps_per_s")[0].value > 0
+
+
+def test_a_scripts_credentials_reach_no_tracker(tmp_path: Path) -> None:
+    """A script given a token (`--hf-token`): what TensorBoard and W&B (offline) receive holds
+    it nowhere, as the report files do not."""
+    token = "hf_trainadvisorSECRET0123456789"
+    env = _env(
+        TRAINADVISOR_TENSORBOARD_DIR=str(tmp_path / "tb"), WANDB_MODE="offline", WANDB_DIR=str(tmp_path),
+        WANDB_SILENT="true", MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'runs.db'}",
+        MLFLOW_ARTIFACTS_DESTINATION=str(tmp_path / "artifacts"),
+    )  # fmt: skip
+    done = _cli(
+        tmp_path, env, "profile", "--no-fix", "--log-to", "tensorboard", "--log-to", "wandb",
+        "--log-to", "mlflow", "--warmup", "2", "--steps", "5", "--out", "r",
+        SCRIPTS / "with_token.py", "--hf-token", token,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tensorboard: logged to" in done.stderr and "wandb: logged to" in done.stderr
+    assert "mlflow: logged to" in done.stderr
+    stored = ("tb", "wandb", "mlruns", "artifacts")
+    sent = [p for folder in stored for p in (tmp_path / folder).rglob("*") if p.is_file()]
+    sent.append(tmp_path / "runs.db")  # MLflow's runs, params and tags
+    assert sent and not [p for p in sent if token.encode() in p.read_bytes()]

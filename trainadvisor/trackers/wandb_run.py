@@ -32,6 +32,11 @@ def log(report: Report, files: Path, folder: Path) -> str:
             name=run_name(report),
             job_type="trainadvisor",
             config={"trainadvisor/run_id": report.run_id, "trainadvisor/kind": report.kind},
+            # W&B records the calling process's command line and code: trainadvisor's own, which
+            # holds the script's arguments unmasked (credentials among them)
+            settings=wandb.Settings(
+                x_disable_meta=True, disable_code=True, disable_git=True, save_code=False
+            ),
         )
     try:
         run.summary.update(figures(report))
