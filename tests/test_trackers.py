@@ -186,7 +186,10 @@ def test_a_tracker_that_is_down_or_missing_is_one_line_and_the_profile_goes_on(t
     assert "mlflow: not logged (" in profiled.stderr and (tmp_path / "r" / "report.html").is_file()
 
 
-def test_advise_logs_into_the_trainings_own_mlflow_run(tmp_path: Path) -> None:
+def test_advise_logs_into_the_trainings_own_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow keeps a database store's artifacts in ./mlruns
     import torch
     from torch import nn
 
