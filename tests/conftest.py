@@ -203,10 +203,13 @@ def published(path: str | Path, cwd: Path) -> str:
     return relative_text(str(path), repository_root(cwd))
 
 
-def run_cli(*args: str | Path, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str | Path, cwd: Path, timeout_s: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "trainadvisor", *map(str, args)],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, EXAMPLES, SCRIPTS
+from conftest import DATA, EXAMPLES, SCRIPTS, run_cli
 
 mlflow = pytest.importorskip("mlflow", reason="the tracker tests need mlflow: pip install -e '.[dev]'")
 pytest.importorskip("wandb", reason="the tracker tests need wandb: pip install -e '.[dev]'")
@@ -42,14 +42,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _cli(cwd: Path, env: dict[str, str], *args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainadvisor", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(*args, cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")
