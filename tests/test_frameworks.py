@@ -287,7 +287,9 @@ def _line_of(text: str) -> int:
     )
 
 
-def test_accelerate_prepared_loader_maps_back_to_the_users(tmp_path: Path) -> None:
+def test_accelerate_prepared_loader_maps_back_to_the_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("accelerate")
     script = tmp_path / "train.py"
     script.write_text(
@@ -324,6 +326,7 @@ def test_accelerate_prepared_loader_maps_back_to_the_users(tmp_path: Path) -> No
     raw = _serial.from_plain(RawRun, report["baseline"]["raw"])
     shard = max(raw.loaders, key=lambda lo: lo.batches_in_window)
     assert (shard.framework, shard.origin_site) == ("accelerate", published(f"{script}:16", tmp_path))
+    monkeypatch.chdir(tmp_path)  # the report names its lines relative to where it ran
     workers = fix_change(script, "dataloader-workers", Overrides({shard.created_at: {"num_workers": 4}}), raw)
     assert "-loader = DataLoader(Slow(), batch_size=16, shuffle=True)\n" in workers.diff
     assert "+loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=4)\n" in workers.diff
