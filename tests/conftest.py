@@ -280,3 +280,27 @@ def iterable_unsharded_report(
     """One full `profile` run of tests/scripts/iterable_unsharded.py (an IterableDataset whose
     workers repeat each other's samples), shared by the tests that read it."""
     return _shared_profile(tmp_path_factory, "iterable", SCRIPTS / "iterable_unsharded.py")
+
+
+def lightning_module(lightning: Any, log_loss: bool = False) -> Any:
+    """A linear classifier on 16 features as a LightningModule trained with SGD, logging its
+    loss as `train_loss` where asked."""
+    import torch
+    from torch import nn
+
+    class Module(lightning.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 4)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            if log_loss:
+                self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Module()

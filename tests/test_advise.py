@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import run_cli
+from conftest import lightning_module, run_cli
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_post_hooks
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -264,25 +264,13 @@ def test_lightning_callback(tmp_path: Path) -> None:
     lightning = pytest.importorskip("lightning")
     from trainadvisor.integrations import LightningAdvisor
 
-    class Module(lightning.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Linear(16, 4)
-
-        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return nn.functional.cross_entropy(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=8)
     callback = LightningAdvisor(warmup=2, steps=5, out=tmp_path / "r", **EXACT)
     trainer = lightning.Trainer(
         max_epochs=1, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
     )  # fmt: skip
-    trainer.fit(Module(), data)
+    trainer.fit(lightning_module(lightning), data)
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["baseline"]["steps"] == 5
     assert all(s["loss"] is not None for s in report["baseline"]["raw"]["steps"])

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, EXAMPLES, SCRIPTS, run_cli
+from conftest import DATA, EXAMPLES, SCRIPTS, lightning_module, run_cli
 
 mlflow = pytest.importorskip("mlflow", reason="the tracker tests need mlflow: pip install -e '.[dev]'")
 pytest.importorskip("wandb", reason="the tracker tests need wandb: pip install -e '.[dev]'")
@@ -213,24 +213,9 @@ def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(
     lightning = pytest.importorskip("lightning")
     import torch
     from lightning.pytorch.loggers import TensorBoardLogger
-    from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainadvisor.integrations import LightningAdvisor
-
-    class Module(lightning.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Linear(16, 4)
-
-        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=8)
     logger = TensorBoardLogger(str(tmp_path / "tb"), name="run")
@@ -241,7 +226,7 @@ def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(
         max_epochs=1, callbacks=[callback], accelerator="cpu", logger=logger, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1,
     )  # fmt: skip
-    trainer.fit(Module(), data)
+    trainer.fit(lightning_module(lightning, log_loss=True), data)
     events = EventAccumulator(logger.log_dir)
     events.Reload()
     assert "train_loss" in events.Tags()["scalars"]  # the training's own curve, in the same folder
