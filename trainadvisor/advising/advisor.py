@@ -399,12 +399,17 @@ class Advisor:
             if sampler is not None:
                 attach_samples(raw, sampler, until_unix_s=time.time())
             self.report = self._report(raw, folder.stage)
-            write_report(published(self.report), self.out, templates_dir(), folder.publish)
-        if not (trials and self._start_trials(self.report)):
             shown = published(self.report)
-            self.echo(terminal_summary(shown, self.out))  # once: after the trials where they run
-            notebook.show(shown, self.out)
-            trackers.export(shown, self.out, self._trackers(), self.echo, self.joined)
+            write_report(shown, self.out, templates_dir(), folder.publish)
+        if not (trials and self._start_trials(self.report)):
+            self._announce(shown)  # once: after the trials where they run
+
+    def _announce(self, shown: ProfileReport) -> None:
+        """The published report where the user looks: the terminal, the notebook's cell, the
+        trackers."""
+        self.echo(terminal_summary(shown, self.out))
+        notebook.show(shown, self.out)
+        trackers.export(shown, self.out, self._trackers(), self.echo, self.joined)
 
     def _trackers(self) -> list[str]:
         """The trackers to log into: those given; with "auto", those the training logs to (an
@@ -470,11 +475,10 @@ class Advisor:
         self.trials = None
         self._cleanup()
         self.report = final
+        shown = published(final)
         with hold_out_dir(self.out, self.out_option):
-            write_report(published(final), self.out, templates_dir())
-        self.echo(terminal_summary(published(final), self.out))
-        notebook.show(published(final), self.out)
-        trackers.export(published(final), self.out, self._trackers(), self.echo, self.joined)
+            write_report(shown, self.out, templates_dir())
+        self._announce(shown)
 
     def _report(self, raw: RawRun, traces_in: Path) -> ProfileReport:
         report, self.values = advise_report(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.analyze.run.summary import named_measurements
-from trainadvisor.records import ProfileReport, Report
+from trainadvisor.records import ProfileReport, Report, after_of, fix_outcomes_of
 from trainadvisor.report.render import headline, loss_sentence
 
 SUMMARY_MAX_BYTES = 8192
@@ -19,7 +19,7 @@ DIFF_MAX_CHARS = 2500
 
 
 def _figures(report: Report, which: str) -> dict[str, Any] | None:
-    run = report.baseline if which == "baseline" else getattr(report, "after", None)
+    run = report.baseline if which == "baseline" else after_of(report)
     if run is None:
         return None
     values = named_measurements(run)
@@ -29,8 +29,6 @@ def _figures(report: Report, which: str) -> dict[str, Any] | None:
 
 
 def _fixes(report: Report, diff_chars: int) -> list[dict[str, Any]]:
-    if not isinstance(report, ProfileReport):
-        return []
     return [
         {
             "fix": o.fix,
@@ -43,7 +41,7 @@ def _fixes(report: Report, diff_chars: int) -> list[dict[str, Any]]:
             "diff": o.diff[:diff_chars]
             + ("\n... (cut: the whole diff is in report.md)" if len(o.diff) > diff_chars else ""),
         }
-        for o in report.fix_outcomes
+        for o in fix_outcomes_of(report)
     ]
 
 

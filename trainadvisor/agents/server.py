@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor._serial import to_plain
-from trainadvisor.agents.digest import summary
+from trainadvisor.agents.digest import SUMMARY_MAX_BYTES, summary
 from trainadvisor.errors import MissingDependencyError, UsageError
-from trainadvisor.report.render import load_report
+from trainadvisor.records import fix_outcomes_of
+from trainadvisor.report.render import load_report, report_folder
 
 STOP_GRACE_S = 30.0  # a cancelled run's time to stop its script and workers before it is killed
 INSTRUCTIONS = (
@@ -91,7 +92,8 @@ def _server() -> Any:
         if code not in (0, 1):
             raise UsageError(_last_line(err))
         result: dict[str, Any] = json.loads(out)
-        result.pop("metrics", None) if len(out) > 8192 else None
+        if len(out) > SUMMARY_MAX_BYTES:  # the verdict and its reasons fit; the table may not
+            result.pop("metrics", None)
         return result
 
     @server.tool()
@@ -114,14 +116,13 @@ async def _reported(command: list[str], out: str, cwd: str | None, ctx: Any) -> 
 
 def explained(report: str, rule: str) -> dict[str, Any]:
     """The finding of `rule` in a saved report, with its fixes' outcomes."""
-    folder = Path(report).parent if Path(report).name == "report.json" else Path(report)
-    loaded = load_report(folder)
+    loaded = load_report(report_folder(Path(report)))
     found = [f for f in loaded.findings if f.rule == rule]
     if not found:
         known = ", ".join(f.rule for f in loaded.findings) or "none"
         raise UsageError(f"no finding {rule!r} in {report}: it has {known}")
     finding: dict[str, Any] = to_plain(found[0])
-    outcomes = [o for o in getattr(loaded, "fix_outcomes", []) if o.fix in found[0].fixes]
+    outcomes = [o for o in fix_outcomes_of(loaded) if o.fix in found[0].fixes]
     keys = ("fix", "status", "chosen", "gain", "gain_low", "unit", "reason", "diff")
     finding["fix_outcomes"] = [{key: getattr(o, key) for key in keys} for o in outcomes]
     return finding

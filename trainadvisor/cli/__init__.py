@@ -18,7 +18,8 @@ from trainadvisor.errors import ScriptFailedError, UsageError
 from trainadvisor.options import table
 from trainadvisor.options.kinds import TraceLocation
 from trainadvisor.records import Report
-from trainadvisor.report.render import terminal_summary, write_report
+from trainadvisor.report.paths import published
+from trainadvisor.report.render import report_folder, terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 
 
@@ -85,15 +86,15 @@ def _profile(options: Any) -> int:
     from trainadvisor.profile.command import profile
 
     out_dir = options.out_dir
-    at = output.root()
+    at = output.root()  # where the run started, for every stage's report
 
     def save(report: Report, publish: Callable[[], None]) -> None:
-        write_report(output.published(report, at), out_dir, templates_dir(), publish)
+        write_report(published(report, at), out_dir, templates_dir(), publish)
 
     with output.stdout_kept_for(options.output_format), interrupts.noted_only():
         report = profile(options, echo, save)
         interrupts.check()  # one that came after the run's last check: the exit says so
-    report = output.published(report, at)
+    report = published(report, at)
     if options.log_to:
         _log_to(report, out_dir, options.log_to)
     output.print_as(options.output_format, report, lambda: terminal_summary(report, out_dir))
@@ -160,7 +161,7 @@ def analyze(
                 engine_for(engine, address),
                 workload,
             )
-            report = output.published(report)
+            report = published(report)
             write_report(report, out_dir, templates_dir())
         output.print_as(shown, report, lambda: analysis_summary(report, analyses, out_dir))
         return 0
@@ -191,13 +192,13 @@ def report(
         from trainadvisor.report.folder import hold_out_dir
         from trainadvisor.report.merge import merge_reports
 
-        dirs = [f.parent if f.name == "report.json" else f for f in folders]
+        dirs = [report_folder(f) for f in folders]
         if len(dirs) > 1 and out_dir is None:
             raise UsageError("several report folders are merged into one: give --out for it")
         if len({d.resolve() for d in dirs}) < len(dirs):
             raise UsageError("a report folder was given twice")
         loaded = load(dirs[0]) if len(dirs) == 1 else merge_reports([load(d) for d in dirs], list(rule_dirs))
-        saved = output.published(loaded)
+        saved = published(loaded)
         target = out_dir or dirs[0]
         with (
             output.stdout_kept_for(output_format),
@@ -242,7 +243,7 @@ def compare(
         from trainadvisor.report.compare import compare_reports, exit_code
         from trainadvisor.report.compare_text import comparison_json, comparison_markdown, comparison_terminal
 
-        base, head = (output.published(report) for report in _compared(reports, against, store))
+        base, head = (published(report) for report in _compared(reports, against, store))
         try:
             result = compare_reports(
                 base, head, max_regression if max_regression is not None else gate_pct, which, metric
@@ -299,8 +300,8 @@ def export(to: tuple[str, ...], report_dir: Path) -> None:
     def work() -> int:
         if not to:
             raise UsageError("give at least one tracker: --to wandb, --to mlflow or --to tensorboard")
-        report = output.published(load(report_dir))
-        folder = report_dir.parent if report_dir.name == "report.json" else report_dir
+        report = published(load(report_dir))
+        folder = report_folder(report_dir)
         reached = _log_to(report, folder, list(to))
         return 0 if len(reached) == len(set(to)) else 4
 

@@ -3,7 +3,6 @@ baseline:NAME` (`report.baselines`)."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from trainadvisor.errors import UsageError
 from trainadvisor.options import table
 from trainadvisor.records import Report
 from trainadvisor.report.baselines import PREFIX, BaselineStore, checked_name, default_store
-from trainadvisor.report.paths import relativized, repository_root
+from trainadvisor.report.paths import published
 from trainadvisor.report.render import report_json
 
 
@@ -55,9 +54,7 @@ def save(store: str | None, name: str, report: Path) -> None:
     """
 
     def work() -> int:
-        loaded = load(report)
-        plain = relativized(json.loads(report_json(loaded)), repository_root(Path.cwd()))
-        where = _store(store).save(checked_name(name), json.dumps(plain, indent=1) + "\n")
+        where = _store(store).save(checked_name(name), report_json(published(load(report))))
         echo(f"trainadvisor: saved {report} as {PREFIX}{name} ({where})", err=False)
         return 0
 

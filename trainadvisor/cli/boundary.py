@@ -70,9 +70,9 @@ def terminate(signum: int, _frame: object) -> None:
 
 def load(path: Path) -> Report:
     """A saved report: its folder or its report.json."""
-    from trainadvisor.report.render import load_report
+    from trainadvisor.report.render import load_report, report_folder
 
-    folder = path.parent if path.name == "report.json" else path
+    folder = report_folder(path)
     if not (folder / "report.json").is_file():
         raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
     try:

@@ -13,28 +13,19 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import click
 
 from trainadvisor.records import Report
-from trainadvisor.report import paths
 from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.paths import relative_text, repository_root
 from trainadvisor.report.render import render_markdown, report_json
 from trainadvisor.report.sarif import sarif_json
 from trainadvisor.resources import templates_dir
 
-R = TypeVar("R", bound=Report)
-
 
 def root() -> Path:
     return repository_root(Path.cwd())
-
-
-def published(report: R, at: Path | None = None) -> R:
-    """The report as it is published: every path under the repository root relative to it."""
-    return paths.published(report, at or root())
 
 
 @contextmanager

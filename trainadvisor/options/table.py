@@ -115,7 +115,7 @@ RULES = Option(
 
 
 FORMATS = ("terminal", "markdown", "json", "sarif")
-TRACKERS = ("wandb", "mlflow", "tensorboard")  # `trackers.BACKENDS`
+TRACKERS = ("wandb", "mlflow", "tensorboard")  # the experiment trackers (`trackers`)
 
 
 def format_option(what: str, document: str = "the report", findings: str = "its findings") -> Option:

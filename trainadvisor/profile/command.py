@@ -79,6 +79,7 @@ class _Diagnosed:
     plan: list[PlannedFix]
     notes: list[str]
     details: list[str] = field(default_factory=list)  # how it was measured (report files only)
+    content: str = ""  # the digest of the script the baseline ran (`records.identity`)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,9 @@ def _diagnose_baseline(options: ProfileOptions, rules: list[rulebook.Rule], base
             else replace(p, applicable=False, reason=f"not measured in this run: --fix named only {named}")
             for p in plan
         ]  # fmt: skip
-    return _Diagnosed(baseline, diagnosis, plan, [note for note in notes if note])
+    return _Diagnosed(
+        baseline, diagnosis, plan, [note for note in notes if note], content=file_digest(options.script)
+    )
 
 
 def _with_sites(
@@ -318,7 +321,7 @@ def _with_sites(
         "the Python tracer slows the host."
     )
     diagnosis = rulebook.diagnose(named_measurements(baseline), rules)
-    return _Diagnosed(baseline, diagnosis, diagnosed.plan, diagnosed.notes, [*diagnosed.details, note])
+    return replace(diagnosed, baseline=baseline, diagnosis=diagnosis, details=[*diagnosed.details, note])
 
 
 def _why_no_fixes(options: ProfileOptions, baseline: Run) -> str | None:
@@ -362,8 +365,7 @@ def _report(
     notes.append(masked_note(mask_arguments(options.args)[1]))
     details = [baseline_note(diagnosed.baseline.raw), *(tuning.details if tuning else [])]
     details.append(_modes_note(outcomes))
-    baseline = diagnosed.baseline
-    content = file_digest(options.script)
+    baseline, content = diagnosed.baseline, diagnosed.content
     return ProfileReport(
         schema_version=SCHEMA_VERSION,
         run_id=run_id(content, options.args, baseline.raw.device, max(1, len(baseline.ranks))),

@@ -528,6 +528,16 @@ class AnalyzeReport(Report):
     ranks: Any = None
 
 
+def fix_outcomes_of(report: Report) -> list[FixOutcome]:
+    """A profile's fixes, each with its outcome; an analysis of traces has none."""
+    return report.fix_outcomes if isinstance(report, ProfileReport) else []
+
+
+def after_of(report: Report) -> Run | None:
+    """A profile's confirmation run, with the kept fixes; an analysis of traces has none."""
+    return report.after if isinstance(report, ProfileReport) else None
+
+
 def timed_steps(raw: RawRun) -> list[StepRecord]:
     """The steps timed with clocks alone; the traced steps after them carry profiler overhead."""
     return [s for s in raw.steps if not s.profiled]

@@ -4,24 +4,24 @@ earlier job's artifacts. The store is a folder, or an object-store URL (s3://buc
 whatever else fsspec reads) reached through the storage layer `analyze` uses, with its deadlines.
 
 Each baseline is `NAME/report.json`, written whole: in a folder through a temporary file renamed
-into place, in an object store by one PUT; two saves of one name at once leave one of them,
-never a mixture or half of one."""
+into place (`_serial.write_atomically`), in an object store by one PUT; two saves of one name at
+once leave one of them, never a mixture or half of one."""
 
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainadvisor import _serial
 from trainadvisor.analyze.read.sources import filesystem, is_url, store_call
 from trainadvisor.errors import UsageError
+from trainadvisor.report.render import MAX_REPORT_BYTES
 
 STORE_ENV = "TRAINADVISOR_BASELINES"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 PREFIX = "baseline:"
-MAX_REPORT_BYTES = 50 * 2**20  # larger than any report written (1,024 ranks: a few MB)
 
 
 def default_store() -> str:
@@ -49,6 +49,11 @@ class Saved:
     size_bytes: int
 
 
+def _no_larger_than_a_report(path: str, size_bytes: int) -> None:
+    if size_bytes > MAX_REPORT_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_REPORT_BYTES // 2**20} MiB: not a report")
+
+
 class BaselineStore:
     def __init__(self, location: str) -> None:
         self.location = location.rstrip("/") or location
@@ -64,18 +69,7 @@ class BaselineStore:
             with store_call(path):
                 fs.pipe(inner, text.encode())
             return path
-        folder = Path(path).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".report-", suffix=".json.tmp", dir=folder)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        _serial.write_atomically(Path(path), text)
         return path
 
     def load(self, name: str) -> str:
@@ -97,14 +91,12 @@ class BaselineStore:
             with store_call(path):
                 if not fs.exists(inner):
                     return None
-                if int(fs.size(inner) or 0) > MAX_REPORT_BYTES:
-                    raise UsageError(f"{path}: larger than {MAX_REPORT_BYTES // 2**20} MiB: not a report")
+                _no_larger_than_a_report(path, int(fs.size(inner) or 0))
                 return bytes(fs.cat_file(inner))
         local = Path(path)
         if not local.is_file():
             return None
-        if local.stat().st_size > MAX_REPORT_BYTES:
-            raise UsageError(f"{path}: larger than {MAX_REPORT_BYTES // 2**20} MiB: not a report")
+        _no_larger_than_a_report(path, local.stat().st_size)
         return local.read_bytes()
 
     def names(self) -> list[Saved]:

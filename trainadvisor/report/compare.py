@@ -18,9 +18,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainadvisor.analyze.run.headline import headline_figures
 from trainadvisor.analyze.run.shapes import usable
 from trainadvisor.analyze.run.summary import named_measurements
-from trainadvisor.records import ProfileReport, Report, Run
+from trainadvisor.records import ProfileReport, Report, Run, after_of
 
 NOISE_FLOOR_PCT = 2.0
 MEMORY_FLOOR_PCT = 1.0  # a peak of memory varies little between runs of the same code
@@ -92,21 +93,18 @@ METRICS = (
     ("peak_reserved_bytes", "Peak reserved GPU memory", "bytes", "lower"),
     ("step_peak_bytes", "Peak memory of a step", "bytes", "lower"),
 )
-# --metric: (label, unit, better, how its noise is known)
+# --metric: (label, unit, better, how its noise is known, its headline figure)
 GATED = {
-    "step_time": ("Step time (median)", "ms", "lower", "windows"),
-    "samples_per_s": ("Throughput", "samples/s", "higher", "windows"),
-    "peak_memory": ("Peak memory", "bytes", "lower", "floor"),
-    "mfu": ("MFU", "%", "higher", "windows"),
-    "energy_per_sample": ("Energy per sample", "J", "lower", "windows"),
+    "step_time": ("Step time (median)", "ms", "lower", "windows", "step_time_ms"),
+    "samples_per_s": ("Throughput", "samples/s", "higher", "windows", "samples_per_s"),
+    "peak_memory": ("Peak memory", "bytes", "lower", "floor", "peak_memory_bytes"),
+    "mfu": ("MFU", "%", "higher", "windows", "mfu_pct"),
+    "energy_per_sample": ("Energy per sample", "J", "lower", "windows", "energy_j_per_sample"),
 }
 
 
 def pick_run(report: Report, which: str) -> Run:
-    if which == "after":
-        run = report.after if isinstance(report, ProfileReport) else None
-    else:
-        run = report.baseline
+    run = after_of(report) if which == "after" else report.baseline
     if run is None:
         raise ValueError(f"the report of {report.script} has no '{which}' run")
     return run
@@ -158,21 +156,10 @@ def comparability(base: Report, head: Report, base_run: Run, head_run: Run, whic
     return result
 
 
-def _point(metric: str, run: Run) -> float | None:
-    values = named_measurements(run)
-    if metric == "step_time":
-        found = values.get("step_time_ms_median")
-    elif metric == "samples_per_s":
-        found = values.get("samples_per_s")
-    elif metric == "peak_memory":
-        found = values.get("peak_reserved_bytes") or values.get("step_peak_bytes")
-    elif metric == "mfu":
-        found = values.get("mfu_pct")
-    else:
-        found = run.energy.j_per_sample if run.energy is not None else None
-    if isinstance(found, bool) or not isinstance(found, (int, float)) or found <= 0:
-        return None
-    return float(found)
+def _point(figure: str, run: Run) -> float | None:
+    """The run's headline figure, where it measured one above zero."""
+    found = headline_figures(run).get(figure)
+    return found if found is not None and found > 0 else None
 
 
 def ratio_interval(base: list[float], head: list[float]) -> tuple[float, float] | None:
@@ -206,8 +193,8 @@ def _change_interval(
 
 
 def gate(metric: str, base_run: Run, head_run: Run, gate_pct: float, comparable: Comparability) -> Gate:
-    label, unit, better, noise = GATED[metric]
-    base_value, head_value = _point(metric, base_run), _point(metric, head_run)
+    label, unit, better, noise, figure = GATED[metric]
+    base_value, head_value = _point(figure, base_run), _point(figure, head_run)
     change = interval = None
     if base_value is not None and head_value is not None:
         change = 100.0 * (head_value - base_value) / base_value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainadvisor.records import ProfileReport, Report, Run
+from trainadvisor.records import Report, Run, fix_outcomes_of
 from trainadvisor.units import scaled
 
 PARTS = (
@@ -86,8 +86,7 @@ def memory_fit(report: Report) -> str | None:
     if memory is None or memory.fits is not False or memory.budget_bytes is None:
         return None
     budget = memory.budget_bytes
-    outcomes = report.fix_outcomes if isinstance(report, ProfileReport) else []
-    tried = [o for o in outcomes if o.trials and o.fix in MEMORY_FIXES]
+    tried = [o for o in fix_outcomes_of(report) if o.trials and o.fix in MEMORY_FIXES]
     fitting = [
         o for o in tried if o.status == "recommended" and o.peak_bytes is not None and o.peak_bytes <= budget
     ]

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainadvisor.records import Report
 from trainadvisor.report.paths import published
-from trainadvisor.report.render import headline, render_html, terminal_summary
+from trainadvisor.report.render import headline, render_html, report_folder, terminal_summary
 from trainadvisor.report.render import load_report as _load
 from trainadvisor.resources import templates_dir
 
@@ -46,8 +46,7 @@ class ReportView:
 def load_report(path: str | Path) -> ReportView:
     """The report in PATH (a report folder or its report.json), of any version this one reads,
     with paths relative to the repository around the working directory."""
-    given = Path(path)
-    folder = given.parent if given.name == "report.json" else given
+    folder = report_folder(Path(path))
     return ReportView(published(_load(folder)), folder)
 
 

@@ -31,6 +31,8 @@ from trainadvisor.records import (
     ProfileReport,
     Report,
     Run,
+    after_of,
+    fix_outcomes_of,
     schema,
     timed_steps,
 )
@@ -63,7 +65,7 @@ def label_of(key: str) -> str:
 
 def headline(report: Report) -> str:
     """One sentence: what the fixes measured, and what held the loop back."""
-    outcomes = report.fix_outcomes if isinstance(report, ProfileReport) else []
+    outcomes = fix_outcomes_of(report)
     text = _gain_sentence(report) if isinstance(report, ProfileReport) else ""
     top = report.findings[0] if report.findings else None
     if text and top is not None:  # the main bottleneck: the most severe finding
@@ -378,8 +380,7 @@ def _number(value: Any, digits: int = 1) -> str:
 
 
 def _context(report: Report) -> dict[str, Any]:
-    after = report.after if isinstance(report, ProfileReport) else None
-    runs = [r for r in (report.baseline, after) if r is not None]
+    runs = [r for r in (report.baseline, after_of(report)) if r is not None]
     scale = max((s.step_ms for r in runs for s in timed_steps(r.raw)), default=0.0)
     keys = breakdown_keys(runs)
     return {
@@ -457,6 +458,11 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a report holds")
 
 
+def report_folder(path: Path) -> Path:
+    """A saved report's folder, given the folder or its report.json."""
+    return path.parent if path.name == "report.json" else path
+
+
 def load_report(out_dir: Path) -> Report:
     """DIR/report.json of any version this one reads, as this version's report (`records.upgrade`),
     every field checked against its type: ValueError (`UnreadableVersion` for a version it does
@@ -482,8 +488,8 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
     """The diagnosis printed at the end of a run: fits in 80 columns, a dozen lines."""
     lines = _wrap(f"trainadvisor: {headline(report)}")
     base = report.baseline
-    profiled = report if isinstance(report, ProfileReport) else ProfileReport(1, [], "", None, None, [])
-    after, comparison = profiled.after, profiled.comparison
+    after = after_of(report)
+    comparison = report.comparison if isinstance(report, ProfileReport) else None
     samples = comparison is not None and comparison.unit == "samples/s"
     if base is not None and base.steps:
         lines.append(_run_line("before", base, samples))
@@ -506,7 +512,7 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         lines += _wrap(f"  parallel: {parallel}")
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
-    for outcome in profiled.fix_outcomes:
+    for outcome in fix_outcomes_of(report):
         lines += _wrap(f"  fix {outcome.fix}: {fix_line(outcome)}")
         if outcome.setting_change:
             lines += _wrap(f"      where to set it: {outcome.setting_change}")

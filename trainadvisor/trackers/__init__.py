@@ -6,7 +6,7 @@ there is one, else a run of its own. A tracker that is missing, misconfigured or
 never fails a profile or loses a report: `export` says so in one line and goes on.
 
 May import: records, report (the report's figures and files), analyze (the measurement table),
-resources (the templates report.html is rendered with), errors."""
+resources (the templates report.html is rendered with), options (the trackers' names), errors."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from trainadvisor.options.table import TRACKERS
 from trainadvisor.records import Report
 from trainadvisor.report.render import render_html, report_json
 from trainadvisor.resources import templates_dir
 
-BACKENDS = ("wandb", "mlflow", "tensorboard")
+BACKENDS = TRACKERS  # as the command line spells them (`--log-to`, `export --to`)
 
 
 def export(

@@ -17,36 +17,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainadvisor.analyze.run.summary import named_measurements
-from trainadvisor.records import ProfileReport, Report, Run
+from trainadvisor.analyze.run.headline import headline_figures
+from trainadvisor.records import ProfileReport, Report, fix_outcomes_of
 
 PREFIX = "trainadvisor/"
-RUN_FIGURES = {
-    "step_time_ms": "step_time_ms_median",
-    "steps_per_s": "steps_per_s",
-    "samples_per_s": "samples_per_s",
-    "data_wait_pct": "data_wait_pct",
-    "mfu_pct": "mfu_pct",
-}
-
-
-def _run_figures(run: Run) -> dict[str, float]:
-    values = named_measurements(run)
-    found = {name: values.get(measurement) for name, measurement in RUN_FIGURES.items()}
-    found["peak_memory_bytes"] = values.get("peak_reserved_bytes") or values.get("step_peak_bytes")
-    found["energy_j_per_sample"] = run.energy.j_per_sample if run.energy is not None else None
-    return {k: float(v) for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def figures(report: Report) -> dict[str, float]:
     """Every summary metric the report has, by its tracker name."""
     out: dict[str, float] = {}
     if report.baseline is not None:
-        out.update({PREFIX + k: v for k, v in _run_figures(report.baseline).items()})
+        out.update({PREFIX + k: v for k, v in headline_figures(report.baseline).items()})
     out[PREFIX + "findings"] = float(len(report.findings))
     if isinstance(report, ProfileReport):
         if report.after is not None:
-            out.update({f"{PREFIX}after/{k}": v for k, v in _run_figures(report.after).items()})
+            out.update({f"{PREFIX}after/{k}": v for k, v in headline_figures(report.after).items()})
         if report.speedup is not None:
             out[PREFIX + "speedup"] = float(report.speedup)
         for outcome in report.fix_outcomes:
@@ -64,9 +49,7 @@ FINDING_COLUMNS = ["rule", "severity", "title", "message"]
 
 
 def fix_rows(report: Report) -> list[list[Any]]:
-    if not isinstance(report, ProfileReport):
-        return []
-    return [[o.fix, o.status, o.chosen, o.gain, o.reason] for o in report.fix_outcomes]
+    return [[o.fix, o.status, o.chosen, o.gain, o.reason] for o in fix_outcomes_of(report)]
 
 
 FIX_COLUMNS = ["fix", "status", "chosen", "gain", "reason"]
