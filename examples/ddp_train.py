@@ -1,6 +1,8 @@
 """Data-parallel training with DistributedDataParallel, launched by torchrun: gloo on CPUs, NCCL on
-GPUs. `--slow-rank R --slow-ms MS` makes one rank spend MS more per step before its forward pass
-(a busier host, a slower disk): every other rank then waits for it in the gradient all-reduce.
+GPUs. `--slow-rank R --slow-ms MS` makes one rank spend MS more per step: every other rank then
+waits for it in the gradient all-reduce. `--slow-in` says where: `host` (by default: host work
+before its forward pass, a logger say), `data` (its DataLoader, a slower disk) or `compute` (more
+compute in its forward pass, a throttled GPU).
 
     torchrun --nproc-per-node 2 examples/ddp_train.py --slow-rank 1
     trainadvisor profile --nproc-per-node 2 examples/ddp_train.py --slow-rank 1
@@ -41,6 +43,13 @@ class SlowStorage(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.data[index]  # type: ignore[no-any-return]
 
 
+def burn(ms: float) -> None:
+    """Compute for about `ms`: matrix products until the time is up."""
+    a, deadline = torch.ones(96, 96), time.perf_counter() + ms / 1000
+    while time.perf_counter() < deadline:
+        a = torch.tanh(a @ a)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=2)
@@ -49,6 +58,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--slow-rank", type=int, default=-1, help="the rank to slow down (-1: none)")
     parser.add_argument("--slow-ms", type=float, default=30.0)
+    parser.add_argument("--slow-in", choices=("host", "data", "compute"), default="host")
     parser.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-step")
     parser.add_argument("--hang-rank", type=int, default=-1, help="this rank stops at --fail-step")
     parser.add_argument("--fail-step", type=int, default=5)
@@ -73,7 +83,16 @@ def main() -> None:
     targets = inputs[:, :10].argmax(dim=1)
     dataset = SlowStorage(TensorDataset(inputs, targets), args.latency_ms)
     sampler = DistributedSampler(dataset, seed=0)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers)
+    slow_data = rank == args.slow_rank and args.slow_in == "data"
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        if slow_data:
+            time.sleep(args.slow_ms / 1000)  # this rank's storage is slower
+        return torch.utils.data.default_collate(samples)  # type: ignore[no-any-return]
+
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers, collate_fn=collate
+    )
     hidden = [layer for _ in range(args.depth) for layer in (nn.Linear(args.width, args.width), nn.ReLU())]
     net = nn.Sequential(*hidden, nn.Linear(args.width, 10)).to(device)
     model = DistributedDataParallel(
@@ -86,7 +105,7 @@ def main() -> None:
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for step, (x, y) in enumerate(loader):
-            if rank == args.slow_rank:
+            if rank == args.slow_rank and args.slow_in == "host":
                 time.sleep(args.slow_ms / 1000)
             if step == args.fail_step and rank == args.fail_rank:
                 raise RuntimeError(f"rank {rank} failed on purpose at step {step}")
@@ -94,6 +113,8 @@ def main() -> None:
                 time.sleep(3600)  # a hung rank: the others wait for it in the all-reduce
             x, y = x.to(device), y.to(device)
             loss = nn.functional.cross_entropy(model(x), y)
+            if rank == args.slow_rank and args.slow_in == "compute":
+                burn(args.slow_ms)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -56,7 +56,7 @@ def test_json_output_and_ranks(tmp_path: Path) -> None:
     # 15% overlapped; rank 1: 24%, 20%).
     comm = [f["message"] for f in report["findings"] if f["rule"] == "comm-bound"]
     assert comm == [
-        "On ranks 0-1 (2 of 2); worst, rank 0: Communication kernels take 27% of each step and only "
+        "On ranks 0-1 (2 of 2); worst, rank 0: Collectives take 27% of each step and only "
         "15% of that time overlaps computation."
     ]
     assert (tmp_path / "r" / "report.html").is_file()

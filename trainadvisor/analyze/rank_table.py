@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainadvisor.analyze.rank_overview import TABLE_UP_TO, RankOverview, rank_overview
+from trainadvisor.analyze.run.critical_path import (
+    CriticalPath,
+    critical_measurements,
+    critical_path,
+    with_cause,
+)
 
 if TYPE_CHECKING:
     from trainadvisor.analyze.trace.analysis import TraceAnalysis
@@ -44,6 +50,7 @@ class RankTable:
     straggler_ms: float  # the straggler's communication (or step) time per step
     others_ms: float  # the other ranks' median of the same
     overview: RankOverview | None = None  # past TABLE_UP_TO ranks (`rank_overview`)
+    critical: CriticalPath | None = None  # who gates the steps, where and why (`critical_path`)
 
 
 def _per_step(analyses: list[TraceAnalysis], *keys: str) -> float:
@@ -71,8 +78,10 @@ def rank_table(analyses: list[TraceAnalysis], fired: dict[int, set[str]] | None 
                 traces=len(mine),
                 steps=len(steps),
                 step_ms=sum(s.dur_us for s in steps) / len(steps) / 1e3,
-                compute_ms=_per_step(mine, "kernel", "memcpy", "memset"),
-                communication_ms=_per_step(mine, "communication"),
+                # kernels, copies and memsets; on host-only traces the aten ops (`trace.phases`)
+                compute_ms=_per_step(mine, "kernel", "memcpy", "memset") or _mean_of(mine, "compute_ms"),
+                # NCCL kernels' time outside compute kernels; a host backend's (gloo) collectives
+                communication_ms=_per_step(mine, "communication") or _mean_of(mine, "collective_ms"),
                 wait_ms=_per_step(mine, "idle"),
                 data_ms=_per_step(mine, "data_wait"),
                 overlap_pct=_overlap_pct(mine),
@@ -80,9 +89,15 @@ def rank_table(analyses: list[TraceAnalysis], fired: dict[int, set[str]] | None 
             )
         )
     table = _straggler(rows)
+    table.critical = critical_path({rank: [s for a in by_rank[rank] for s in a.steps] for rank in by_rank})
     if len(rows) > TABLE_UP_TO:
         table.overview = rank_overview(rows, table.straggler_by)
     return table
+
+
+def _mean_of(analyses: list[TraceAnalysis], field: str) -> float:
+    steps = [s for a in analyses for s in a.steps]
+    return sum(getattr(s, field) for s in steps) / len(steps) if steps else 0.0
 
 
 def _overlap_pct(analyses: list[TraceAnalysis]) -> float | None:
@@ -127,6 +142,7 @@ def rank_values(table: RankTable) -> dict[str, Any]:
         "rank_step_time_ms_max": max(r.step_ms for r in table.rows),
         "rank_step_time_ms_min": min(r.step_ms for r in table.rows),
     }
+    values.update(critical_measurements(table.critical))
     if table.straggler_by == "communication":
         values["straggler_communication_ms"] = table.straggler_ms
         values["others_communication_ms"] = table.others_ms
@@ -140,6 +156,7 @@ def rank_values(table: RankTable) -> dict[str, Any]:
             f"its steps take {table.straggler_ms:.1f} ms against {table.others_ms:.1f} ms on the "
             f"other ranks ({table.skew_pct:.0f}% of the mean step; the traces hold no collectives)"
         )
+    with_cause(values, table.critical)
     return values
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainadvisor.analyze.run.critical_path import critical_path
 from trainadvisor.analyze.run.ranks import rank_stats
 from trainadvisor.analyze.run.shapes import traced_whole
 from trainadvisor.analyze.run.summary import attach_trace, summarize
@@ -226,11 +227,11 @@ def run_of(raw: RawRun, spec: RunSpec) -> Run:
     if run.memory is not None and spec.memory_budget_bytes is not None:
         run.memory.budget_bytes, run.memory.budget_source = spec.memory_budget_bytes, "--memory-budget"
     if raw.ranks:
-        communication = {}
+        analyses = {}
         for rank in raw.ranks:
             if rank.trace_file and (spec.out_dir / rank.trace_file).is_file():
-                analysis = analyze_trace(spec.out_dir / rank.trace_file, last_step=traced_whole(rank) or None)
-                share = analysis.breakdown_pct.get("communication") if analysis.kernels else None
-                communication[rank.rank or 0] = (share, analysis.communication_overlap_pct)
-        run.ranks = rank_stats(raw, communication)
+                path = spec.out_dir / rank.trace_file
+                analyses[rank.rank or 0] = analyze_trace(path, last_step=traced_whole(rank) or None)
+        run.ranks = rank_stats(raw, analyses)
+        run.critical_path = critical_path({rank: a.steps for rank, a in analyses.items()})
     return run

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainadvisor._version import __version__
+from trainadvisor.records.across_ranks import CriticalPath
 from trainadvisor.records.compute import Utilization
 from trainadvisor.records.energy import Energy
 from trainadvisor.records.memory import Memory
@@ -310,6 +311,15 @@ class RankStats:
     data_wait_ms_mean: float | None
     communication_pct: float | None = None  # from the rank's trace
     communication_overlap_pct: float | None = None
+    # its trace's collectives per step (`analyze.trace.phases`): in all, exposed (no compute
+    # beside them), torchtitan's overlap efficiency, and [ms, exposed ms] by kind, by the phase
+    # that launched them and by process group
+    collective_ms_per_step: float | None = None
+    collective_exposed_ms_per_step: float | None = None
+    overlap_efficiency_pct: float | None = None
+    collectives_by_kind: dict[str, list[float]] = field(default_factory=dict)
+    collectives_by_phase: dict[str, list[float]] = field(default_factory=dict)
+    collectives_by_group: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -333,6 +343,7 @@ class Run:
     utilization: Utilization | None = None  # FLOPs per step, achieved FLOP/s, MFU
     memory: Memory | None = None  # one step's peak and what fills it
     energy: Energy | None = None  # the GPUs' energy over the timed steps (None: saved before it was)
+    critical_path: CriticalPath | None = None  # under torchrun: who gates the steps, and why
 
 
 # ---- diagnosis ----

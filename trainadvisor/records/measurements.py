@@ -29,6 +29,8 @@ _RANKS = "analyze.run.ranks, analyze.rank_table"
 _TRACE_ONLY = "analyze.run.measures (traced_only)"
 _BREAKDOWN = "analyze.run.summary (a trace's breakdown)"
 _BOTH = "analyze.run.summary (a trace's: analyze.run.measures.traced_only)"
+_PHASES = "analyze.trace.phases (via analyze.run.measures)"
+_CRITICAL = "analyze.run.critical_path"
 _PARALLEL = "training.parallel (DDP's own record of itself, at the window)"
 _OPTIONS = "profile.command (from the command's options and the machine)"
 
@@ -112,6 +114,17 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "graph_launches": ("count", "CUDA graph launches in the trace", _TRACE),
     "graph_kernels": ("count", "kernels run inside CUDA graphs", _TRACE),
     "communication_overlap_pct": ("%", "share of communication hidden behind compute", f"{_TRACE}, {_RANKS}"),
+    "collective_ms_per_step": ("ms", "time in collectives per step, waits for other ranks included", _PHASES),
+    "collective_exposed_ms_per_step": ("ms", "of it, with no compute beside it (exposed)", _PHASES),
+    "communication_exposed_pct": ("%", "exposed communication's share of the step", _PHASES),
+    "overlap_efficiency_pct": (
+        "%",
+        "torchtitan's overlap efficiency: (compute + communication - their union) / communication",
+        _PHASES,
+    ),
+    "communication_phases": ("text", "collectives per step by the phase that launched them", _PHASES),
+    "communication_kinds": ("text", "collectives per step by kind (all_reduce, all_gather, ...)", _PHASES),
+    "communication_groups": ("text", "collectives per step by process group", _PHASES),
     "h2d_copies_per_step": ("count", "host-to-device copies per step", _TRACE),
     "h2d_ms_per_step": ("ms", "host-to-device copy time per step", _TRACE),
     "h2d_pct": ("%", "share of the step in host-to-device copies", _TRACE),
@@ -300,6 +313,11 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "others_communication_ms": ("ms", "the other ranks' communication time per step", _RANKS),
     "slowest_rank_pre_backward_ms": ("ms", "the slowest rank's time before backward per step", _RANKS),
     "others_pre_backward_ms": ("ms", "the other ranks' time before backward per step", _RANKS),
+    "gating_rank": ("count", "the rank whose work gates the most steps (the critical path)", _CRITICAL),
+    "straggler_cause": ("text", "why it is slow: data, compute, host or communication", _CRITICAL),
+    "straggler_phase": ("text", "the phase of its step longer than the other ranks'", _CRITICAL),
+    "critical_path": ("text", "the critical path across ranks, in a sentence", _CRITICAL),
+    "critical_path_chain": ("text", "the gating rank's median step, segment by segment", _CRITICAL),
     # ---- the run and the command's options ----
     "run_total_steps": ("count", "the steps a whole run of the script takes, where known", "profile.tuning"),
     "run_seen_steps": ("count", "the most steps a run of the script was seen to take", "profile.tuning"),

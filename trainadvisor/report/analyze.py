@@ -13,6 +13,7 @@ from trainadvisor.analyze.rank_table import RankTable, table_lines
 from trainadvisor.analyze.run.summary import percentile
 from trainadvisor.analyze.trace.facts import HOST_ITEM
 from trainadvisor.records import AnalyzeReport
+from trainadvisor.report.parallel import split_said
 from trainadvisor.report.render import LABELS, _wrap
 from trainadvisor.report.utilization import flops
 
@@ -94,14 +95,28 @@ def _collectives(a: Any) -> list[str]:
     )
     overlap = a.communication_overlap_pct
     hidden = f"; {overlap:.0f}% of it overlapped with compute" if overlap is not None else ""
-    return _wrap(f"  collectives per {'step' if a.steps_found else 'window'}: {said}{hidden}")
+    lines = _wrap(f"  collectives per {'step' if a.steps_found else 'window'}: {said}{hidden}")
+    c = getattr(a, "communication", None)
+    if c is not None:
+        efficiency = c.overlap_efficiency_pct
+        lines += _wrap(
+            f"    {c.exposed_ms_per_step:.3g} ms exposed of {c.ms_per_step:.3g} ms ({c.source})"
+            + (f", overlap efficiency {efficiency:.0f}% (torchtitan's)" if efficiency is not None else "")
+        )
+        for title, split in (("by phase", c.by_phase), ("by process group", c.by_group)):
+            if split:
+                lines += _wrap(f"    {title}: {split_said(split)}")
+    return lines
 
 
 def _ranks(plain: dict[str, Any]) -> list[str]:
     table: RankTable = from_plain(RankTable, plain)
+    path = table.critical
+    said = [f"critical path: {path.sentence()}", f"  {path.chain_text()}"] if path is not None else []
+    critical = [line for text in said for line in _wrap(f"  {text}")]
     if table.overview is None:
-        return [f"{len(table.rows)} ranks, per step in ms:", *table_lines(table)]
-    return _overview(table, table.overview)
+        return [f"{len(table.rows)} ranks, per step in ms:", *table_lines(table), *critical]
+    return _overview(table, table.overview) + critical
 
 
 def _overview(table: RankTable, o: RankOverview) -> list[str]:

@@ -40,7 +40,7 @@ from trainadvisor.records.energy import Energy
 from trainadvisor.records.upgrade import upgraded
 from trainadvisor.report import mdtext
 from trainadvisor.report.memory import memory_cell, memory_fit, memory_title, peak_sites_text, step_chart
-from trainadvisor.report.parallel import parallelism
+from trainadvisor.report.parallel import communication, critical, parallelism
 from trainadvisor.report.utilization import flops_cell, mfu_cell, mfu_title, mfu_words
 
 COLORS = {
@@ -397,6 +397,8 @@ def _context(report: Report) -> dict[str, Any]:
         "keys": keys,
         "loss_sentence": loss_sentence,
         "parallelism": parallelism,
+        "communication": communication,
+        "critical": critical,
         "any_parallel": any(parallelism(run) for run in runs),
         "fix_line": fix_line,
         "energy_cell": energy_cell,
@@ -510,6 +512,8 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         lines += _wrap(f"  ranks: {len(base.ranks)}{spread}" + (f"; {', '.join(failed)}" if failed else ""))
     if base is not None and (parallel := parallelism(base)):
         lines += _wrap(f"  parallel: {parallel}")
+    for line in (communication(base) + critical(base)) if base is not None else []:
+        lines += _wrap(f"  {line}")
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")
     for outcome in fix_outcomes_of(report):

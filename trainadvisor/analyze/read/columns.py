@@ -90,6 +90,9 @@ class Table:
     peak_reserved: float | None = None
     # GPU index -> the kernels, copies and memsets that ran on it (the rank's GPU is the busiest)
     device_events: dict[int, int] = field(default_factory=dict)
+    # kernel row -> the process group its collective ran in ("default_pg, 8 ranks"), where the
+    # trace names it (NCCL kernels of torch 2.2+)
+    kernel_groups: dict[int, str] = field(default_factory=dict)
 
     def duration(self, rows: np.ndarray) -> np.ndarray:
         return self.end[rows] - self.ts[rows]
@@ -155,6 +158,7 @@ class TableReader:
         self.peak_reserved: float | None = None
         self.base_us = base_us
         self.device_events: dict[int, int] = {}
+        self.kernel_groups: dict[int, str] = {}
 
     @staticmethod
     def _codes(values: list[Any], table: dict[Any, int], code: Any) -> np.ndarray:
@@ -222,6 +226,10 @@ class TableReader:
             nbytes = events[i].args.bytes
             if nbytes:
                 self.copy_bytes[self.rows + i] = nbytes
+        for i in np.flatnonzero(kind == KERNEL).tolist():
+            args = events[i].args
+            if args.pg_name or args.pg_desc:
+                self.kernel_groups[self.rows + i] = group_label(args.pg_desc or args.pg_name, args.group_size)
         on_device = np.flatnonzero((kind == KERNEL) | (kind == MEMCPY) | (kind == MEMSET)).tolist()
         if on_device:
             devices = np.fromiter(map(_DEVICE, [events[i] for i in on_device]), np.int64, len(on_device))
@@ -273,7 +281,7 @@ class TableReader:
         hold its rows twice)."""
         return Pieces(
             self._parts, self.rows, self.names, self.tids, self.copy_bytes, self.op_precision,
-            self.peak_allocated, self.peak_reserved, self.base_us, self.device_events,
+            self.peak_allocated, self.peak_reserved, self.base_us, self.device_events, self.kernel_groups,
         )  # fmt: skip
 
     def table(self) -> Table:
@@ -294,6 +302,12 @@ class Pieces:
     peak_reserved: float | None
     base_us: float | None
     device_events: dict[int, int] = field(default_factory=dict)
+    kernel_groups: dict[int, str] = field(default_factory=dict)
+
+
+def group_label(name: str, size: int) -> str:
+    """A process group as a report names it: "default_pg, 8 ranks"."""
+    return f"{name}, {size} ranks" if size > 0 else name
 
 
 _EMPTY = {
@@ -337,6 +351,7 @@ def join(pieces: list[Pieces]) -> Table:
     for p, offset in zip(pieces, offsets):
         table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})
         table.op_precision.update(p.op_precision)
+        table.kernel_groups.update({row + offset: group for row, group in p.kernel_groups.items()})
         for index, count in p.device_events.items():
             table.device_events[index] = table.device_events.get(index, 0) + count
         for peak in ("peak_allocated", "peak_reserved"):

@@ -57,6 +57,10 @@ class Args(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw())
     flops: float = -1.0
+    # A collective's process group (NCCL kernels and record_param_comms, torch 2.2+)
+    pg_name: str = msgspec.field(name="Process Group Name", default="")
+    pg_desc: str = msgspec.field(name="Process Group Description", default="")
+    group_size: int = msgspec.field(name="Group size", default=-1)
 
 
 class Event(msgspec.Struct, gc=False):
@@ -95,7 +99,14 @@ def _loose_args(args: dict[str, Any]) -> Args:
         input_dims=_raw(args.get("Input Dims")),
         concrete_inputs=_raw(args.get("Concrete Inputs")),
         flops=_number(args.get("flops")),
+        pg_name=_text(args.get("Process Group Name")),
+        pg_desc=_text(args.get("Process Group Description")),
+        group_size=_int(args.get("Group size")),
     )
+
+
+def _text(value: Any) -> str:
+    return value[:200] if isinstance(value, str) else "" if value is None else str(value)[:200]
 
 
 def _raw(value: Any) -> msgspec.Raw:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from trainadvisor.analyze.trace.trace_records import TraceAnalysis
 from trainadvisor.records import RankStats, RawRun, timed_steps
 
 
@@ -14,13 +15,34 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def rank_stats(
-    raw: RawRun, communication: dict[int, tuple[float | None, float | None]] | None = None
-) -> list[RankStats]:
+def _communication_pct(trace: TraceAnalysis | None) -> float | None:
+    """Collectives' share of the rank's traced step: NCCL kernels' outside compute kernels (the
+    breakdown's), or a host backend's (gloo) collectives'."""
+    if trace is None:
+        return None
+    if trace.kernels:
+        return trace.breakdown_pct.get("communication")
+    comm, step_ms = trace.communication, trace.step_time_ms_mean
+    return 100.0 * comm.ms_per_step / step_ms if comm is not None and step_ms else None
+
+
+def _overlap_pct(trace: TraceAnalysis | None) -> float | None:
+    if trace is None:
+        return None
+    if trace.kernels or trace.communication is None:
+        return trace.communication_overlap_pct
+    return trace.communication.overlap_efficiency_pct
+
+
+def rank_stats(raw: RawRun, traces: dict[int, TraceAnalysis] | None = None) -> list[RankStats]:
+    """Each rank's timed steps summarised, with its trace's communication (`traces`: each
+    rank's trace analysed)."""
     stats = []
     for run in raw.ranks:
         steps = timed_steps(run)
-        comm = (communication or {}).get(run.rank or 0, (None, None))
+        trace = (traces or {}).get(run.rank or 0)
+        comm = trace.communication if trace is not None else None
+        share = _communication_pct(trace)
         stats.append(
             RankStats(
                 rank=run.rank or 0,
@@ -32,8 +54,14 @@ def rank_stats(
                     [s.pre_backward_ms for s in steps if s.pre_backward_ms is not None]
                 ),
                 data_wait_ms_mean=_mean([s.data_wait_ms for s in steps]),
-                communication_pct=comm[0],
-                communication_overlap_pct=comm[1],
+                communication_pct=share,
+                communication_overlap_pct=_overlap_pct(trace),
+                collective_ms_per_step=comm.ms_per_step if comm else None,
+                collective_exposed_ms_per_step=comm.exposed_ms_per_step if comm else None,
+                overlap_efficiency_pct=comm.overlap_efficiency_pct if comm else None,
+                collectives_by_kind=comm.by_kind if comm else {},
+                collectives_by_phase=comm.by_phase if comm else {},
+                collectives_by_group=comm.by_group if comm else {},
             )
         )
     return stats
@@ -62,4 +90,18 @@ def rank_measurements(stats: list[RankStats]) -> dict[str, Any]:
         f"against {median:.1f} ms on the other ranks, which wait for it in the gradient all-reduce "
         f"({table['rank_skew_pct']:.0f}% of every step)"
     )
-    return table
+    return table | _gating_rank_communication(measured)
+
+
+def _gating_rank_communication(stats: list[RankStats]) -> dict[str, Any]:
+    """Communication's share of the step as the rank that waits least in its collectives sees
+    it (the others' include their wait for it: a straggler, not the link), where every rank's
+    trace measured its collectives."""
+    known = [s for s in stats if s.collective_ms_per_step is not None and s.communication_pct is not None]
+    if len(known) < 2 or len(known) < len(stats):
+        return {}
+    least = min(known, key=lambda s: s.collective_ms_per_step or 0.0)
+    return {
+        "communication_pct": least.communication_pct,
+        "communication_overlap_pct": least.communication_overlap_pct,
+    }

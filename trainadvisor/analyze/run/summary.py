@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainadvisor.analyze.run.critical_path import critical_measurements, with_cause
 from trainadvisor.analyze.run.energy import run_energy
 from trainadvisor.analyze.run.measures import runtime_measurements, trace_measurements
 from trainadvisor.analyze.run.ranks import rank_measurements
@@ -240,6 +241,8 @@ def named_measurements(run: Run) -> dict[str, Any]:
             table.update(training_loop=True, inference_loop=False)
         table["input_shapes_fixed"] = input_shapes_fixed(raw)
         table.update(rank_measurements(run.ranks))
+        table.update(critical_measurements(run.critical_path))
+        with_cause(table, run.critical_path)
     table.update({
         "steps": run.steps,
         "step_time_ms_median": run.step_time_ms.median,

@@ -19,10 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from trainadvisor.analyze.read.columns import DEVICE_KINDS, HOST_KINDS, KERNEL, MEMCPY, MEMSET, RUNTIME, Table
+from trainadvisor.analyze.read.columns import (
+    DEVICE_KINDS,
+    HOST_KINDS,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    RUNTIME,
+    Table,
+    group_label,
+)
 from trainadvisor.analyze.read.reading import read_table
 from trainadvisor.analyze.read.sources import Location, file_name, shown
-from trainadvisor.analyze.trace import callsites, copies, device, host
+from trainadvisor.analyze.trace import callsites, copies, device, host, phases
 from trainadvisor.analyze.trace import intervals as iv
 from trainadvisor.analyze.trace.facts import HOST_ITEM, gather
 from trainadvisor.analyze.trace.steps import STEP_MARKER, Steps, find_steps, is_loader_call, loop_kind
@@ -77,6 +86,9 @@ def _analyze(
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
     analysis.host_busy_pct = host.host_busy_pct(t, step_list)
     analysis.collectives = _collectives(t, roles["communication"], merged["kernel"], spans)
+    analysis.communication = phases.attribute(t, step_list, spans, merged["kernel"], _groups_listed(meta))
+    if analysis.communication is not None and not analysis.collectives:
+        analysis.collectives = analysis.communication.by_kind  # a host backend's (gloo)
     analysis.utilization, analysis.flops_source = trace_utilization(t, host_spans, analysis)
     return analysis
 
@@ -306,6 +318,17 @@ def _counted(keys: Any) -> dict[str, int]:
     for key in keys:
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _groups_listed(meta: dict[str, Any]) -> list[str]:
+    """The process groups distributedInfo lists ("default_pg, 2 ranks")."""
+    dist = meta.get("distributedInfo")
+    listed = dist.get("pg_config") if isinstance(dist, dict) else None
+    return [
+        group_label(str(g.get("pg_desc") or g.get("pg_name") or "?")[:200], g.get("pg_size") or -1)
+        for g in (listed if isinstance(listed, list) else [])
+        if isinstance(g, dict)
+    ]
 
 
 def _rank_in_name(path: Location) -> int | None:

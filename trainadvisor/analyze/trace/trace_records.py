@@ -47,6 +47,27 @@ class StepBreakdown:
     cpu_tensor_copies: int = 0  # tensors made on the host, then copied to the device
     allocator_calls: int = 0  # device malloc/free runtime calls (cudaMalloc, hipFree, ...)
     allocator_ms: float = 0.0  # host time in them
+    # the step's host time by phase (`phases.PHASES`: data, forward, backward, optimizer,
+    # other), ms; they add up to its host span
+    phase_ms: dict[str, float] = field(default_factory=dict)
+    compute_ms: float = 0.0  # compute in the step: kernels, or on a host-only trace its aten ops
+    collective_ms: float = 0.0  # collectives in the step (waits for other ranks included)
+    exposed_ms: float = 0.0  # of them, with no compute beside them
+
+
+@dataclass
+class CommAttribution:
+    """A trace's communication (`phases`): ms per step and, of it, exposed (no compute beside
+    it), in all and by collective kind, by the phase that launched it and by process group."""
+
+    source: str  # "NCCL/RCCL kernels" or "the host backend's collectives (gloo)"
+    ms_per_step: float
+    exposed_ms_per_step: float
+    # torchtitan's definition (PR #3020): (compute + communication - their union) / communication
+    overlap_efficiency_pct: float | None
+    by_kind: dict[str, list[float]] = field(default_factory=dict)  # kind -> [ms, exposed ms]
+    by_phase: dict[str, list[float]] = field(default_factory=dict)  # forward/backward/optimizer/...
+    by_group: dict[str, list[float]] = field(default_factory=dict)  # "default_pg, 8 ranks" -> ...
 
 
 @dataclass
@@ -102,4 +123,5 @@ class TraceAnalysis:
     # FLOPs per step from the trace's ops and MFU against the GPU's peak (`trace_flops`): None
     # where the trace carries neither FLOPs nor shapes; flops_source "trace flops"/"trace shapes"
     utilization: Utilization | None = None
+    communication: CommAttribution | None = None  # by phase and process group (`phases`)
     flops_source: str = ""
