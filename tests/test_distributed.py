@@ -179,3 +179,60 @@ def test_an_fsdp2_job_is_said_in_one_line(tmp_path: Path) -> None:
     assert {k: v for k, v in runtime.items() if k.startswith("fsdp_")} == {
         "fsdp_version": "FSDP2", "fsdp_units": 5, "fsdp_resharding_units": 4, "fsdp_world_size": 2,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "phase"), [("data", "data"), ("compute", "forward")])
+def test_a_rank_slow_in_its_data_or_its_compute_is_named_with_its_cause(
+    tmp_path: Path, where: str, phase: str
+) -> None:
+    """Four gloo ranks; rank 2 spends 15 ms more per step in its DataLoader (its storage) or in
+    its forward pass (matrix products): the critical path names it, the phase and the cause."""
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--nproc-per-node", "4", "--warmup", "3", "--steps", "10", "--no-fix",
+        "--out", out, DDP, "--slow-rank", "2", "--slow-ms", "15", "--slow-in", where, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    path = report["baseline"]["critical_path"]
+    assert (path["gating_rank"], path["cause"], path["phase"], path["by"]) == (2, where, phase, "collectives")
+    assert path["gated_steps"] >= 8 and path["excess_ms"][where] > 10
+    [straggler] = [f for f in report["findings"] if f["rule"] == "straggler"]
+    evidence = {e["measurement"]: e["value"] for e in straggler["evidence"]}
+    assert (evidence["slowest_rank"], evidence["straggler_cause"]) == (2, where)
+    words = {"data": "its data loading", "compute": "its compute"}[where]
+    assert f"its traced steps show why: {words} (+" in straggler["message"]
+    assert f"  critical path: rank 2 gates {path['gated_steps']} of " in result.stdout
+    # every rank's collectives, by phase: DDP's all-reduce is launched in the backward pass
+    for rank in report["baseline"]["ranks"]:
+        assert list(rank["collectives_by_phase"]) == ["backward"], rank
+        assert list(rank["collectives_by_kind"]) == ["all_reduce"]
+        assert list(rank["collectives_by_group"]) == ["default_pg, 4 ranks"]
+
+
+def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(tmp_path: Path) -> None:
+    """FSDP2 on 2 gloo ranks: all-gathers in the forward and backward passes, reduce-scatters
+    in the backward pass; `analyze` of the ranks' traces gives each rank the same figures."""
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", "--no-fix",
+        "--out", out, EXAMPLES / "fsdp_train.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ranks = load_report(out)["baseline"]["ranks"]
+    for rank in ranks:
+        assert set(rank["collectives_by_phase"]) == {"forward", "backward"}
+        assert set(rank["collectives_by_kind"]) == {"all_gather", "reduce_scatter"}
+        forward, backward = rank["collectives_by_phase"]["forward"], rank["collectives_by_phase"]["backward"]
+        assert forward[0] > 0 and backward[0] > forward[0]  # the backward gathers again, and reduces
+        assert 0 <= rank["overlap_efficiency_pct"] <= 100
+    assert "    by phase: backward " in result.stdout
+    analyzed = run_cli("analyze", out / "traces" / "baseline", "--out", tmp_path / "analyzed", cwd=tmp_path)
+    assert analyzed.returncode == 0, analyzed.stderr
+    traces = {t["rank"]: t["communication"] for t in load_report(tmp_path / "analyzed")["traces"]}
+    for rank in ranks:
+        mine = traces[rank["rank"]]
+        assert mine["by_phase"] == rank["collectives_by_phase"]
+        assert mine["by_group"] == rank["collectives_by_group"]
+        assert list(mine["by_group"]) == ["default_pg, 2 ranks"]
+        assert mine["overlap_efficiency_pct"] == rank["overlap_efficiency_pct"]

@@ -238,7 +238,9 @@ def attribute(
         source="NCCL/RCCL kernels" if source == "device" else "the host backend's collectives (gloo)",
         ms_per_step=total / 1e3 / n,
         exposed_ms_per_step=float(exposed.sum()) / 1e3 / n,
-        overlap_efficiency_pct=100.0 * (total - float(exposed.sum())) / total if total else None,
+        overlap_efficiency_pct=min(max(100.0 * (total - float(exposed.sum())) / total, 0.0), 100.0)
+        if total
+        else None,
         by_kind=split(kinds_of(t, rows if issuer is None else issuer, source)),
         by_phase=split(phase_names[: len(rows)] if len(rows) else phase_names[:0]),
         by_group=split(_groups(t, rows, groups_in_trace)),
