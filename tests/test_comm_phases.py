@@ -169,7 +169,7 @@ def test_the_rank_slow_in_its_data_gates_the_steps() -> None:
     said = critical_measurements(path)
     assert said["straggler_cause"] == "data"
     assert said["critical_path"] == (
-        "rank 2 gates 5 of 5 steps: its data is 12.0 ms longer than the other ranks' and it is slow "
+        "rank 2 gates 5 of 5 steps: its data loading is 12.0 ms longer than the other ranks' and it is slow "
         "in its data loading (+12.0 ms per step); the others wait 12.0 ms per step for it"
     )
 

@@ -100,6 +100,40 @@ def test_the_candidates_free_settings_first_then_larger_buckets_only_where_they_
     assert fix.choose([_trial("a", 41.0)], VALUES) is None
 
 
+def test_a_static_graph_is_tried_last_on_top_of_the_best_setting_so_far() -> None:
+    """Batches of one shape and no parameter unused: after the free settings and larger
+    buckets, static_graph=True on top of the faster of them (alone where neither gained)."""
+    fix, values = DdpSettings(), {**VALUES, "input_shapes_fixed": True}
+    assert fix.expected_trials(values) == 3
+    first = fix.next_candidate(values, [])
+    assert first is not None
+    tried = Trial(first.label, first.overrides, "measured", 60.0, None)
+    larger = fix.next_candidate(values, [tried])
+    assert larger is not None
+    slower = Trial(larger.label, larger.overrides, "measured", 50.0, None)
+    static = fix.next_candidate(values, [tried, slower])
+    assert static is not None and static.overrides.runtime["ddp"] == {
+        **first.overrides.runtime["ddp"], "static_graph": True,
+    }  # fmt: skip
+    done = Trial(static.label, static.overrides, "measured", 61.0, None)
+    assert fix.next_candidate(values, [tried, slower, done]) is None
+    lost = Trial(first.label, first.overrides, "measured", 39.0, None)
+    alone = fix.next_candidate(values, [lost])
+    assert alone is not None and alone.label == "static_graph=True"
+    good = {
+        **values,
+        "ddp_find_unused_parameters": False,
+        "ddp_bucket_cap_mb": 25.0,
+        "ddp_gradient_as_bucket_view": True,
+    }
+    assert fix.not_applicable(good) is None and fix.expected_trials(good) == 1
+    assert (
+        fix.not_applicable({**good, "ddp_static_graph": True})
+        == "DDP is built with the settings this fix would set"
+    )
+    assert fix.not_applicable({**good, "input_shapes_fixed": False}) is not None  # shapes vary: not static
+
+
 @pytest.mark.parametrize(
     ("changed", "why"),
     [

@@ -4,8 +4,11 @@ parameter go unused (with it on, DDP walks the autograd graph after every forwar
 `gradient_as_bucket_view=True` (gradients live in the all-reduce buckets: one copy less per
 step), and buckets of at least DDP's default 25 MiB (a tiny `bucket_cap_mb` splits the gradients
 into many small all-reduces, each paying the collective's latency); then larger buckets, which
-start fewer, longer all-reduces. Each candidate is a torchrun trial of the script as it is,
-kept only if faster and the loss of the same seeded steps is unchanged."""
+start fewer, longer all-reduces; last, `static_graph=True` where the graph looks static (no
+parameter went unused, every step drew batches of the same shapes): DDP then skips its per-step
+bookkeeping of which gradients to expect. Each candidate is a torchrun trial of the script as it
+is, kept only if faster and the loss of the same seeded steps is unchanged on every rank (a graph
+that is not static after all changes the gradients, or fails the trial)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ class DdpSettings(Fix):
             return "the script builds no DistributedDataParallel"
         if int(values.get("ddp_world_size") or 0) < 2:
             return "DDP over one process communicates nothing"
-        if not self._changes(values):
+        if not self._changes(values) and not _static_possible(values):
             return "DDP is built with the settings this fix would set"
         return None
 
@@ -48,16 +51,22 @@ class DdpSettings(Fix):
         return changes
 
     def expected_trials(self, values: dict[str, Any]) -> int:
-        return 2
+        return (2 if self._changes(values) else 0) + (1 if _static_possible(values) else 0)
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         first = self._changes(values)
-        if not trials:
+        if first and not trials:
             return _setting(first)
-        if len(trials) > 1 or not _gained(trials[0], values):
-            return None  # larger buckets are worth a trial only where the first setting helped
-        cap = float(first.get("bucket_cap_mb") or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB)
-        return _setting({**first, "bucket_cap_mb": cap * LARGER})
+        if first and len(trials) == 1 and _gained(trials[0], values):
+            # larger buckets are worth a trial only where the first setting helped
+            cap = float(
+                first.get("bucket_cap_mb") or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB
+            )
+            return _setting({**first, "bucket_cap_mb": cap * LARGER})
+        if not _static_possible(values) or any(_ddp(t).get("static_graph") for t in trials):
+            return None
+        best = self.choose(trials, values)
+        return _setting({**(_ddp(best) if best is not None else {}), "static_graph": True})
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         faster = [t for t in trials if _gained(t, values)]
@@ -92,6 +101,18 @@ class DdpSettings(Fix):
 
         settings = overrides.runtime.get("ddp") or {}
         return codechange.edit_calls(source, NAMES, None, dict(settings)) if settings else None
+
+
+def _static_possible(values: dict[str, Any]) -> bool:
+    """DDP's graph looks static: not static already, no parameter went unused (or none was
+    searched for), and every step drew batches of the same shapes."""
+    if values.get("ddp_static_graph") or not values.get("input_shapes_fixed"):
+        return False
+    return not values.get("ddp_find_unused_parameters") or values.get("ddp_unused_parameter_bytes") == 0
+
+
+def _ddp(trial: Trial) -> dict[str, Any]:
+    return dict(trial.overrides.runtime.get("ddp") or {})
 
 
 def _setting(changes: dict[str, Any]) -> Setting:

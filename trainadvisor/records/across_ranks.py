@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 CAUSES = ("data", "compute", "host", "communication")
 PHASES = ("data", "forward", "backward", "optimizer", "other")  # `analyze.trace.phases.PHASES`
 NOTABLE_PCT = 5.0  # of the step: a wait below it gates nothing worth naming
+MOST = 0.6  # a rank gating fewer of the steps than this is no straggler: the last changes
+_PHASE_WORDS = {
+    "data": "data loading",
+    "forward": "forward pass",
+    "backward": "backward pass",
+    "optimizer": "optimizer step",
+    "other": "work after its backward pass",
+}
 _CAUSE_WORDS = {
     "data": "its data loading",
     "compute": "its compute",
@@ -36,14 +44,27 @@ class CriticalPath:
     chain_exposed_ms: float = 0.0
     gates: list[tuple[int, int]] = field(default_factory=list)  # (rank, steps it gates), top few
 
+    def notable(self) -> bool:
+        """One rank gates most steps, and the others wait for it a share worth naming."""
+        if self.gated_steps < MOST * self.steps:
+            return False
+        return self.by != "collectives" or 100.0 * self.wait_ms / max(self.step_ms, 1e-9) >= NOTABLE_PCT
+
     def sentence(self) -> str:
-        if self.by == "collectives" and 100.0 * self.wait_ms / max(self.step_ms, 1e-9) < NOTABLE_PCT:
+        if self.gated_steps < MOST * self.steps:
+            gates = ", ".join(f"rank {rank} in {count}" for rank, count in self.gates)
+            return (
+                f"no one rank holds the others back: the last to arrive changes from step to step "
+                f"({gates} of {self.steps} steps)"
+            )
+        if not self.notable():
             return (
                 f"no rank holds the others back: they wait {self.wait_ms:.1f} ms per step for the "
                 f"last to arrive ({self.steps} steps compared)"
             )
         return (
-            f"rank {self.gating_rank} gates {self.gated_steps} of {self.steps} steps: its {self.phase} "
+            f"rank {self.gating_rank} gates {self.gated_steps} of {self.steps} steps: its "
+            f"{_PHASE_WORDS[self.phase]} "
             f"is {self.phase_excess_ms.get(self.phase, 0.0):.1f} ms longer than the other ranks' and "
             f"it is slow in {_CAUSE_WORDS[self.cause]} "
             f"(+{self.excess_ms.get(self.cause, 0.0):.1f} ms per step)"
@@ -55,7 +76,7 @@ class CriticalPath:
         return (
             f"its traced steps show why: {_CAUSE_WORDS[self.cause]} "
             f"(+{self.excess_ms.get(self.cause, 0.0):.1f} ms per step against the others' median"
-            + (f", in its {self.phase})" if self.phase != "data" else ")")
+            + (f", in its {_PHASE_WORDS[self.phase]})" if self.phase != "data" else ")")
         )
 
     def chain_text(self) -> str:

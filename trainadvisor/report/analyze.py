@@ -112,7 +112,8 @@ def _collectives(a: Any) -> list[str]:
 def _ranks(plain: dict[str, Any]) -> list[str]:
     table: RankTable = from_plain(RankTable, plain)
     path = table.critical
-    said = [f"critical path: {path.sentence()}", f"  {path.chain_text()}"] if path is not None else []
+    said = [f"critical path: {path.sentence()}"] if path is not None else []
+    said += [f"  {path.chain_text()}"] if path is not None and path.notable() else []
     critical = [line for text in said for line in _wrap(f"  {text}")]
     if table.overview is None:
         return [f"{len(table.rows)} ranks, per step in ms:", *table_lines(table), *critical]

@@ -78,4 +78,4 @@ def critical(run: Run) -> list[str]:
     path = run.critical_path
     if path is None:
         return []
-    return [f"critical path: {path.sentence()}", f"  {path.chain_text()}"]
+    return [f"critical path: {path.sentence()}"] + ([f"  {path.chain_text()}"] if path.notable() else [])

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainadvisor.records.across_ranks import CAUSES, NOTABLE_PCT, PHASES, CriticalPath
+from trainadvisor.records.across_ranks import CAUSES, PHASES, CriticalPath
 
 if TYPE_CHECKING:
     from trainadvisor.analyze.trace.trace_records import StepBreakdown
@@ -119,6 +119,6 @@ def with_cause(table: dict[str, object], path: CriticalPath | None) -> None:
     rank (and a wait worth naming)."""
     if path is None or table.get("slowest_rank") != path.gating_rank or "straggler_evidence" not in table:
         return
-    if path.by == "collectives" and 100.0 * path.wait_ms / max(path.step_ms, 1e-9) < NOTABLE_PCT:
+    if not path.notable():
         return
     table["straggler_evidence"] = f"{table['straggler_evidence']}; {path.cause_text()}"

@@ -1,0 +1,105 @@
+"""The `fsdp-settings` fix: when it applies, its candidate, its choice under a memory budget, the
+switch that makes every `fully_shard` keep its parameters after forward (a real FSDP2 unit in a
+one-process gloo group), and the code change at each `fully_shard` call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from conftest import EXAMPLES
+from torch import nn
+
+from trainadvisor.fixes.fsdp_settings import FsdpSettings
+from trainadvisor.records import Overrides, RawRun, Trial
+from trainadvisor.training import parallel
+from trainadvisor.training.hooks import Patches
+
+VALUES = {
+    "fsdp_version": "FSDP2", "fsdp_units": 5, "fsdp_resharding_units": 4, "fsdp_world_size": 2,
+    "steps_per_s": 40.0, "step_peak_bytes": 1000,
+}  # fmt: skip
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _trial(steps_per_s: float, peak: int) -> Trial:
+    raw = RawRun.__new__(RawRun)
+    raw.runtime = {"memory": {"peak_bytes": peak}}
+    setting = FsdpSettings().next_candidate(VALUES, [])
+    assert setting is not None
+    return Trial(setting.label, setting.overrides, "measured", steps_per_s, None, raw=raw)
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [
+        ({"fsdp_units": 0}, "the script builds no FSDP units (fully_shard)"),
+        ({"fsdp_version": "FSDP1"}, "FSDP1 (FullyShardedDataParallel): this fix sets FSDP2's fully_shard"),
+        ({"fsdp_world_size": 1}, "FSDP over one rank communicates nothing"),
+        ({"fsdp_resharding_units": 0}, "every FSDP unit keeps its parameters gathered after forward already"),
+    ],
+)
+def test_where_the_fix_cannot_apply_it_says_why(changed: dict[str, Any], why: str) -> None:
+    assert FsdpSettings().not_applicable({**VALUES, **changed}) == why
+
+
+def test_one_candidate_kept_where_faster_and_within_the_budget() -> None:
+    fix = FsdpSettings()
+    assert fix.not_applicable(VALUES) is None
+    first = fix.next_candidate(VALUES, [])
+    assert first is not None and first.overrides.runtime == {"fsdp": {"reshard_after_forward": False}}
+    faster = _trial(50.0, 1500)
+    assert fix.next_candidate(VALUES, [faster]) is None
+    assert fix.choose([faster], VALUES) is faster
+    assert fix.describe(faster, VALUES) == "reshard_after_forward=False (peak 1 kB -> 1.5 kB)"
+    assert fix.choose([_trial(41.0, 1500)], VALUES) is None  # under 5% faster
+    budget = {**VALUES, "memory_budget_bytes": 1200}
+    assert fix.choose([faster], budget) is None
+    assert fix.search_note([faster], budget) == (
+        "keeping the parameters gathered needs peak 1 kB -> 1.5 kB, over the budget of 1.2 kB: "
+        "over the memory budget"
+    )
+
+
+def test_the_switch_makes_every_fully_shard_keep_its_parameters(one_process_group: None) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    patches = Patches()
+    FsdpSettings().install(patches, Overrides(runtime={"fsdp": {"reshard_after_forward": False}}))
+    try:
+        import torch.distributed.fsdp as fsdp
+
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        fsdp.fully_shard(model[0], reshard_after_forward=True)  # the script asks; the trial overrides
+        fsdp.fully_shard(model)
+        patched = parallel.fsdp_facts()
+    finally:
+        patches.undo()
+    assert patched["fsdp_units"] == 2 and patched["fsdp_resharding_units"] == 0
+    import torch.distributed.fsdp as fsdp
+
+    assert fsdp.fully_shard is fully_shard  # put back
+    again = nn.Sequential(nn.Linear(4, 4))
+    fully_shard(again[0], reshard_after_forward=True)
+    assert parallel.fsdp_facts()["fsdp_resharding_units"] >= 1
+
+
+def test_the_code_change_sets_it_at_each_fully_shard_call() -> None:
+    source = (EXAMPLES / "fsdp_train.py").read_text()
+    changed = FsdpSettings().code_change(
+        source, EXAMPLES / "fsdp_train.py", Overrides(runtime={"fsdp": {"reshard_after_forward": False}})
+    )
+    assert changed is not None
+    assert "fully_shard(block, reshard_after_forward=False)" in changed
+    assert "fully_shard(model, reshard_after_forward=False)" in changed
+    assert "reshard_after_forward=not args.no_reshard" not in changed
