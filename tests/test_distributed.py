@@ -226,7 +226,11 @@ def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(
         forward, backward = rank["collectives_by_phase"]["forward"], rank["collectives_by_phase"]["backward"]
         assert forward[0] > 0 and backward[0] > forward[0]  # the backward gathers again, and reduces
         assert 0 <= rank["overlap_efficiency_pct"] <= 100
+        # 4 x (128x128 + 128) + 128x10 + 10 float parameters, half on each rank
+        assert rank["sharded_parameter_bytes"] == (4 * (128 * 128 + 128) + 128 * 10 + 10) * 4 // 2
+        assert 0 < rank["gathered_parameter_bytes"] and rank["peak_bytes"] > rank["sharded_parameter_bytes"]
     assert "    by phase: backward " in result.stdout
+    assert "  memory per rank: peak " in result.stdout
     analyzed = run_cli("analyze", out / "traces" / "baseline", "--out", tmp_path / "analyzed", cwd=tmp_path)
     assert analyzed.returncode == 0, analyzed.stderr
     traces = {t["rank"]: t["communication"] for t in load_report(tmp_path / "analyzed")["traces"]}

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 from conftest import EXAMPLES
 from torch import nn
@@ -103,3 +104,21 @@ def test_the_code_change_sets_it_at_each_fully_shard_call() -> None:
     assert "fully_shard(block, reshard_after_forward=False)" in changed
     assert "fully_shard(model, reshard_after_forward=False)" in changed
     assert "reshard_after_forward=not args.no_reshard" not in changed
+
+
+def test_gathered_parameters_count_while_their_unit_is_unsharded(one_process_group: None) -> None:
+    """FSDP2 units of 4x4+4 and 4x2+2 float parameters: nothing gathered before the forward;
+    after it, with reshard_after_forward=False, both units hold their parameters gathered."""
+    from torch.distributed.fsdp import fully_shard
+
+    from trainadvisor.memory import sharded
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    fully_shard(model[0], reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False)
+    gathered = sharded.gathered_bytes()
+    assert gathered is not None and gathered() == (0, 0)
+    weight = next(model.parameters())  # sharded: a DTensor, its local shard what the rank holds
+    assert type(weight).__name__ == "DTensor" and type(sharded.local(weight)) is torch.Tensor
+    model(torch.ones(3, 4))
+    assert gathered() == ((4 * 4 + 4 + 4 * 2 + 2) * 4, 4)

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from trainadvisor.memory import sharded
+from trainadvisor.memory.sharded import local
 from trainadvisor.memory.storages import LiveStorages
 
 
@@ -37,9 +39,9 @@ def _storages(tensors: list[torch.Tensor]) -> dict[int, int]:
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any], list[Any]]:
     """(parameters, their gradients, the optimizer's state tensors)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    grads = [p.grad for p in params if p.grad is not None]
-    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return params, grads, state
+    grads = [local(p.grad) for p in params if p.grad is not None]
+    state = [local(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return [local(p) for p in params], grads, state
 
 
 CPU_PEAK = "the most training's tensors held at once (parameters, gradients, optimizer state, the step's own)"
@@ -67,7 +69,8 @@ class StepMemory:
         try:
             if device is not None:
                 torch.cuda.reset_peak_memory_stats(device)
-            self._live = LiveStorages("cpu" if device is None else "cuda")
+            gathered = sharded.gathered_bytes()
+            self._live = LiveStorages("cpu" if device is None else "cuda", gathered, sharded.GATHERED)
             params_, grads, state = optimizer_tensors(optimizer)
             for named, tensors in (("parameters", params_), ("gradients", grads), ("optimizer state", state)):
                 for tensor in tensors:  # live until freed (old gradients are)
@@ -93,6 +96,8 @@ class StepMemory:
         def pack(t: torch.Tensor) -> torch.Tensor:
             if id(t) in params or isinstance(t, torch.nn.Parameter):
                 return t
+            if isinstance(getattr(t, "_base", None), torch.nn.Parameter):
+                return t  # a view of a parameter FSDP gathered (a Linear saves `weight.t()`)
             found = _storages([t])
             if found.keys() & storages:
                 return t  # a view of a parameter
@@ -133,9 +138,11 @@ class StepMemory:
         else:
             peak = live.peak_bytes if live is not None else 0
             source = CPU_PEAK
+        timeline, peak_at = live.timeline() if live is not None else ([], 0)
+        if live is not None and len(live.held) > 1:  # FSDP: its gathered parameters at the peak
+            exact["gathered_parameters"] = live.held[peak_at][0] if peak_at < len(live.held) else 0
         self.result = breakdown(peak, exact, sum(self._saved.values()), source)
         if live is not None:
-            timeline, peak_at = live.timeline()
             self.result.update(timeline_bytes=timeline, peak_sites=live.sites_at(peak_at))
         self.status = "measured"
         self._optimizer = None

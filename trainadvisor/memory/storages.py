@@ -13,6 +13,7 @@ import os
 import sys
 import sysconfig
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +34,20 @@ _NOT_USER = tuple(
 )
 
 
+FSDP_BUFFERS = "FSDP's buffers (all-gather, reduce-scatter)"
+_FSDP_CODE = os.path.join(os.path.dirname(torch.__file__), "distributed", "fsdp") + os.sep
+
+
 def user_site(depth: int = 2) -> str:
     """'train.py:42' of the innermost frame outside torch, trainadvisor, the standard library
-    and installed packages; '' when there is none (torch's own threads)."""
+    and installed packages; FSDP_BUFFERS where FSDP's own code made it on the way; '' when
+    there is none (torch's own threads)."""
     frame = sys._getframe(depth)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith("<") and not os.path.normpath(name).startswith(_NOT_USER):
+        name = os.path.normpath(frame.f_code.co_filename)
+        if name.startswith(_FSDP_CODE):
+            return FSDP_BUFFERS
+        if not name.startswith("<") and not name.startswith(_NOT_USER):
             return f"{os.path.basename(name)}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return ""
@@ -76,17 +84,26 @@ class LiveStorages(TorchDispatchMode):
     is the operator after which it is live; its `freed_at` the last one after which it still
     was (it was freed before the next)."""
 
-    def __init__(self, device_type: str = "cpu") -> None:
+    def __init__(
+        self, device_type: str = "cpu", held: Callable[[], tuple[int, int]] | None = None, held_as: str = ""
+    ) -> None:
+        """`held`: bytes (and tensors) live outside the operators' storages, asked after each
+        operator and counted as `held_as` (FSDP's gathered parameters: `sharded`)."""
         super().__init__()
         self.device_type = device_type
         self.ops = 0
         self.live_bytes = self.peak_bytes = 0
         self.log: list[_Allocation] = []
         self._live: dict[int, _Allocation] = {}
+        self._held, self.held_as = held, held_as
+        self.held: list[tuple[int, int]] = [(0, 0)]  # after each operator (index: the operator's)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self.ops += 1
+        if self._held is not None:
+            self.held.append(self._held())
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes + self.held[-1][0])
         inputs: set[int | None] | None = None
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
@@ -127,9 +144,9 @@ class LiveStorages(TorchDispatchMode):
             if a.freed_at is not None:  # freed before the next operator: live after its own
                 change[a.freed_at + 1] -= a.size_bytes
         live, series = 0, []
-        for delta in change[: self.ops + 1]:
+        for op, delta in enumerate(change[: self.ops + 1]):
             live += delta
-            series.append(live)
+            series.append(live + (self.held[op][0] if op < len(self.held) else 0))
         peak_at = max(range(len(series)), key=series.__getitem__) if series else 0
         stretch = max(1, -(-len(series) // TIMELINE_POINTS))
         points = [max(series[i : i + stretch]) for i in range(0, len(series), stretch)]
@@ -143,5 +160,7 @@ class LiveStorages(TorchDispatchMode):
                 entry = by_site.setdefault(a.site or "torch internals", [0, 0])
                 entry[0] += a.size_bytes
                 entry[1] += 1
+        if op < len(self.held) and self.held[op][0]:
+            by_site[self.held_as] = [self.held[op][0], self.held[op][1]]
         ranked = sorted(by_site.items(), key=lambda kv: -kv[1][0])
         return [{"site": s, "bytes": b, "tensors": n} for s, (b, n) in ranked[:SITES_SHOWN]]

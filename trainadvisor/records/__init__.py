@@ -320,6 +320,11 @@ class RankStats:
     collectives_by_kind: dict[str, list[float]] = field(default_factory=dict)
     collectives_by_phase: dict[str, list[float]] = field(default_factory=dict)
     collectives_by_group: dict[str, list[float]] = field(default_factory=dict)
+    # its counted step's memory (`memory.step`): the peak, and under FSDP the parameters it
+    # holds sharded and those gathered at that peak
+    peak_bytes: int | None = None
+    sharded_parameter_bytes: int | None = None
+    gathered_parameter_bytes: int | None = None
 
 
 @dataclass

@@ -7,7 +7,7 @@ from trainadvisor.units import scaled
 
 PARTS = (
     ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
-    ("activations", "activations"), ("other", "other"),
+    ("gathered_parameters", "gathered parameters (FSDP)"), ("activations", "activations"), ("other", "other"),
 )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.records import Run
+from trainadvisor.report.memory import size
 
 
 def parallelism(run: Run) -> str | None:
@@ -71,6 +72,29 @@ def communication(run: Run) -> list[str]:
         if split:
             lines.append(f"  {title}: {split_said(split)}")
     return lines
+
+
+def rank_memory(run: Run) -> list[str]:
+    """'memory per rank: peak 876-880 kB (rank 1 the largest, +0.5%); FSDP: 135 kB of
+    parameters held sharded, 22 kB gathered at the peak (rank 0)'."""
+    known = [r for r in run.ranks if r.peak_bytes]
+    if len(known) < 2:
+        return []
+    high = max(known, key=lambda r: r.peak_bytes or 0)
+    low = min(r.peak_bytes or 0 for r in known)
+    spread = 100.0 * ((high.peak_bytes or 0) - low) / low
+    text = (
+        f"memory per rank: peak {size(low)}-{size(high.peak_bytes or 0)} (rank {high.rank} the largest, "
+        f"+{spread:.1f}%)"
+        if size(low) != size(high.peak_bytes or 0)
+        else f"memory per rank: peak {size(low)} on each rank (within {spread:.1f}%)"
+    )
+    if high.sharded_parameter_bytes is not None:
+        text += (
+            f"; FSDP on rank {high.rank}: {size(high.sharded_parameter_bytes)} of parameters held sharded, "
+            f"{size(high.gathered_parameter_bytes or 0)} gathered at its peak"
+        )
+    return [text]
 
 
 def critical(run: Run) -> list[str]:

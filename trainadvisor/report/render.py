@@ -40,7 +40,7 @@ from trainadvisor.records.energy import Energy
 from trainadvisor.records.upgrade import upgraded
 from trainadvisor.report import mdtext
 from trainadvisor.report.memory import memory_cell, memory_fit, memory_title, peak_sites_text, step_chart
-from trainadvisor.report.parallel import communication, critical, parallelism
+from trainadvisor.report.parallel import communication, critical, parallelism, rank_memory
 from trainadvisor.report.utilization import flops_cell, mfu_cell, mfu_title, mfu_words
 
 COLORS = {
@@ -399,6 +399,7 @@ def _context(report: Report) -> dict[str, Any]:
         "parallelism": parallelism,
         "communication": communication,
         "critical": critical,
+        "rank_memory": rank_memory,
         "any_parallel": any(parallelism(run) for run in runs),
         "fix_line": fix_line,
         "energy_cell": energy_cell,
@@ -512,7 +513,7 @@ def terminal_summary(report: Report, out_dir: Path) -> str:
         lines += _wrap(f"  ranks: {len(base.ranks)}{spread}" + (f"; {', '.join(failed)}" if failed else ""))
     if base is not None and (parallel := parallelism(base)):
         lines += _wrap(f"  parallel: {parallel}")
-    for line in (communication(base) + critical(base)) if base is not None else []:
+    for line in (rank_memory(base) + communication(base) + critical(base)) if base is not None else []:
         lines += _wrap(f"  {line}")
     for finding in report.findings:
         lines += _wrap(f"  [{finding.severity}] {finding.rule}: {finding.message}")

@@ -34,6 +34,18 @@ def _overlap_pct(trace: TraceAnalysis | None) -> float | None:
     return trace.communication.overlap_efficiency_pct
 
 
+def _memory(run: RawRun) -> dict[str, int | None]:
+    """The rank's counted step's peak, and under FSDP its sharded and gathered parameters."""
+    memory = run.runtime.get("memory") or {}
+    parts = memory.get("breakdown") or {}
+    fsdp = "gathered_parameters" in parts
+    return {
+        "peak_bytes": memory.get("peak_bytes"),
+        "sharded_parameter_bytes": parts.get("parameters") if fsdp else None,
+        "gathered_parameter_bytes": parts.get("gathered_parameters"),
+    }
+
+
 def rank_stats(raw: RawRun, traces: dict[int, TraceAnalysis] | None = None) -> list[RankStats]:
     """Each rank's timed steps summarised, with its trace's communication (`traces`: each
     rank's trace analysed)."""
@@ -62,6 +74,7 @@ def rank_stats(raw: RawRun, traces: dict[int, TraceAnalysis] | None = None) -> l
                 collectives_by_kind=comm.by_kind if comm else {},
                 collectives_by_phase=comm.by_phase if comm else {},
                 collectives_by_group=comm.by_group if comm else {},
+                **_memory(run),
             )
         )
     return stats
@@ -90,7 +103,20 @@ def rank_measurements(stats: list[RankStats]) -> dict[str, Any]:
         f"against {median:.1f} ms on the other ranks, which wait for it in the gradient all-reduce "
         f"({table['rank_skew_pct']:.0f}% of every step)"
     )
-    return table | _gating_rank_communication(measured)
+    return table | _gating_rank_communication(measured) | _memory_spread(stats)
+
+
+def _memory_spread(stats: list[RankStats]) -> dict[str, Any]:
+    """The ranks' peaks: the largest, which rank, and how far above the smallest it is."""
+    peaks = [(s.peak_bytes, s.rank) for s in stats if s.peak_bytes]
+    if len(peaks) < 2:
+        return {}
+    (high, rank), low = max(peaks), min(p for p, _ in peaks)
+    return {
+        "rank_peak_bytes_max": high,
+        "rank_peak_max_rank": rank,
+        "rank_peak_imbalance_pct": 100.0 * (high - low) / low,
+    }
 
 
 def _gating_rank_communication(stats: list[RankStats]) -> dict[str, Any]:
