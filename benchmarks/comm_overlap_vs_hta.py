@@ -26,18 +26,23 @@ SETS = {  # each a folder of one job's rank traces, as HTA reads them
     "trace_filter (2 ranks)": ["trace_filter/sampled_rank-0.json.gz", "trace_filter/sampled_rank-1.json.gz"],
     "nccl_parser_config": ["nccl_parser_config/nccl_data.json.gz"],
 }
+# HTA drops the kernels of a trace's last ProfilerStep by default (include_last_profiler_step=
+# False: it may be incomplete); trainadvisor keeps a last step whose device work the trace holds.
+# Side by side on the same steps means HTA with the last step included; its default is printed too.
 HTA_OVERLAP = (
     "import sys; from hta.trace_analysis import TraceAnalysis; "
-    "df = TraceAnalysis(trace_dir=sys.argv[1]).get_comm_comp_overlap(visualize=False); "
+    "df = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=sys.argv[2] == 'last')"
+    ".get_comm_comp_overlap(visualize=False); "
     "print(' '.join(f'{r}:{p}' for r, p in zip(df['rank'], df['comp_comm_overlap_pctg'])))"
 )
 
 
-def hta_overlap(python: str, files: list[Path]) -> dict[int, float]:
+def hta_overlap(python: str, files: list[Path], last: bool) -> dict[int, float]:
     with tempfile.TemporaryDirectory() as folder:
         for path in files:
             shutil.copy(path, folder)
-        out = subprocess.run([python, "-c", HTA_OVERLAP, folder], capture_output=True, text=True, check=True)
+        command = [python, "-c", HTA_OVERLAP, folder, "last" if last else "default"]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
     pairs = (item.split(":") for item in out.stdout.split()[-len(files) :])
     return {int(rank): float(pct) for rank, pct in pairs}
 
@@ -48,13 +53,20 @@ def main() -> None:
     args = parser.parse_args()
     for name, relative in SETS.items():
         files = [HTA / r for r in relative]
-        theirs = hta_overlap(args.hta_python, files) if args.hta_python else {}
+        same = hta_overlap(args.hta_python, files, last=True) if args.hta_python else {}
+        default = hta_overlap(args.hta_python, files, last=False) if args.hta_python else {}
         for path in files:
             a = analyze_trace(path)
-            ours = a.communication_overlap_pct
-            hta = theirs.get(a.rank if a.rank is not None else 0)
-            beside = f", HTA {hta:.2f}% ({(ours or 0) - hta:+.2f} pp)" if hta is not None else ""
-            print(f"{name}: {path.name} rank {a.rank}: overlap {ours:.2f}%{beside}")
+            ours = a.communication.overlap_efficiency_pct if a.communication else None
+            rank = a.rank if a.rank is not None else 0
+            hta, hta_default = same.get(rank), default.get(rank)
+            beside = (
+                f", HTA {hta:.2f}% on the same steps ({(ours or 0) - hta:+.2f} pp); HTA's default "
+                f"(its last step dropped) {hta_default:.2f}%"
+                if hta is not None and hta_default is not None
+                else ""
+            )
+            print(f"{name}: {path.name} rank {a.rank}: overlap efficiency {ours:.2f}%{beside}")
             for kind, (ms, exposed) in sorted(a.collectives.items()):
                 print(f"    {kind}: {ms:.3f} ms per step, {exposed:.3f} ms exposed")
 
