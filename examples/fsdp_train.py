@@ -5,13 +5,17 @@ its forward and backward, sharded again after, unless --no-reshard), the whole m
     torchrun --nproc-per-node 2 examples/fsdp_train.py
     trainadvisor profile --nproc-per-node 2 examples/fsdp_train.py
 
-What trainadvisor should say of it: the job in one line ("FSDP2 over 2 ranks: 5 units, ...").
+What trainadvisor should say of it: the job in one line ("FSDP2 over 2 ranks: 5 units, ..."),
+its collectives by phase (all-gathers in the forward and backward passes, reduce-scatters in the
+backward pass) and its memory per rank. `--slow-rank R --slow-ms MS` makes one rank load each
+batch MS later (a slower disk): the critical path names it and its data loading.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,6 +32,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--no-reshard", action="store_true", help="keep each block gathered after forward")
+    parser.add_argument("--slow-rank", type=int, default=-1, help="the rank whose data is slower (-1: none)")
+    parser.add_argument("--slow-ms", type=float, default=10.0)
     args = parser.parse_args()
 
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -42,7 +48,14 @@ def main() -> None:
     targets = inputs[:, :10].argmax(dim=1)
     dataset = TensorDataset(inputs, targets)
     sampler = DistributedSampler(dataset, seed=0)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    slow = dist.get_rank() == args.slow_rank
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        if slow:
+            time.sleep(args.slow_ms / 1000)  # this rank's storage is slower
+        return torch.utils.data.default_collate(samples)  # type: ignore[no-any-return]
+
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
     blocks = [nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU()) for _ in range(args.blocks)]
     model = nn.Sequential(*blocks, nn.Linear(args.width, 10)).to(device)
     for block in blocks:
