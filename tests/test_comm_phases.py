@@ -14,8 +14,8 @@ from conftest import shared_trace
 
 from trainadvisor.analyze.run.critical_path import critical_measurements, critical_path
 from trainadvisor.analyze.trace.analysis import analyze_trace
-from trainadvisor.analyze.trace.phases import host_collective_kind
-from trainadvisor.analyze.trace.trace_records import StepBreakdown
+from trainadvisor.analyze.trace.phases import host_collective_kind, parallelism
+from trainadvisor.analyze.trace.trace_records import CommAttribution, StepBreakdown
 
 NCCL_ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
 NCCL_ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -194,3 +194,32 @@ def test_the_rank_slow_in_its_compute_and_balanced_ranks() -> None:
     balanced = critical_path(even)
     assert balanced is not None and balanced.sentence().startswith("no rank holds the others back")
     assert critical_path({0: even[0]}) is None  # one rank: no path across ranks
+
+
+@pytest.mark.parametrize(
+    ("kinds", "phases", "said"),
+    [
+        ({"all_gather", "reduce_scatter"}, {"forward", "backward"}, "FSDP-like: parameters all-gathered"),
+        (
+            {"all_gather", "reduce_scatter"},
+            {"backward", "optimizer"},
+            "sharded gradients and optimizer state",
+        ),
+        (
+            {"all_reduce", "broadcast"},
+            {"backward", "forward"},
+            "DDP-like data parallel: gradients all-reduced",
+        ),
+        ({"send_recv"}, {"forward", "backward"}, "point-to-point (send/recv"),
+        ({"broadcast"}, {"forward"}, "collectives: broadcast"),
+    ],
+)
+def test_the_job_is_said_from_its_collectives_alone(kinds: set[str], phases: set[str], said: str) -> None:
+    c = CommAttribution(
+        "NCCL/RCCL kernels", 1.0, 1.0, 0.0, {k: [1.0, 1.0] for k in kinds}, {p: [1.0, 1.0] for p in phases},
+        {"default_pg, 8 ranks": [1.0, 1.0]},
+    )  # fmt: skip
+    text = parallelism(c, 8)
+    assert text.startswith(said) and text.endswith(
+        " over 8 ranks; process groups: default_pg, 8 ranks (from the trace's collectives)"
+    )

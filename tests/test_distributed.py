@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, load_report, processes_running, published, run_cli
+from conftest import EXAMPLES, SCRIPTS, load_report, processes_running, published, run_cli
 
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP
 
@@ -240,3 +240,22 @@ def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(
         assert mine["by_group"] == rank["collectives_by_group"]
         assert list(mine["by_group"]) == ["default_pg, 2 ranks"]
         assert mine["overlap_efficiency_pct"] == rank["overlap_efficiency_pct"]
+
+
+def test_an_out_of_memory_on_one_rank_is_named_with_its_rank(tmp_path: Path) -> None:
+    """Rank 1 of 2 dies of host out-of-memory: the run fails naming rank 1, and the
+    out-of-memory finding gives that rank's request and what it held."""
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--nproc-per-node", "2", "--warmup", "2", "--steps", "10", "--no-fix",
+        "--out", out, SCRIPTS / "rank_oom.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "rank 1" in result.stderr
+    report = load_report(out)
+    [oom] = [f for f in report["findings"] if f["rule"] == "out-of-memory"]
+    assert oom["message"].startswith(
+        "The script died of out-of-memory in host memory: on rank 1, it asked for 4194304.00 TiB more"
+    )
+    evidence = {e["measurement"]: e["value"] for e in oom["evidence"]}
+    assert evidence["oom_request_bytes"] == 2**62

@@ -318,6 +318,7 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "rank_peak_bytes_max": ("bytes", "the largest of the ranks' step peaks", _RANKS),
     "rank_peak_max_rank": ("count", "the rank with that peak", _RANKS),
     "rank_peak_imbalance_pct": ("%", "how far the largest rank's peak is above the smallest's", _RANKS),
+    "oom_rank": ("count", "under torchrun, the first rank that died of out-of-memory", _RANKS),
     "gating_rank": ("count", "the rank whose work gates the most steps (the critical path)", _CRITICAL),
     "straggler_cause": ("text", "why it is slow: data, compute, host or communication", _CRITICAL),
     "straggler_phase": ("text", "the phase of its step longer than the other ranks'", _CRITICAL),

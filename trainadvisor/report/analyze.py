@@ -12,6 +12,7 @@ from trainadvisor.analyze.rank_overview import RankOverview
 from trainadvisor.analyze.rank_table import RankTable, table_lines
 from trainadvisor.analyze.run.summary import percentile
 from trainadvisor.analyze.trace.facts import HOST_ITEM
+from trainadvisor.analyze.trace.phases import parallelism
 from trainadvisor.records import AnalyzeReport
 from trainadvisor.report.parallel import split_said
 from trainadvisor.report.render import LABELS, _wrap
@@ -98,6 +99,7 @@ def _collectives(a: Any) -> list[str]:
     lines = _wrap(f"  collectives per {'step' if a.steps_found else 'window'}: {said}{hidden}")
     c = getattr(a, "communication", None)
     if c is not None:
+        lines += _wrap(f"    parallel: {parallelism(c, a.world_size)}")
         efficiency = c.overlap_efficiency_pct
         lines += _wrap(
             f"    {c.exposed_ms_per_step:.3g} ms exposed of {c.ms_per_step:.3g} ms ({c.source})"

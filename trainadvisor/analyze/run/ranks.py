@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from trainadvisor.analyze.trace.trace_records import TraceAnalysis
+from trainadvisor.memory.oom import oom_measurements
 from trainadvisor.records import RankStats, RawRun, timed_steps
 
 
@@ -117,6 +118,18 @@ def _memory_spread(stats: list[RankStats]) -> dict[str, Any]:
         "rank_peak_max_rank": rank,
         "rank_peak_imbalance_pct": 100.0 * (high - low) / low,
     }
+
+
+def rank_oom(raw: RawRun) -> dict[str, Any]:
+    """Under torchrun, the first rank that died of out-of-memory: its request, what it held and
+    its largest holders (`memory.oom`), named with its rank."""
+    failed = next((r for r in raw.ranks if r.runtime.get("oom")), None)
+    if failed is None:
+        return {}
+    table = oom_measurements(failed.runtime["oom"])
+    table["oom_rank"] = failed.rank or 0
+    table["oom_summary"] = f"on rank {failed.rank or 0}, {table['oom_summary']}"
+    return table
 
 
 def _gating_rank_communication(stats: list[RankStats]) -> dict[str, Any]:

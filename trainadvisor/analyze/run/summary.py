@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from trainadvisor.analyze.run.critical_path import critical_measurements, with_cause
 from trainadvisor.analyze.run.energy import run_energy
 from trainadvisor.analyze.run.measures import runtime_measurements, trace_measurements
-from trainadvisor.analyze.run.ranks import rank_measurements
+from trainadvisor.analyze.run.ranks import rank_measurements, rank_oom
 from trainadvisor.analyze.run.shapes import traced_whole
 from trainadvisor.analyze.trace.analysis import analyze_trace
 from trainadvisor.compute.mfu import utilization
@@ -241,6 +241,7 @@ def named_measurements(run: Run) -> dict[str, Any]:
             table.update(training_loop=True, inference_loop=False)
         table["input_shapes_fixed"] = input_shapes_fixed(raw)
         table.update(rank_measurements(run.ranks))
+        table.update(rank_oom(raw))
         table.update(critical_measurements(run.critical_path))
         with_cause(table, run.critical_path)
     table.update({

@@ -259,6 +259,33 @@ def _wait_in_backward(b: _Bounds, t: Table, rows: np.ndarray, phase: np.ndarray)
     b.backward_end = np.minimum(last, b.ends)
 
 
+def parallelism(c: CommAttribution, world_size: int | None) -> str:
+    """The job as its collectives show it: 'FSDP-like (...) over 8 ranks (default_pg, 8 ranks)'.
+    From the kinds and the phases that launched them: all-gathers in the forward pass and
+    reduce-scatters in the backward pass shard parameters (FSDP, ZeRO-3); reduce-scatters
+    without forward all-gathers shard gradients and optimizer state (ZeRO-2, FSDP's
+    SHARD_GRAD_OP); all-reduces in the backward pass are DDP's; send/recv alone, a pipeline or
+    all-to-all."""
+    kinds, phases = c.by_kind, c.by_phase
+    forward_gathers = "all_gather" in kinds and "forward" in phases
+    if forward_gathers and "reduce_scatter" in kinds:
+        said = (
+            "FSDP-like: parameters all-gathered for the forward and backward passes, "
+            "gradients reduce-scattered"
+        )
+    elif "reduce_scatter" in kinds:
+        said = "sharded gradients and optimizer state (ZeRO-2-like): gradients reduce-scattered"
+    elif "all_reduce" in kinds and "backward" in phases:
+        said = "DDP-like data parallel: gradients all-reduced in the backward pass"
+    elif set(kinds) <= {"send_recv", "all_to_all"}:
+        said = "point-to-point (send/recv: a pipeline, or all-to-all)"
+    else:
+        said = "collectives: " + ", ".join(sorted(kinds))
+    over = f" over {world_size} ranks" if world_size else ""
+    groups = f"; process groups: {'; '.join(c.by_group)}" if c.by_group else ""
+    return f"{said}{over}{groups} (from the trace's collectives)"
+
+
 def _groups(t: Table, rows: np.ndarray, groups_in_trace: list[str]) -> np.ndarray:
     """Each collective's process group: its kernel's own (torch 2.2+), else the trace's only
     group, else unknown ("")."""
