@@ -12,7 +12,8 @@ What trainadvisor should find with a slow rank: `straggler`, naming that rank. `
 `--latency-ms` slows every sample's read (a data stall, for the dataloader-workers fix).
 `--find-unused --bucket-cap-mb 0.05 --depth 6` builds DDP as many scripts copied from a forum
 do: a search for unused parameters at every step (there are none) and tiny gradient buckets,
-for the ddp-settings rule and fix.
+for the ddp-settings rule and fix. `--accumulate K` accumulates gradients over K micro-batches
+per optimizer step without `no_sync()`: DDP all-reduces them after every micro-batch.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=1, help="hidden layers of --width")
     parser.add_argument("--find-unused", action="store_true", help="DDP(find_unused_parameters=True)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient bucket size")
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     args = parser.parse_args()
 
     # one GPU per local rank, or every rank on the CPU (a 2-rank job on a 1-GPU machine would
@@ -115,9 +117,10 @@ def main() -> None:
             loss = nn.functional.cross_entropy(model(x), y)
             if rank == args.slow_rank and args.slow_in == "compute":
                 burn(args.slow_ms)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            (loss / args.accumulate).backward()  # all-reduced at every micro-batch: no no_sync()
+            if (step + 1) % args.accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             if step % 50 == 0 and rank == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()

@@ -61,7 +61,7 @@ def test_ddps_record_of_itself_becomes_the_windows_facts(one_process_group: None
     assert facts == {
         "ddp_modules": 1, "ddp_find_unused_parameters": True, "ddp_unused_parameter_bytes": (4 * 4 + 4) * 4,
         "ddp_bucket_cap_mb": 2.0, "ddp_gradient_as_bucket_view": False, "ddp_static_graph": False,
-        "ddp_world_size": 1,
+        "ddp_no_sync_used": False, "ddp_world_size": 1,
     }  # fmt: skip
     assert parallel.Wrappers().ddp_facts() == {}  # no DDP built: no facts
 
@@ -206,3 +206,71 @@ def test_an_fsdp_job_is_said_by_its_version_units_and_ranks() -> None:
     assert parallelism(run) == "FSDP2 over 4 ranks: 9 units, 8 reshard after forward"
     run.raw.runtime.update(fsdp_version="FSDP1", fsdp_units=3)
     assert parallelism(run) == "FSDP1 over 4 ranks: 3 units"
+
+
+def test_gradient_accumulation_without_no_sync_gets_it_in_the_first_candidate() -> None:
+    """Four backward() calls per optimizer step and no no_sync() of the script's: the first
+    candidate skips the all-reduce on three of every four micro-steps (no static graph then:
+    DDP's reducer refuses one with no_sync)."""
+    fix = DdpSettings()
+    values = {**VALUES, "backwards_per_step": 4, "ddp_no_sync_used": False, "input_shapes_fixed": True}
+    first = fix.next_candidate(values, [])
+    assert first is not None and first.overrides.runtime["ddp_no_sync"] == 4
+    assert first.label.endswith(", no_sync() on 3 of every 4 micro-steps")
+    assert fix.expected_trials(values) == 2
+    tried = Trial(first.label, first.overrides, "measured", 60.0, None)
+    larger = fix.next_candidate(values, [tried])
+    assert larger is not None and larger.overrides.runtime["ddp_no_sync"] == 4
+    assert "with model.no_sync():" in fix.loop_change(first.overrides)
+    assert fix.loop_change(Overrides(runtime={"ddp": {"bucket_cap_mb": 25.0}})) == ""
+    own = {**values, "ddp_no_sync_used": True}  # the script's own no_sync(): nothing to add
+    again = fix.next_candidate(own, [])
+    assert again is not None and "ddp_no_sync" not in again.overrides.runtime
+    good = {
+        **own,
+        "ddp_find_unused_parameters": False,
+        "ddp_bucket_cap_mb": 25.0,
+        "ddp_gradient_as_bucket_view": True,
+    }
+    assert fix.not_applicable(good) == "DDP is built with the settings this fix would set"
+    only = fix.next_candidate({**good, "ddp_no_sync_used": False}, [])
+    assert only is not None and only.label == "no_sync() on 3 of every 4 micro-steps"
+    assert only.overrides.runtime == {"ddp_no_sync": 4}
+
+
+def test_the_switch_skips_the_all_reduce_on_every_micro_step_but_the_last(one_process_group: None) -> None:
+    patches = Patches()
+    DdpSettings().install(patches, Overrides(runtime={"ddp_no_sync": 3}))
+    try:
+        model = DDP(nn.Linear(8, 8))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        synced = []
+        for _ in range(2):  # two optimizer steps of three micro-steps
+            for _ in range(3):
+                model(torch.randn(2, 8)).sum().backward()
+                synced.append(model.require_backward_grad_sync)
+            optimizer.step()
+            optimizer.zero_grad()
+        with torch.no_grad():
+            model(torch.randn(2, 8))  # an evaluation's forward counts for nothing
+        model(torch.randn(2, 8)).sum().backward()
+        synced.append(model.require_backward_grad_sync)
+    finally:
+        patches.undo()
+    assert synced == [False, False, True, False, False, True, False]
+    assert DDP.forward is not None and "no_sync_forward" not in DDP.forward.__qualname__  # put back
+
+
+def test_the_scripts_own_no_sync_is_recorded(one_process_group: None) -> None:
+    patches, wrappers = Patches(), parallel.Wrappers()
+    parallel.watch(patches, wrappers)
+    try:
+        model = DDP(nn.Linear(8, 8))
+        _step(model)
+        assert wrappers.ddp_facts()["ddp_no_sync_used"] is False
+        with model.no_sync():
+            _step(model)
+        facts = wrappers.ddp_facts()
+    finally:
+        patches.undo()
+    assert facts["ddp_no_sync_used"] is True

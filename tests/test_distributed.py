@@ -259,3 +259,24 @@ def test_an_out_of_memory_on_one_rank_is_named_with_its_rank(tmp_path: Path) -> 
     )
     evidence = {e["measurement"]: e["value"] for e in oom["evidence"]}
     assert evidence["oom_request_bytes"] == 2**62
+
+
+def test_gradient_accumulation_without_no_sync_gets_it_measured(tmp_path: Path) -> None:
+    """Four micro-batches per optimizer step, all-reduced after each: the ddp-settings trial
+    skips the all-reduce on three of them, on 2 gloo ranks, the losses of every rank the same."""
+    out = tmp_path / "report"
+    result = run_cli(
+        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "20", "--fix", "ddp-settings",
+        "--out", out, DDP, "--accumulate", "4", "--depth", "4", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = load_report(out)
+    runtime = report["baseline"]["raw"]["runtime"]
+    assert runtime["ddp_no_sync_used"] is False
+    [outcome] = [o for o in report["fix_outcomes"] if o["fix"] == "ddp-settings"]
+    first = outcome["trials"][0]
+    assert first["label"].endswith("no_sync() on 3 of every 4 micro-steps") and first["status"] == "measured"
+    assert report["comparison"]["loss_check"]["equivalent"] is True
+    assert report["comparison"]["loss_check"]["ranks_compared"] == 2
+    if outcome["status"] == "kept":
+        assert "with model.no_sync():" in outcome["setting_change"]

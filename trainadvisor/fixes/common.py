@@ -118,6 +118,11 @@ class Fix:
         has no single place in the code (its finding carries the code to write)."""
         return None
 
+    def loop_change(self, overrides: Overrides) -> str:
+        """What the kept setting asks of the script's own loop, in words, where no single line
+        holds it ("" for most fixes: their code change is the diff)."""
+        return ""
+
     def practice(self, snippet: str, outcome: FixOutcome) -> str:
         """A finding's best-practice snippet after this fix's outcome: a value the run measured
         best put in place of the snippet's example. A snippet's comment claims a measurement only

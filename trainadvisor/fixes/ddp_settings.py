@@ -4,11 +4,16 @@ parameter go unused (with it on, DDP walks the autograd graph after every forwar
 `gradient_as_bucket_view=True` (gradients live in the all-reduce buckets: one copy less per
 step), and buckets of at least DDP's default 25 MiB (a tiny `bucket_cap_mb` splits the gradients
 into many small all-reduces, each paying the collective's latency); then larger buckets, which
-start fewer, longer all-reduces; last, `static_graph=True` where the graph looks static (no
-parameter went unused, every step drew batches of the same shapes): DDP then skips its per-step
-bookkeeping of which gradients to expect. Each candidate is a torchrun trial of the script as it
-is, kept only if faster and the loss of the same seeded steps is unchanged on every rank (a graph
-that is not static after all changes the gradients, or fails the trial)."""
+start fewer, longer all-reduces; with gradient accumulation (several backward() calls per
+optimizer step, and no `no_sync()` of the script's own), the first candidate also skips the
+gradient all-reduce on each micro-step but the last, as `model.no_sync()` does (the gradients
+accumulate locally and are all-reduced once, summed); last, `static_graph=True` where the
+graph looks static (no parameter went unused, every step drew batches of the same shapes): DDP
+then skips its per-step bookkeeping of which gradients to expect. Each candidate is a torchrun
+trial of the script as it is, kept only if faster and the loss of the same seeded steps is
+unchanged on every rank (a graph that is not static after all changes the gradients, or fails
+the trial). The code change sets DDP's arguments at the line that builds it; `no_sync()` belongs
+in the script's loop, which the finding's best practice shows."""
 
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ class DdpSettings(Fix):
             return "the script builds no DistributedDataParallel"
         if int(values.get("ddp_world_size") or 0) < 2:
             return "DDP over one process communicates nothing"
-        if not self._changes(values) and not _static_possible(values):
+        if not self._changes(values) and not _static_possible(values) and not _micro_steps(values):
             return "DDP is built with the settings this fix would set"
         return None
 
@@ -51,22 +56,24 @@ class DdpSettings(Fix):
         return changes
 
     def expected_trials(self, values: dict[str, Any]) -> int:
-        return (2 if self._changes(values) else 0) + (1 if _static_possible(values) else 0)
+        first = bool(self._changes(values) or _micro_steps(values))
+        return (2 if first else 0) + (1 if _static_possible(values) else 0)
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
-        first = self._changes(values)
-        if first and not trials:
-            return _setting(first)
-        if first and len(trials) == 1 and _gained(trials[0], values):
+        first, micro = self._changes(values), _micro_steps(values)
+        if (first or micro) and not trials:
+            return _setting(first, micro)
+        if (first or micro) and len(trials) == 1 and _gained(trials[0], values):
             # larger buckets are worth a trial only where the first setting helped
             cap = float(
                 first.get("bucket_cap_mb") or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB
             )
-            return _setting({**first, "bucket_cap_mb": cap * LARGER})
+            return _setting({**first, "bucket_cap_mb": cap * LARGER}, micro)
         if not _static_possible(values) or any(_ddp(t).get("static_graph") for t in trials):
             return None
         best = self.choose(trials, values)
-        return _setting({**(_ddp(best) if best is not None else {}), "static_graph": True})
+        kept = best.overrides.runtime.get("ddp_no_sync") if best is not None else None
+        return _setting({**(_ddp(best) if best is not None else {}), "static_graph": True}, kept)
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         faster = [t for t in trials if _gained(t, values)]
@@ -82,19 +89,34 @@ class DdpSettings(Fix):
         return None
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
-        """Build every DistributedDataParallel with the candidate's settings."""
-        settings = overrides.runtime.get("ddp")
-        if not settings:
+        """Build every DistributedDataParallel with the candidate's settings; with
+        `ddp_no_sync`, skip the all-reduce on each micro-step but the last."""
+        settings, micro = overrides.runtime.get("ddp"), overrides.runtime.get("ddp_no_sync")
+        if not settings and not micro:
             return
         import torch
 
         ddp = torch.nn.parallel.DistributedDataParallel
-        original = ddp.__init__
+        if settings:
+            original = ddp.__init__
 
-        def init(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **{**kwargs, **settings})
+            def init(self: Any, *args: Any, **kwargs: Any) -> None:
+                original(self, *args, **{**kwargs, **settings})
 
-        recorder.patch(ddp, "__init__", init)
+            recorder.patch(ddp, "__init__", init)
+        if micro:
+            _install_no_sync(recorder, ddp, int(micro))
+
+    def loop_change(self, overrides: Overrides) -> str:
+        micro = overrides.runtime.get("ddp_no_sync")
+        if not micro:
+            return ""
+        return (
+            f"in the training loop, run the forward and backward of each micro-step but every "
+            f"{micro}th inside `with model.no_sync():` (the DDP model), so that DDP all-reduces the "
+            "accumulated gradients once per optimizer step (the comm-bound finding's best practice "
+            "shows it)"
+        )
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         from trainadvisor.fixes import codechange  # libcst: not in the measured run
@@ -103,11 +125,41 @@ class DdpSettings(Fix):
         return codechange.edit_calls(source, NAMES, None, dict(settings)) if settings else None
 
 
+def _install_no_sync(recorder: Any, ddp: Any, micro: int) -> None:
+    """DDP's forward with `require_backward_grad_sync` (what `no_sync()` sets) off on each
+    forward that records a graph but every `micro`-th since the last optimizer step."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    forward, since_step = ddp.forward, [0]
+
+    def no_sync_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            since_step[0] += 1
+            self.require_backward_grad_sync = since_step[0] % micro == 0
+        return forward(self, *args, **kwargs)
+
+    def stepped(*_: Any) -> None:
+        since_step[0] = 0
+
+    recorder.patch(ddp, "forward", no_sync_forward)
+    recorder.on_uninstall(register_optimizer_step_post_hook(stepped).remove)
+
+
+def _micro_steps(values: dict[str, Any]) -> int | None:
+    """Micro-steps per optimizer step where the script accumulates gradients across several
+    backward() calls without DDP's no_sync(), else None."""
+    count = int(values.get("backwards_per_step") or 0)
+    return count if count >= 2 and values.get("ddp_no_sync_used") is False else None
+
+
 def _static_possible(values: dict[str, Any]) -> bool:
     """DDP's graph looks static: not static already, no parameter went unused (or none was
-    searched for), and every step drew batches of the same shapes."""
+    searched for), every step drew batches of the same shapes, one backward() per step."""
     if values.get("ddp_static_graph") or not values.get("input_shapes_fixed"):
         return False
+    if int(values.get("backwards_per_step") or 0) >= 2:  # syncs that differ by micro-step
+        return False  # (DDP's reducer asserts on a static graph with no_sync)
     return not values.get("ddp_find_unused_parameters") or values.get("ddp_unused_parameter_bytes") == 0
 
 
@@ -115,11 +167,16 @@ def _ddp(trial: Trial) -> dict[str, Any]:
     return dict(trial.overrides.runtime.get("ddp") or {})
 
 
-def _setting(changes: dict[str, Any]) -> Setting:
-    said = (
+def _setting(changes: dict[str, Any], micro: int | None = None) -> Setting:
+    said = [
         f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}" for key, value in changes.items()
-    )
-    return Setting(", ".join(said), overrides(ddp=changes))
+    ]
+    if micro:
+        said.append(f"no_sync() on {micro - 1} of every {micro} micro-steps")
+    runtime: dict[str, Any] = {"ddp": changes} if changes else {}
+    if micro:
+        runtime["ddp_no_sync"] = micro
+    return Setting(", ".join(said), overrides(**runtime))
 
 
 def _gained(trial: Trial, values: dict[str, Any]) -> bool:

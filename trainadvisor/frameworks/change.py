@@ -79,7 +79,10 @@ def fix_change(script: Path, fix_id: str, overrides: Overrides, raw: RawRun | No
     """The change that makes `overrides` (a kept or recommended fix's) permanent."""
     t = vocab.translate(overrides, raw) if raw is not None else None
     if t is None:
-        return Change(_diff({script: _generic(script, fix_id, overrides)}))
+        from trainadvisor.fixes import REGISTRY
+
+        loop = REGISTRY[fix_id].loop_change(overrides) if fix_id in REGISTRY else ""
+        return Change(_diff({script: _generic(script, fix_id, overrides)}), loop)
     edits: dict[Path, tuple[str, str] | None] = {}
     words: list[str] = []
     current = t.call.settings

@@ -117,6 +117,7 @@ class StepRecord:
     # less DataLoader waits (the loop around the function: its input where it has no
     # DataLoader, and whatever else runs there, such as a framework's backward and optimizer step)
     outside_call_ms: float | None = None
+    backwards: int = 0  # backward() calls in the step (gradient accumulation: one per micro-step)
 
 
 @dataclass

@@ -46,6 +46,11 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "training_loop": ("bool", "the loop trains (a backward pass or an optimizer step was seen)", _TRACE),
     "inference_loop": ("bool", "the loop only runs forward (no backward, no optimizer step)", _TRACE),
     "input_shapes_fixed": ("bool", "every step drew batches of the same shapes", _STEP),
+    "backwards_per_step": (
+        "count",
+        "backward() calls per step (median): micro-steps of gradient accumulation",
+        _STEP,
+    ),
     "framework": ("text", "the framework that built the loop (transformers, lightning, accelerate)", _STEP),
     # ---- the step's breakdown ----
     "data_wait_pct": (
@@ -319,6 +324,11 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "rank_peak_max_rank": ("count", "the rank with that peak", _RANKS),
     "rank_peak_imbalance_pct": ("%", "how far the largest rank's peak is above the smallest's", _RANKS),
     "oom_rank": ("count", "under torchrun, the first rank that died of out-of-memory", _RANKS),
+    "ddp_no_sync_used": (
+        "bool",
+        "the script enters DDP's no_sync() (its own gradient accumulation)",
+        _PARALLEL,
+    ),
     "gating_rank": ("count", "the rank whose work gates the most steps (the critical path)", _CRITICAL),
     "straggler_cause": ("text", "why it is slow: data, compute, host or communication", _CRITICAL),
     "straggler_phase": ("text", "the phase of its step longer than the other ranks'", _CRITICAL),

@@ -24,6 +24,7 @@ class Wrappers:
     def __init__(self) -> None:
         self.data_parallel = 0  # nn.DataParallel modules over two GPUs or more
         self.ddp: list[tuple[weakref.ref[Any], str]] = []  # (the DDP module, where it was built)
+        self.no_sync_used = False  # the script enters DDP's no_sync() itself
 
     def ddp_facts(self) -> dict[str, Any]:
         """The window's facts of the first DDP wrapper still alive (a script builds one), and
@@ -46,6 +47,7 @@ class Wrappers:
         view = logged.get("gradient_as_bucket_view", getattr(module, "gradient_as_bucket_view", None))
         facts["ddp_gradient_as_bucket_view"] = None if view is None else bool(view)
         facts["ddp_static_graph"] = bool(getattr(module, "static_graph", False))
+        facts["ddp_no_sync_used"] = self.no_sync_used
         world = logged.get("world_size")
         facts["ddp_world_size"] = int(world) if world else None
         return {k: v for k, v in facts.items() if v is not None}
@@ -69,6 +71,13 @@ def watch(recorder: Any, wrappers: Wrappers) -> None:
         wrappers.ddp.append((weakref.ref(self), call_site()))
 
     recorder.patch(ddp, "__init__", ddp_init)
+    original_no_sync = ddp.no_sync
+
+    def no_sync(self: Any) -> Any:
+        wrappers.no_sync_used = True
+        return original_no_sync(self)
+
+    recorder.patch(ddp, "no_sync", no_sync)
 
 
 def fsdp_facts() -> dict[str, Any]:

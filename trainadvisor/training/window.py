@@ -155,6 +155,7 @@ class Window:
         self.samples: int | None = None
         self.loss: torch.Tensor | None = None
         self.backward_at: float | None = None
+        self.backwards = 0
         self.batches: list[str] = []
 
     # ---- what happened inside the step ----
@@ -173,6 +174,7 @@ class Window:
             self.batches.append(fingerprint)
 
     def mark_backward(self) -> None:
+        self.backwards += 1
         if self.backward_at is None:
             self.backward_at = self.clock.perf_s()
 
@@ -286,6 +288,7 @@ class Window:
                 samples=self.samples,
                 profiled=self.phase == "traced",  # untimed: traced, or its memory measured
                 pre_backward_ms=pre_backward_s * 1e3 if pre_backward_s is not None else None,
+                backwards=self.backwards,
             )
         )
         if timed:

@@ -275,6 +275,9 @@ def _watched(run: Run, table: dict[str, Any]) -> dict[str, Any]:
             added[f"{key}_ms_per_step"] = run.breakdown_ms_per_step[key]
     if not raw.loaders and run.steps:  # no DataLoader wait to stall on (rules read it as zero)
         added.update(data_wait_pct=0.0, data_wait_ms_per_step=0.0)
+    backwards = sorted(s.backwards for s in timed_steps(raw) if s.backwards)
+    if backwards:  # gradient accumulation: backward() calls per optimizer step
+        added["backwards_per_step"] = backwards[len(backwards) // 2]
     if raw.device is not None:
         added["cpu_count"] = raw.device.cpu_count
         added["cuda_used"] = raw.device.cuda_used
