@@ -274,3 +274,20 @@ def test_the_scripts_own_no_sync_is_recorded(one_process_group: None) -> None:
     finally:
         patches.undo()
     assert facts["ddp_no_sync_used"] is True
+
+
+def test_buckets_grow_while_each_size_gains_up_to_three_sizes() -> None:
+    fix = DdpSettings()
+    first = fix.next_candidate(VALUES, [])
+    assert first is not None
+    sizes = [Trial(first.label, first.overrides, "measured", 60.0, None)]
+    larger = fix.next_candidate(VALUES, sizes)
+    assert larger is not None and larger.overrides.runtime["ddp"]["bucket_cap_mb"] == 100.0
+    sizes.append(Trial(larger.label, larger.overrides, "measured", 70.0, None))  # +17%: go on
+    largest = fix.next_candidate(VALUES, sizes)
+    assert largest is not None and largest.overrides.runtime["ddp"]["bucket_cap_mb"] == 400.0
+    sizes.append(Trial(largest.label, largest.overrides, "measured", 90.0, None))
+    assert fix.next_candidate(VALUES, sizes) is None  # three sizes (and no static graph asked)
+    assert fix.choose(sizes, VALUES) is sizes[2]
+    flat = [sizes[0], Trial(larger.label, larger.overrides, "measured", 61.0, None)]
+    assert fix.next_candidate(VALUES, flat) is None  # 100 MiB gained under 5% on 25: no 400

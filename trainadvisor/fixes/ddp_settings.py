@@ -24,7 +24,8 @@ from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, Fix, Setting, overrides
 from trainadvisor.records import Overrides, Trial
 
 DEFAULT_BUCKET_CAP_MB = 25.0  # DDP's own default
-LARGER = 4  # the next candidate's buckets, times the first's
+LARGER = 4  # the next candidate's buckets, times the last size tried
+MAX_BUCKETS = 3  # bucket sizes tried at most: 25, 100, 400 MiB from a tiny one
 NAMES = {"DistributedDataParallel", "DDP"}
 
 
@@ -63,17 +64,33 @@ class DdpSettings(Fix):
         first, micro = self._changes(values), _micro_steps(values)
         if (first or micro) and not trials:
             return _setting(first, micro)
-        if (first or micro) and len(trials) == 1 and _gained(trials[0], values):
-            # larger buckets are worth a trial only where the first setting helped
-            cap = float(
-                first.get("bucket_cap_mb") or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB
-            )
-            return _setting({**first, "bucket_cap_mb": cap * LARGER}, micro)
+        if (first or micro) and (larger := self._larger_buckets(values, trials)) is not None:
+            return larger
         if not _static_possible(values) or any(_ddp(t).get("static_graph") for t in trials):
             return None
         best = self.choose(trials, values)
         kept = best.overrides.runtime.get("ddp_no_sync") if best is not None else None
         return _setting({**(_ddp(best) if best is not None else {}), "static_graph": True}, kept)
+
+    def _larger_buckets(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
+        """Buckets LARGER times the last size tried, while each size gained: after the first
+        candidate where it was faster than the baseline, then again (up to MAX_BUCKETS sizes)
+        where the larger size was faster than the size before it."""
+        sized = [t for t in trials if not _ddp(t).get("static_graph")]
+        if len(sized) >= MAX_BUCKETS or len(sized) != len(trials) or not _gained(sized[-1], values):
+            return None
+        if len(sized) > 1 and (sized[-1].steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * (
+            sized[-2].steps_per_s or 0.0
+        ):
+            return None  # the last step up did not pay: larger still will not either
+        first = self._changes(values)
+        cap = float(
+            _ddp(sized[-1]).get("bucket_cap_mb")
+            or first.get("bucket_cap_mb")
+            or values.get("ddp_bucket_cap_mb")
+            or DEFAULT_BUCKET_CAP_MB
+        )
+        return _setting({**first, "bucket_cap_mb": cap * LARGER}, _micro_steps(values))
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         faster = [t for t in trials if _gained(t, values)]
