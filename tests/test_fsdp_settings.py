@@ -47,7 +47,10 @@ def _trial(steps_per_s: float, peak: int) -> Trial:
         ({"fsdp_units": 0}, "the script builds no FSDP units (fully_shard)"),
         ({"fsdp_version": "FSDP1"}, "FSDP1 (FullyShardedDataParallel): this fix sets FSDP2's fully_shard"),
         ({"fsdp_world_size": 1}, "FSDP over one rank communicates nothing"),
-        ({"fsdp_resharding_units": 0}, "every FSDP unit keeps its parameters gathered after forward already"),
+        (
+            {"fsdp_resharding_units": 0, "fsdp_units": 2},
+            "every FSDP unit keeps its parameters gathered after forward already, and too few to prefetch",
+        ),
     ],
 )
 def test_where_the_fix_cannot_apply_it_says_why(changed: dict[str, Any], why: str) -> None:
@@ -60,8 +63,16 @@ def test_one_candidate_kept_where_faster_and_within_the_budget() -> None:
     first = fix.next_candidate(VALUES, [])
     assert first is not None and first.overrides.runtime == {"fsdp": {"reshard_after_forward": False}}
     faster = _trial(50.0, 1500)
-    assert fix.next_candidate(VALUES, [faster]) is None
+    prefetch = fix.next_candidate(VALUES, [faster])  # then prefetching, on top of the better
+    assert prefetch is not None and prefetch.label == "reshard_after_forward=False, prefetch the next unit"
+    assert prefetch.overrides.runtime == {"fsdp_prefetch": 1, "fsdp": {"reshard_after_forward": False}}
+    prefetched = Trial(prefetch.label, prefetch.overrides, "measured", 45.0, None, raw=faster.raw)
+    assert fix.next_candidate(VALUES, [faster, prefetched]) is None
     assert fix.choose([faster], VALUES) is faster
+    assert fix.choose([faster, prefetched], VALUES) is faster  # the first that fits: the faster
+    alone = fix.next_candidate(VALUES, [_trial(39.0, 1500)])  # the first lost: prefetching alone
+    assert alone is not None and alone.overrides.runtime == {"fsdp_prefetch": 1}
+    assert "set_modules_to_forward_prefetch" in fix.loop_change(alone.overrides)
     assert fix.describe(faster, VALUES) == "reshard_after_forward=False (peak 1 kB -> 1.5 kB)"
     assert fix.choose([_trial(41.0, 1500)], VALUES) is None  # under 5% faster
     budget = {**VALUES, "memory_budget_bytes": 1200}
@@ -122,3 +133,27 @@ def test_gathered_parameters_count_while_their_unit_is_unsharded(one_process_gro
     assert type(weight).__name__ == "DTensor" and type(sharded.local(weight)) is torch.Tensor
     model(torch.ones(3, 4))
     assert gathered() == ((4 * 4 + 4 + 4 * 2 + 2) * 4, 4)
+
+
+def test_prefetching_links_each_unit_to_its_neighbours(one_process_group: None) -> None:
+    """Three blocks and the root: block i prefetches block i+1 for its forward and block i-1
+    for its backward; the root, which holds them, prefetches nothing."""
+    from torch.distributed.fsdp import fully_shard
+
+    patches = Patches()
+    FsdpSettings().install(patches, Overrides(runtime={"fsdp_prefetch": 1}))
+    try:
+        import torch.distributed.fsdp as fsdp
+
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+        for block in model:
+            fsdp.fully_shard(block)
+        fsdp.fully_shard(model)
+    finally:
+        patches.undo()
+    states = [m._get_fsdp_state() for m in (*model, model)]
+    forward = [[states.index(s) for s in st._states_to_forward_prefetch] for st in states]
+    backward = [[states.index(s) for s in st._states_to_backward_prefetch] for st in states]
+    assert (forward, backward) == ([[1], [2], [], []], [[], [0], [1], []])
+    model(torch.ones(2, 4)).sum().backward()  # trains with them
+    assert fully_shard is fsdp.fully_shard

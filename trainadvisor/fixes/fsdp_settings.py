@@ -5,8 +5,12 @@ parameters gathered from its forward to its backward, at the cost of holding the
 The candidate is a torchrun trial of the script as it is, with the step's peak memory measured:
 kept only if faster, the loss of the same seeded steps unchanged on every rank, and its peak
 within the memory budget (`--memory-budget`, or on a GPU the card's usable memory); the kept
-setting is written at each `fully_shard(...)` call. (FSDP1's counterpart is its
-`sharding_strategy`, not tried here.)"""
+setting is written at each `fully_shard(...)` call. Then explicit prefetching, on top of the
+better of the two: each unit (in the order the script shards them, the root apart) all-gathers
+the next unit's parameters as its forward starts and the previous unit's as its backward starts
+(`set_modules_to_forward_prefetch`, `set_modules_to_backward_prefetch`), so that a unit's
+all-gather overlaps the compute before it; its code goes after the `fully_shard` calls, in words.
+(FSDP1's counterparts, its `sharding_strategy` and `forward_prefetch`, are not tried here.)"""
 
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ MODULES = (
     "torch.distributed._composable.fsdp.fully_shard",
 )
 CANDIDATE = {"reshard_after_forward": False}
+PREFETCH = "fsdp_prefetch"  # the overrides' key of explicit prefetching
+PREFETCH_UNITS = 3  # units at least (two beside the root) for a neighbour to prefetch
 
 
 class FsdpSettings(Fix):
@@ -41,12 +47,25 @@ class FsdpSettings(Fix):
             return "FSDP1 (FullyShardedDataParallel): this fix sets FSDP2's fully_shard"
         if int(values.get("fsdp_world_size") or 0) < 2:
             return "FSDP over one rank communicates nothing"
-        if not values.get("fsdp_resharding_units"):
-            return "every FSDP unit keeps its parameters gathered after forward already"
+        if not values.get("fsdp_resharding_units") and int(values.get("fsdp_units") or 0) < PREFETCH_UNITS:
+            return (
+                "every FSDP unit keeps its parameters gathered after forward already, and too few to prefetch"
+            )
         return None
 
+    def expected_trials(self, values: dict[str, Any]) -> int:
+        return int(bool(values.get("fsdp_resharding_units"))) + int(_can_prefetch(values))
+
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
-        return None if trials else Setting("reshard_after_forward=False", overrides(fsdp=dict(CANDIDATE)))
+        if not trials and values.get("fsdp_resharding_units"):
+            return Setting("reshard_after_forward=False", overrides(fsdp=dict(CANDIDATE)))
+        if not _can_prefetch(values) or any(t.overrides.runtime.get(PREFETCH) for t in trials):
+            return None
+        best = self.choose(trials, values)
+        settings = dict(best.overrides.runtime.get("fsdp") or {}) if best is not None else {}
+        label = ", ".join([*(f"{k}={v}" for k, v in settings.items()), "prefetch the next unit"])
+        runtime: dict[str, Any] = {PREFETCH: 1, **({"fsdp": settings} if settings else {})}
+        return Setting(label, Overrides(runtime=runtime))
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         baseline = float(values.get("steps_per_s") or 0.0)
@@ -66,13 +85,25 @@ class FsdpSettings(Fix):
     def describe(self, trial: Trial, values: dict[str, Any]) -> str:
         return f"{trial.label} ({_peak(trial, values)})"
 
+    def loop_change(self, overrides: Overrides) -> str:
+        if not overrides.runtime.get(PREFETCH):
+            return ""
+        return (
+            "after the fully_shard calls, have each unit prefetch its neighbours: "
+            "units[i].set_modules_to_forward_prefetch([units[i + 1]]) and "
+            "units[i].set_modules_to_backward_prefetch([units[i - 1]]) over the units in the order "
+            "their forward runs (the root apart)"
+        )
+
     def install(self, recorder: Any, overrides: Overrides) -> None:
         """Every fully_shard call made with the candidate's settings, wherever the script
-        imports it from."""
-        settings = overrides.runtime.get("fsdp")
-        if not settings:
+        imports it from; with PREFETCH, the units linked to their neighbours as they are made."""
+        settings, prefetch = dict(overrides.runtime.get("fsdp") or {}), overrides.runtime.get(PREFETCH)
+        if not settings and not prefetch:
             return
         import importlib
+
+        units: list[Any] = []
 
         for name in MODULES:
             try:
@@ -81,7 +112,9 @@ class FsdpSettings(Fix):
                 continue
             original = getattr(module, "fully_shard", None)
             if callable(original) and not getattr(original, "_trainadvisor_fsdp", False):
-                recorder.patch(module, "fully_shard", _forcing(original, dict(settings)))
+                recorder.patch(
+                    module, "fully_shard", _forcing(original, settings, units if prefetch else None)
+                )
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         from trainadvisor.fixes import codechange  # libcst: not in the measured run
@@ -90,16 +123,40 @@ class FsdpSettings(Fix):
         return codechange.edit_calls(source, NAMES, None, dict(settings)) if settings else None
 
 
-def _forcing(original: Any, settings: dict[str, Any]) -> Any:
+def _forcing(original: Any, settings: dict[str, Any], units: list[Any] | None) -> Any:
     """fully_shard with `settings`, keeping what torch hangs on the function (`.state`, read by
-    FSDP's own code through the name this replaces)."""
+    FSDP's own code through the name this replaces); with `units`, each unit made is linked to
+    its neighbours for prefetching."""
 
     @functools.wraps(original)
     def fully_shard(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, **settings})
+        made = original(*args, **{**kwargs, **settings})
+        if units is not None:
+            units.append(made)
+            _link(units)
+        return made
 
     fully_shard._trainadvisor_fsdp = True  # type: ignore[attr-defined]
     return fully_shard
+
+
+def _link(units: list[Any]) -> None:
+    """Each unit but a root (one that holds other units) prefetches the next for its forward
+    and the previous for its backward, in the order they were made."""
+    inner = [u for u in units if not any(o is not u and _holds(u, o) for o in units)]
+    for i, unit in enumerate(inner):
+        if i + 1 < len(inner):
+            unit.set_modules_to_forward_prefetch([inner[i + 1]])
+        if i > 0:
+            unit.set_modules_to_backward_prefetch([inner[i - 1]])
+
+
+def _holds(outer: Any, inner: Any) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def _can_prefetch(values: dict[str, Any]) -> bool:
+    return int(values.get("fsdp_units") or 0) >= PREFETCH_UNITS
 
 
 def _fits(trial: Trial, values: dict[str, Any]) -> bool:
