@@ -14,7 +14,7 @@ from conftest import shared_trace
 
 from trainadvisor.analyze.run.critical_path import critical_measurements, critical_path
 from trainadvisor.analyze.trace.analysis import analyze_trace
-from trainadvisor.analyze.trace.phases import host_collective_kind, parallelism
+from trainadvisor.analyze.trace.phases import host_collective_kind, job_from_collectives
 from trainadvisor.analyze.trace.trace_records import CommAttribution, StepBreakdown
 
 NCCL_ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -219,7 +219,49 @@ def test_the_job_is_said_from_its_collectives_alone(kinds: set[str], phases: set
         "NCCL/RCCL kernels", 1.0, 1.0, 0.0, {k: [1.0, 1.0] for k in kinds}, {p: [1.0, 1.0] for p in phases},
         {"default_pg, 8 ranks": [1.0, 1.0]},
     )  # fmt: skip
-    text = parallelism(c, 8)
+    text = job_from_collectives(c, 8)
+    assert text is not None
     assert text.startswith(said) and text.endswith(
         " over 8 ranks; process groups: default_pg, 8 ranks (from the trace's collectives)"
     )
+
+
+def test_no_straggler_is_made_of_noise_or_a_step_without_collectives() -> None:
+    """Without collectives, ranks 0.01 ms apart: no one gates. A step whose trace holds no
+    collective on one rank is gated by the longest step, not by that rank's zero."""
+    close = {r: [_step(n, 2.0, 5.0, 0.0, 8.0, step=30.0 + 0.01 * r) for n in range(3)] for r in range(2)}
+    path = critical_path(close)
+    assert path is not None and path.by == "step time" and not path.notable()
+    assert path.sentence().startswith("no rank holds the others back: the longest steps are 0.0 ms longer")
+    cut = {
+        0: [_step(n, 2.0, 5.0, 5.0, 8.0) for n in range(3)],
+        1: [_step(0, 2.0, 5.0, 20.0, 8.0), _step(1, 2.0, 5.0, 0.0, 8.0), _step(2, 2.0, 5.0, 0.0, 8.0)],
+    }
+    gated = critical_path(cut)
+    assert gated is not None and gated.gates == [(0, 3)]  # step 0 by collectives, 1-2 by step time
+
+
+def test_a_wait_its_own_work_does_not_explain_is_communication() -> None:
+    """Rank 0 waits 6 ms less in its collectives, but its own work is 1 ms longer in all (its
+    traced step is shorter): what the others wait for is not its work, but communication."""
+    ranks = {
+        0: [_step(n, 2.5, 5.0, 14.0, 8.5, step=24.0) for n in range(4)],
+        1: [_step(n, 2.0, 5.0, 20.0, 8.0) for n in range(4)],
+        2: [_step(n, 2.0, 5.0, 20.0, 8.0) for n in range(4)],
+    }
+    path = critical_path(ranks)
+    assert path is not None and (path.gating_rank, path.cause) == (0, "communication")
+    assert path.wait_ms == pytest.approx(6.0)
+    assert (
+        "slow in communication (its own work explains less than half of the others' wait)" in path.sentence()
+    )
+    assert "+-" not in path.sentence() + path.cause_text()
+
+
+def test_process_groups_without_a_description_keep_their_names_apart() -> None:
+    from trainadvisor.analyze.read.columns import group_label
+
+    assert group_label("default_pg", "0", 8) == "default_pg, 8 ranks"
+    # torch's new_group() describes every group it makes as "undefined": a TP and a DP group
+    assert group_label("undefined", "1", 4) != group_label("undefined", "2", 4) == "group 2, 4 ranks"
+    assert group_label("", "3", "8") == "group 3"  # a size that is not a count is left out

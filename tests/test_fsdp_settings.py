@@ -157,3 +157,20 @@ def test_prefetching_links_each_unit_to_its_neighbours(one_process_group: None) 
     assert (forward, backward) == ([[1], [2], [], []], [[], [0], [1], []])
     model(torch.ones(2, 4)).sum().backward()  # trains with them
     assert fully_shard is fsdp.fully_shard
+
+
+def test_prefetching_never_fails_the_scripts_own_call(one_process_group: None) -> None:
+    """fully_shard of a list of modules (one group of them) returns the list: nothing to link,
+    and the call is the script's as it was."""
+    patches = Patches()
+    FsdpSettings().install(patches, Overrides(runtime={"fsdp_prefetch": 1}))
+    try:
+        import torch.distributed.fsdp as fsdp
+
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        made = fsdp.fully_shard([model[0], model[1]])
+        fsdp.fully_shard(model)
+    finally:
+        patches.undo()
+    assert made == [model[0], model[1]]
+    model(torch.ones(2, 4)).sum().backward()

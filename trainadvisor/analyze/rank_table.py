@@ -69,6 +69,7 @@ def rank_table(analyses: list[TraceAnalysis], fired: dict[int, set[str]] | None 
     if len(by_rank) < 2 or len(world_sizes) > 1:  # traces of different jobs are not one job's ranks
         return None
     rows = []
+    device = any(a.kernels for group in by_rank.values() for a in group)  # else a host backend's
     for rank in sorted(by_rank):
         mine = by_rank[rank]
         steps = [s for a in mine for s in a.steps]
@@ -79,9 +80,13 @@ def rank_table(analyses: list[TraceAnalysis], fired: dict[int, set[str]] | None 
                 steps=len(steps),
                 step_ms=sum(s.dur_us for s in steps) / len(steps) / 1e3,
                 # kernels, copies and memsets; on host-only traces the aten ops (`trace.phases`)
-                compute_ms=_per_step(mine, "kernel", "memcpy", "memset") or _mean_of(mine, "compute_ms"),
-                # NCCL kernels' time outside compute kernels; a host backend's (gloo) collectives
-                communication_ms=_per_step(mine, "communication") or _mean_of(mine, "collective_ms"),
+                compute_ms=_per_step(mine, "kernel", "memcpy", "memset")
+                if device
+                else _mean_of(mine, "compute_ms"),
+                # NCCL kernels' time outside compute kernels; or a host backend's (gloo) collectives
+                communication_ms=_per_step(mine, "communication")
+                if device
+                else _mean_of(mine, "collective_ms"),
                 wait_ms=_per_step(mine, "idle"),
                 data_ms=_per_step(mine, "data_wait"),
                 overlap_pct=_overlap_pct(mine),

@@ -57,8 +57,8 @@ class DdpSettings(Fix):
         return changes
 
     def expected_trials(self, values: dict[str, Any]) -> int:
-        first = bool(self._changes(values) or _micro_steps(values))
-        return (2 if first else 0) + (1 if _static_possible(values) else 0)
+        first = bool(self._changes(values) or _micro_steps(values))  # at most: every size gains
+        return (MAX_BUCKETS if first else 0) + (1 if _static_possible(values) else 0)
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         first, micro = self._changes(values), _micro_steps(values)
@@ -153,7 +153,8 @@ def _install_no_sync(recorder: Any, ddp: Any, micro: int) -> None:
     def no_sync_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():
             since_step[0] += 1
-            self.require_backward_grad_sync = since_step[0] % micro == 0
+            # from the micro-th on: an extra forward before the step syncs (slower, not wrong)
+            self.require_backward_grad_sync = since_step[0] >= micro
         return forward(self, *args, **kwargs)
 
     def stepped(*_: Any) -> None:
@@ -167,7 +168,9 @@ def _micro_steps(values: dict[str, Any]) -> int | None:
     """Micro-steps per optimizer step where the script accumulates gradients across several
     backward() calls without DDP's no_sync(), else None."""
     count = int(values.get("backwards_per_step") or 0)
-    return count if count >= 2 and values.get("ddp_no_sync_used") is False else None
+    if count < 2 or values.get("ddp_no_sync_used") is not False or not values.get("backwards_even"):
+        return None  # every timed step the same count: else a step could end unsynced
+    return count
 
 
 def _static_possible(values: dict[str, Any]) -> bool:

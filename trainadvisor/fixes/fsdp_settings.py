@@ -132,8 +132,11 @@ def _forcing(original: Any, settings: dict[str, Any], units: list[Any] | None) -
     def fully_shard(*args: Any, **kwargs: Any) -> Any:
         made = original(*args, **{**kwargs, **settings})
         if units is not None:
-            units.append(made)
-            _link(units)
+            try:  # prefetching is the trial's; the script's call must never fail for it
+                units.extend(m for m in (made if isinstance(made, list) else [made]) if hasattr(m, "modules"))
+                _link(units)
+            except Exception:  # noqa: BLE001 - a torch without the prefetch API: no prefetching
+                units.clear()
         return made
 
     fully_shard._trainadvisor_fsdp = True  # type: ignore[attr-defined]

@@ -58,12 +58,15 @@ def _groups(fsdp: Any) -> list[tuple[Any, int, int]]:
         return []
     found = []
     for unit in [o for o in gc.get_objects() if issubclass(type(o), unit_type)]:
-        group = unit._get_fsdp_state()._fsdp_param_group
-        if group is None:
+        try:
+            group = unit._get_fsdp_state()._fsdp_param_group
+            if group is None:
+                continue
+            size = 0
+            for param in group.fsdp_params:
+                dtype = getattr(param, "param_dtype", None) or param.sharded_param.dtype
+                size += math.prod(param._orig_size) * torch.empty((), dtype=dtype).element_size()
+        except (AttributeError, RuntimeError, TypeError):  # a unit of another make: not counted
             continue
-        size = 0
-        for param in group.fsdp_params:
-            dtype = getattr(param, "param_dtype", None) or param.sharded_param.dtype
-            size += math.prod(param._orig_size) * torch.empty((), dtype=dtype).element_size()
         found.append((group, size, len(group.fsdp_params)))
     return found

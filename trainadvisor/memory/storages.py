@@ -35,7 +35,11 @@ _NOT_USER = tuple(
 
 
 FSDP_BUFFERS = "FSDP's buffers (all-gather, reduce-scatter)"
-_FSDP_CODE = os.path.join(os.path.dirname(torch.__file__), "distributed", "fsdp") + os.sep
+# FSDP's code that allocates its communication buffers and gathered parameters (FSDP2's, in
+# torch.distributed.fsdp._fully_shard or, before torch 2.6, _composable.fsdp; FSDP1's flat
+# parameters): not the wrappers' forward, which calls the model's own code
+_FSDP_CODE = ("_fsdp_collectives.py", "_fsdp_param.py", "_fsdp_param_group.py", "_flat_param.py")
+_DISTRIBUTED = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
 
 
 def user_site(depth: int = 2) -> str:
@@ -45,7 +49,7 @@ def user_site(depth: int = 2) -> str:
     frame = sys._getframe(depth)
     while frame is not None:
         name = os.path.normpath(frame.f_code.co_filename)
-        if name.startswith(_FSDP_CODE):
+        if name.startswith(_DISTRIBUTED) and name.endswith(_FSDP_CODE):
             return FSDP_BUFFERS
         if not name.startswith("<") and not name.startswith(_NOT_USER):
             return f"{os.path.basename(name)}:{frame.f_lineno}"
@@ -103,13 +107,14 @@ class LiveStorages(TorchDispatchMode):
         self.ops += 1
         if self._held is not None:
             self.held.append(self._held())
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes + self.held[-1][0])
         inputs: set[int | None] | None = None
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
                 inputs = _addresses([*args, *(kwargs or {}).values()]) if inputs is None else inputs
                 if _address(t) not in inputs:  # a view of an input allocates nothing: a slice of a
                     self.track(t, "")  # data set held before the step is not the step's memory
+        if self._held is not None:  # what it holds beside its operators' storages, after them
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes + self.held[-1][0])
         return out
 
     def track(self, t: torch.Tensor, named: str) -> None:
@@ -125,7 +130,7 @@ class LiveStorages(TorchDispatchMode):
         self._live[address] = made
         self.log.append(made)
         self.live_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes + (self.held[-1][0] if self._held else 0))
 
         def freed(address: int = address, made: _Allocation = made) -> None:
             made.freed_at = self.ops

@@ -36,7 +36,9 @@ class CriticalPath:
     phase: str  # PHASES: the phase of its step that is longer than the others'
     excess_ms: dict[str, float]  # per cause, its median excess over the others' median (ms)
     phase_excess_ms: dict[str, float]  # per phase, the same
-    wait_ms: float  # median per step of how long the other ranks wait for it in collectives
+    # median per step of how long the other ranks wait for it in collectives (by "step time":
+    # how much longer its steps are than theirs)
+    wait_ms: float
     step_ms: float  # median step time (the gating rank's)
     # its median gated step, as a chain of its phases: (phase, ms), in order; and the exposed
     # collectives' time inside them
@@ -45,10 +47,11 @@ class CriticalPath:
     gates: list[tuple[int, int]] = field(default_factory=list)  # (rank, steps it gates), top few
 
     def notable(self) -> bool:
-        """One rank gates most steps, and the others wait for it a share worth naming."""
+        """One rank gates most steps, and the others lose to it a share of the step worth
+        naming."""
         if self.gated_steps < MOST * self.steps:
             return False
-        return self.by != "collectives" or 100.0 * self.wait_ms / max(self.step_ms, 1e-9) >= NOTABLE_PCT
+        return 100.0 * self.wait_ms / max(self.step_ms, 1e-9) >= NOTABLE_PCT
 
     def sentence(self) -> str:
         if self.gated_steps < MOST * self.steps:
@@ -58,21 +61,33 @@ class CriticalPath:
                 f"({gates} of {self.steps} steps)"
             )
         if not self.notable():
-            return (
-                f"no rank holds the others back: they wait {self.wait_ms:.1f} ms per step for the "
-                f"last to arrive ({self.steps} steps compared)"
+            said = (
+                f"they wait {self.wait_ms:.1f} ms per step for the last to arrive"
+                if self.by == "collectives"
+                else f"the longest steps are {self.wait_ms:.1f} ms longer than the others'"
             )
+            return f"no rank holds the others back: {said} ({self.steps} steps compared)"
+        lost = (
+            f"the others wait {self.wait_ms:.1f} ms per step for it"
+            if self.by == "collectives"
+            else f"its steps are {self.wait_ms:.1f} ms longer (the traces hold no collectives)"
+        )
         return (
             f"rank {self.gating_rank} gates {self.gated_steps} of {self.steps} steps: its "
-            f"{_PHASE_WORDS[self.phase]} "
-            f"is {self.phase_excess_ms.get(self.phase, 0.0):.1f} ms longer than the other ranks' and "
-            f"it is slow in {_CAUSE_WORDS[self.cause]} "
-            f"(+{self.excess_ms.get(self.cause, 0.0):.1f} ms per step)"
-            + (f"; the others wait {self.wait_ms:.1f} ms per step for it" if self.by == "collectives" else "")
+            f"{_PHASE_WORDS[self.phase]} is {self.phase_excess_ms.get(self.phase, 0.0):.1f} ms longer than "
+            f"the other ranks' and it is slow in {self.why()}; {lost}"
         )
+
+    def why(self) -> str:
+        """'its data loading (+15.1 ms per step)', or communication's own words."""
+        if self.cause == "communication":
+            return "communication (its own work explains less than half of the others' wait)"
+        return f"{_CAUSE_WORDS[self.cause]} (+{self.excess_ms.get(self.cause, 0.0):.1f} ms per step)"
 
     def cause_text(self) -> str:
         """'its traced steps show why: its data loading (+15.1 ms per step, in its data)'."""
+        if self.cause == "communication":
+            return f"its traced steps show why: {self.why()}"
         return (
             f"its traced steps show why: {_CAUSE_WORDS[self.cause]} "
             f"(+{self.excess_ms.get(self.cause, 0.0):.1f} ms per step against the others' median"

@@ -51,6 +51,7 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
         "backward() calls per step (median): micro-steps of gradient accumulation",
         _STEP,
     ),
+    "backwards_even": ("bool", "every timed step made the same number of backward() calls", _STEP),
     "framework": ("text", "the framework that built the loop (transformers, lightning, accelerate)", _STEP),
     # ---- the step's breakdown ----
     "data_wait_pct": (

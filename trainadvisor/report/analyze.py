@@ -10,11 +10,11 @@ from typing import Any
 from trainadvisor._serial import from_plain
 from trainadvisor.analyze.rank_overview import RankOverview
 from trainadvisor.analyze.rank_table import RankTable, table_lines
+from trainadvisor.analyze.run.measures import split_text
 from trainadvisor.analyze.run.summary import percentile
 from trainadvisor.analyze.trace.facts import HOST_ITEM
-from trainadvisor.analyze.trace.phases import parallelism
+from trainadvisor.analyze.trace.phases import job_from_collectives
 from trainadvisor.records import AnalyzeReport
-from trainadvisor.report.parallel import split_said
 from trainadvisor.report.render import LABELS, _wrap
 from trainadvisor.report.utilization import flops
 
@@ -99,7 +99,8 @@ def _collectives(a: Any) -> list[str]:
     lines = _wrap(f"  collectives per {'step' if a.steps_found else 'window'}: {said}{hidden}")
     c = getattr(a, "communication", None)
     if c is not None:
-        lines += _wrap(f"    parallel: {parallelism(c, a.world_size)}")
+        if (job := job_from_collectives(c, a.world_size)) is not None:
+            lines += _wrap(f"    parallel: {job}")
         efficiency = c.overlap_efficiency_pct
         lines += _wrap(
             f"    {c.exposed_ms_per_step:.3g} ms exposed of {c.ms_per_step:.3g} ms ({c.source})"
@@ -107,7 +108,7 @@ def _collectives(a: Any) -> list[str]:
         )
         for title, split in (("by phase", c.by_phase), ("by process group", c.by_group)):
             if split:
-                lines += _wrap(f"    {title}: {split_said(split)}")
+                lines += _wrap(f"    {title}: {split_text(split)}")
     return lines
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainadvisor.analyze.run.measures import split_text
+from trainadvisor.analyze.run.ranks import least_waiting
 from trainadvisor.records import Run
 from trainadvisor.report.memory import size
 
@@ -45,19 +47,12 @@ def _fsdp(facts: dict[str, Any]) -> str:
     return f"{facts.get('fsdp_version', 'FSDP')}{over}: {said}"
 
 
-def split_said(split: dict[str, list[float]]) -> str:
-    """'backward 9.5 ms (7.7 exposed), forward 2.5 ms (2.5 exposed)', largest first."""
-    ordered = sorted(split.items(), key=lambda item: -item[1][0])
-    return ", ".join(f"{label} {ms:.3g} ms ({exposed:.3g} exposed)" for label, (ms, exposed) in ordered)
-
-
 def communication(run: Run) -> list[str]:
     """Under torchrun, the collectives of the rank that waits least in them (the others' hold
     their wait for it): per step, exposed, overlap efficiency, by phase, kind and process group."""
-    known = [r for r in run.ranks if r.collective_ms_per_step is not None]
-    if not known:
+    r = least_waiting(run.ranks)
+    if r is None:
         return []
-    r = min(known, key=lambda s: s.collective_ms_per_step or 0.0)
     efficiency = r.overlap_efficiency_pct
     lines = [
         f"collectives (rank {r.rank}, the one waiting least): {r.collective_ms_per_step:.3g} ms per "
@@ -70,7 +65,7 @@ def communication(run: Run) -> list[str]:
         ("by process group", r.collectives_by_group),
     ):
         if split:
-            lines.append(f"  {title}: {split_said(split)}")
+            lines.append(f"  {title}: {split_text(split)}")
     return lines
 
 

@@ -229,7 +229,7 @@ class TableReader:
         for i in np.flatnonzero(kind == KERNEL).tolist():
             args = events[i].args
             if args.pg_name or args.pg_desc:
-                self.kernel_groups[self.rows + i] = group_label(args.pg_desc or args.pg_name, args.group_size)
+                self.kernel_groups[self.rows + i] = group_label(args.pg_desc, args.pg_name, args.group_size)
         on_device = np.flatnonzero((kind == KERNEL) | (kind == MEMCPY) | (kind == MEMSET)).tolist()
         if on_device:
             devices = np.fromiter(map(_DEVICE, [events[i] for i in on_device]), np.int64, len(on_device))
@@ -305,9 +305,11 @@ class Pieces:
     kernel_groups: dict[int, str] = field(default_factory=dict)
 
 
-def group_label(name: str, size: int) -> str:
-    """A process group as a report names it: "default_pg, 8 ranks"."""
-    return f"{name}, {size} ranks" if size > 0 else name
+def group_label(description: str, name: str, size: Any) -> str:
+    """A process group as a report names it: "default_pg, 8 ranks"; by its name where it has no
+    description of its own (torch's new_group says "undefined": two such groups must not merge)."""
+    said = description if description and description != "undefined" else f"group {name or '?'}"
+    return f"{said}, {size} ranks" if isinstance(size, int) and size > 0 else said
 
 
 _EMPTY = {

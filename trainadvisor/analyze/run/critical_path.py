@@ -61,20 +61,23 @@ def critical_path(per_rank: dict[int, list[StepBreakdown]]) -> CriticalPath | No
     step = np.array([[s.dur_us / 1e3 for s in row] for row in rows])
     causes = np.array([[_causes(s) for s in row] for row in rows])  # steps x ranks x causes
     phases = np.array([[[s.phase_ms.get(p, 0.0) for p in PHASES] for s in row] for row in rows])
-    by_comm = bool((comm > 0).all(axis=1).any())
+    # steps in which every rank spent time in collectives: the least time there (ties: the
+    # most work of its own) gates them; in the others (a trace cut short, none), the longest step
+    synced = (comm > 0).all(axis=1)
+    by_comm = bool(synced.any())
     own = causes[:, :, :3].sum(axis=2)
-    # the least time in collectives (ties: the most work of its own), or the longest step
-    gate = np.lexsort((-own, comm), axis=1)[:, 0] if by_comm else np.argmax(step, axis=1)
+    gate = np.where(synced, np.lexsort((-own, comm), axis=1)[:, 0], np.argmax(step, axis=1))
     counts = np.bincount(gate, minlength=len(ranks))
     top = int(np.argmax(counts))
     mine = np.flatnonzero(gate == top)
     excess = _excess(causes, top, mine)
     phase_excess = _excess(phases, top, mine)
+    lost = comm if by_comm else -step  # what the others lose to it: their wait, or a shorter step
+    others = np.delete(lost[mine] - lost[mine, top][:, None], top, axis=1)
+    wait = float(np.median(others)) if others.size else 0.0
     cause = CAUSES[int(np.argmax(excess[:3]))]
-    if by_comm and excess[:3].max() < 0.25 * float(np.median(causes[mine, top, 3])):
-        cause = "communication"
-    waits = comm[mine] - comm[mine, top][:, None]
-    others = np.delete(waits, top, axis=1)
+    if by_comm and float(np.clip(excess[:3], 0.0, None).sum()) < 0.5 * wait:
+        cause = "communication"  # its own work explains less than half of what the others wait
     median_step = mine[np.argsort(step[mine, top])[len(mine) // 2]]
     gated = phases[median_step, top]
     chain = [(p, float(ms)) for p, ms in zip(PHASES, gated) if ms > 0]
@@ -87,7 +90,7 @@ def critical_path(per_rank: dict[int, list[StepBreakdown]]) -> CriticalPath | No
         phase=PHASES[int(np.argmax(phase_excess))],
         excess_ms=dict(zip(CAUSES, map(float, excess))),
         phase_excess_ms=dict(zip(PHASES, map(float, phase_excess))),
-        wait_ms=float(np.median(others)) if others.size else 0.0,
+        wait_ms=wait,
         step_ms=float(np.median(step[mine, top])),
         chain=chain,
         chain_exposed_ms=float(causes[median_step, top, 3]),

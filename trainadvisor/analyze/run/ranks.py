@@ -84,7 +84,7 @@ def rank_stats(raw: RawRun, traces: dict[int, TraceAnalysis] | None = None) -> l
 def rank_measurements(stats: list[RankStats]) -> dict[str, Any]:
     """`ranks`, the slowest rank and the skew between ranks, for the rules."""
     measured = [s for s in stats if s.pre_backward_ms_mean is not None and s.step_time_ms_mean]
-    table: dict[str, Any] = {"ranks": len(stats)} if stats else {}
+    table: dict[str, Any] = {"ranks": len(stats), **_memory_spread(stats)} if stats else {}
     if len(measured) < 2:
         return table
     slowest = max(measured, key=lambda s: s.pre_backward_ms_mean or 0.0)
@@ -104,7 +104,7 @@ def rank_measurements(stats: list[RankStats]) -> dict[str, Any]:
         f"against {median:.1f} ms on the other ranks, which wait for it in the gradient all-reduce "
         f"({table['rank_skew_pct']:.0f}% of every step)"
     )
-    return table | _gating_rank_communication(measured) | _memory_spread(stats)
+    return table | _gating_rank_communication(measured)
 
 
 def _memory_spread(stats: list[RankStats]) -> dict[str, Any]:
@@ -132,14 +132,22 @@ def rank_oom(raw: RawRun) -> dict[str, Any]:
     return table
 
 
+def least_waiting(stats: list[RankStats]) -> RankStats | None:
+    """The rank that spends least time in its collectives (the one the others wait for), where
+    every rank's trace measured some: a rank whose trace shows none was cut short, not fast."""
+    known = [s for s in stats if s.collective_ms_per_step]
+    if len(known) < 2 or len(known) < len(stats):
+        return None
+    return min(known, key=lambda s: s.collective_ms_per_step or 0.0)
+
+
 def _gating_rank_communication(stats: list[RankStats]) -> dict[str, Any]:
     """Communication's share of the step as the rank that waits least in its collectives sees
     it (the others' include their wait for it: a straggler, not the link), where every rank's
     trace measured its collectives."""
-    known = [s for s in stats if s.collective_ms_per_step is not None and s.communication_pct is not None]
-    if len(known) < 2 or len(known) < len(stats):
+    least = least_waiting(stats)
+    if least is None or least.communication_pct is None:
         return {}
-    least = min(known, key=lambda s: s.collective_ms_per_step or 0.0)
     return {
         "communication_pct": least.communication_pct,
         "communication_overlap_pct": least.communication_overlap_pct,

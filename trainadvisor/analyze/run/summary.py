@@ -278,6 +278,7 @@ def _watched(run: Run, table: dict[str, Any]) -> dict[str, Any]:
     backwards = sorted(s.backwards for s in timed_steps(raw) if s.backwards)
     if backwards:  # gradient accumulation: backward() calls per optimizer step
         added["backwards_per_step"] = backwards[len(backwards) // 2]
+        added["backwards_even"] = backwards[0] == backwards[-1]
     if raw.device is not None:
         added["cpu_count"] = raw.device.cpu_count
         added["cuda_used"] = raw.device.cuda_used

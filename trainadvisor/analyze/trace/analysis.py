@@ -85,10 +85,8 @@ def _analyze(
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
     analysis.host_busy_pct = host.host_busy_pct(t, step_list)
-    analysis.collectives = _collectives(t, roles["communication"], merged["kernel"], spans)
     analysis.communication = phases.attribute(t, step_list, spans, merged["kernel"], _groups_listed(meta))
-    if analysis.communication is not None and not analysis.collectives:
-        analysis.collectives = analysis.communication.by_kind  # a host backend's (gloo)
+    analysis.collectives = analysis.communication.by_kind if analysis.communication is not None else {}
     analysis.utilization, analysis.flops_source = trace_utilization(t, host_spans, analysis)
     return analysis
 
@@ -325,7 +323,7 @@ def _groups_listed(meta: dict[str, Any]) -> list[str]:
     dist = meta.get("distributedInfo")
     listed = dist.get("pg_config") if isinstance(dist, dict) else None
     return [
-        group_label(str(g.get("pg_desc") or g.get("pg_name") or "?")[:200], g.get("pg_size") or -1)
+        group_label(str(g.get("pg_desc") or "")[:200], str(g.get("pg_name") or "")[:200], g.get("pg_size"))
         for g in (listed if isinstance(listed, list) else [])
         if isinstance(g, dict)
     ]
@@ -336,28 +334,6 @@ def _rank_in_name(path: Location) -> int | None:
     no distributedInfo (older Kineto versions wrote none)."""
     found = re.search(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", file_name(path), re.I)
     return int(found.group(1)) if found else None
-
-
-def _collectives(
-    t: Table, rows: np.ndarray, compute: iv.Union, spans: list[tuple[int, float, float, float, float]]
-) -> dict[str, list[float]]:
-    """Each collective's time per step inside the steps, and the part of it no compute kernel
-    overlaps (exposed): |A| - |A and C| = |A or C| - |C|, each union measured within the steps."""
-    if not len(rows) or not spans:
-        return {}
-    starts = np.array([span[1] for span in spans])
-    ends = np.array([span[2] for span in spans])
-    names, inverse = np.unique(t.name[rows], return_inverse=True)
-    kinds = np.array([device.collective_kind(t.names[int(i)]) for i in names])[inverse]
-    compute_ms = float(compute.within(starts, ends).sum())
-    found: dict[str, list[float]] = {}
-    for kind in sorted(set(kinds.tolist())):
-        mine = rows[kinds == kind]
-        union = iv.Union(t.ts[mine], t.end[mine])
-        total = float(union.within(starts, ends).sum())
-        either = float(union.plus(compute.starts, compute.ends).within(starts, ends).sum())
-        found[kind] = [total / 1e3 / len(spans), (either - compute_ms) / 1e3 / len(spans)]
-    return found
 
 
 def _overlap_pct(communication: iv.Union, compute: iv.Union) -> float | None:

@@ -161,12 +161,12 @@ def _issue(t: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def collective_rows(t: Table) -> tuple[np.ndarray, str]:
-    """The rows that are collectives, and where they were found: NCCL/RCCL kernels, or, in a
-    trace without any, the host backend's own spans (gloo)."""
+    """The rows that are collectives, and where they were found: NCCL/RCCL kernels in a trace
+    with kernels (its compute is kernels too), or, in a trace without any, the host backend's
+    own spans (gloo)."""
     kernels = t.rows(KERNEL)
-    comm = kernels[t.matching(kernels, device.is_communication)]
-    if len(comm):
-        return comm, "device"
+    if len(kernels):
+        return kernels[t.matching(kernels, device.is_communication)], "device"
     host = t.rows(*HOST_KINDS)
     return host[t.matching(host, HOST_COLLECTIVE.match)], "host"
 
@@ -259,7 +259,7 @@ def _wait_in_backward(b: _Bounds, t: Table, rows: np.ndarray, phase: np.ndarray)
     b.backward_end = np.minimum(last, b.ends)
 
 
-def parallelism(c: CommAttribution, world_size: int | None) -> str:
+def job_from_collectives(c: CommAttribution, world_size: int | None) -> str | None:
     """The job as its collectives show it: 'FSDP-like (...) over 8 ranks (default_pg, 8 ranks)'.
     From the kinds and the phases that launched them: all-gathers in the forward pass and
     reduce-scatters in the backward pass shard parameters (FSDP, ZeRO-3); reduce-scatters
@@ -267,6 +267,8 @@ def parallelism(c: CommAttribution, world_size: int | None) -> str:
     SHARD_GRAD_OP); all-reduces in the backward pass are DDP's; send/recv alone, a pipeline or
     all-to-all."""
     kinds, phases = c.by_kind, c.by_phase
+    if not kinds:
+        return None  # no collective inside the steps: nothing to tell the job by
     forward_gathers = "all_gather" in kinds and "forward" in phases
     if forward_gathers and "reduce_scatter" in kinds:
         said = (
