@@ -174,3 +174,56 @@ def test_prefetching_never_fails_the_scripts_own_call(one_process_group: None) -
         patches.undo()
     assert made == [model[0], model[1]]
     model(torch.ones(2, 4)).sum().backward()
+
+
+GPU_VALUES = {**VALUES, "cuda_used": True, "bf16_supported": True}
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [
+        (
+            {"fsdp_version": "FSDP1"},
+            "the script builds no FSDP2 units (fully_shard): the amp fix is the one to measure",
+        ),
+        ({"cuda_used": False}, "the run used no GPU, and this fix only changes GPU work"),
+        ({"bf16_supported": False}, "this GPU computes in no bfloat16"),
+        ({"fsdp_param_dtype": "float16"}, "FSDP already gathers its parameters in float16"),
+    ],
+)
+def test_fsdp_mixed_precision_applies_on_a_bf16_gpu_only(changed: dict[str, Any], why: str) -> None:
+    from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
+
+    assert FsdpMixedPrecision().not_applicable(GPU_VALUES) is None
+    assert FsdpMixedPrecision().not_applicable({**GPU_VALUES, **changed}) == why
+
+
+def test_fsdp_mixed_precision_gathers_in_bfloat16_and_is_written_at_each_call(
+    one_process_group: None,
+) -> None:
+    """The switch (a CPU run stands in for the GPU's: the policy is the same code) gives every
+    unit the policy, the script's own run reads it back, and the code change writes it."""
+    from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
+
+    fix = FsdpMixedPrecision()
+    setting = fix.setting(GPU_VALUES)
+    patches = Patches()
+    fix.install(patches, setting.overrides)
+    try:
+        import torch.distributed.fsdp as fsdp
+
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        fsdp.fully_shard(model[0])
+        fsdp.fully_shard(model)
+        facts = parallel.fsdp_facts()
+    finally:
+        patches.undo()
+    assert facts["fsdp_param_dtype"] == "bfloat16"
+    assert model(torch.ones(3, 4)).dtype == torch.bfloat16
+    changed = fix.code_change(
+        (EXAMPLES / "fsdp_train.py").read_text(), EXAMPLES / "fsdp_train.py", setting.overrides
+    )
+    assert changed is not None
+    assert "from torch.distributed.fsdp import MixedPrecisionPolicy\n" in changed
+    policy = "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
+    assert f"fully_shard(model, {policy})" in changed

@@ -20,6 +20,7 @@ from trainadvisor.fixes.compile import Compile
 from trainadvisor.fixes.cudnn_benchmark import CudnnBenchmark
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.fixes.ddp_settings import DdpSettings
+from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
 from trainadvisor.fixes.fsdp_settings import FsdpSettings
 from trainadvisor.fixes.fused_optimizer import FusedOptimizer
 from trainadvisor.fixes.grad_accumulation import GradAccumulation
@@ -33,7 +34,7 @@ REGISTRY: dict[str, Fix] = {
     for fix in (
         DataLoaderWorkers(), PinMemory(), BatchSize(), Amp(), Tf32(), FusedOptimizer(), CudnnBenchmark(),
         GradAccumulation(), Compile(), ActivationCheckpointing(), OptimizerForeach(), DdpSettings(),
-        FsdpSettings(),
+        FsdpSettings(), FsdpMixedPrecision(),
     )
 }  # fmt: skip
 

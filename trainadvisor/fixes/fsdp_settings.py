@@ -101,26 +101,28 @@ class FsdpSettings(Fix):
         settings, prefetch = dict(overrides.runtime.get("fsdp") or {}), overrides.runtime.get(PREFETCH)
         if not settings and not prefetch:
             return
-        import importlib
-
-        units: list[Any] = []
-
-        for name in MODULES:
-            try:
-                module = importlib.import_module(name)
-            except ImportError:
-                continue
-            original = getattr(module, "fully_shard", None)
-            if callable(original) and not getattr(original, "_trainadvisor_fsdp", False):
-                recorder.patch(
-                    module, "fully_shard", _forcing(original, settings, units if prefetch else None)
-                )
+        patch_fully_shard(recorder, settings, [] if prefetch else None)
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         from trainadvisor.fixes import codechange  # libcst: not in the measured run
 
         settings = overrides.runtime.get("fsdp") or {}
         return codechange.edit_calls(source, NAMES, None, dict(settings)) if settings else None
+
+
+def patch_fully_shard(recorder: Any, settings: dict[str, Any], units: list[Any] | None) -> None:
+    """fully_shard with `settings` wherever the script imports it from (and, with `units`, each
+    unit made linked to its neighbours for prefetching) until the recorder undoes it."""
+    import importlib
+
+    for name in MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        original = getattr(module, "fully_shard", None)
+        if callable(original) and not getattr(original, "_trainadvisor_fsdp", False):
+            recorder.patch(module, "fully_shard", _forcing(original, settings, units))
 
 
 def _forcing(original: Any, settings: dict[str, Any], units: list[Any] | None) -> Any:

@@ -330,6 +330,11 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
         "the script enters DDP's no_sync() (its own gradient accumulation)",
         _PARALLEL,
     ),
+    "fsdp_param_dtype": (
+        "text",
+        "the dtype FSDP gathers parameters in, where the script sets a policy",
+        _PARALLEL,
+    ),
     "gating_rank": ("count", "the rank whose work gates the most steps (the critical path)", _CRITICAL),
     "straggler_cause": ("text", "why it is slow: data, compute, host or communication", _CRITICAL),
     "straggler_phase": ("text", "the phase of its step longer than the other ranks'", _CRITICAL),

@@ -106,6 +106,9 @@ def _fsdp_units(fsdp: Any) -> dict[str, Any]:
     groups = [_param_group(u) for u in fsdp2]
     resharding = [g for g in groups if g is not None and g.post_forward_mesh_info is not None]
     facts["fsdp_resharding_units"] = len(resharding)
+    dtypes = {str(_param_dtype(g)).removeprefix("torch.") for g in groups if _param_dtype(g) is not None}
+    if dtypes:  # the script's own MixedPrecisionPolicy: the dtype it gathers parameters in
+        facts["fsdp_param_dtype"] = ", ".join(sorted(dtypes))
     sizes = {g.mesh_info.mesh.size() for g in groups if g is not None}
     facts["fsdp_world_size"] = max(sizes) if sizes else torch.distributed.get_world_size()
     return facts
@@ -118,3 +121,8 @@ def _param_group(unit: Any) -> Any:
         return unit._get_fsdp_state()._fsdp_param_group
     except (AttributeError, RuntimeError):
         return None
+
+
+def _param_dtype(group: Any) -> Any:
+    """The dtype an FSDP2 group gathers its parameters in, where its policy sets one."""
+    return getattr(getattr(group, "mp_policy", None), "param_dtype", None) if group is not None else None
