@@ -247,6 +247,18 @@ def _shared_profile(
     return run_cli(*command, cwd=work), out
 
 
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    """A gloo process group of this one process (DDP and FSDP2 built in a test)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def slow_input_report(
     tmp_path_factory: pytest.TempPathFactory,

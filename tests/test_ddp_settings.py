@@ -4,12 +4,10 @@ builds DDP with them, and the code change at the line that builds it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from trainadvisor.fixes.ddp_settings import DdpSettings
@@ -23,15 +21,6 @@ VALUES = {
     "steps_per_s": 40.0,
 }  # fmt: skip
 DDP = nn.parallel.DistributedDataParallel
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class _WithUnused(nn.Module):

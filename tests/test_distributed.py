@@ -17,12 +17,26 @@ DDP = EXAMPLES / "ddp_train.py"
 
 
 def _profile(tmp_path: Path, *args: str, options: tuple[str, ...] = ("--no-fix",)):  # type: ignore[no-untyped-def]
+    result, out = _torchrun(tmp_path, DDP, *args, options=options)
+    assert not processes_running(DDP, out), "a rank was left running"
+    return result, out
+
+
+def _torchrun(  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    script: Path,
+    *args: str,
+    ranks: int = 2,
+    options: tuple[str, ...] = ("--no-fix",),
+    warmup: int = 3,
+    steps: int = 10,
+):
+    """`trainadvisor profile` of `script` on `ranks` gloo ranks: the result and the report's folder."""
     out = tmp_path / "report"
     result = run_cli(
-        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", *options,
-        "--out", out, DDP, *args, cwd=tmp_path,
+        "profile", "--nproc-per-node", str(ranks), "--warmup", str(warmup), "--steps", str(steps),
+        *options, "--out", out, script, *args, cwd=tmp_path,
     )  # fmt: skip
-    assert not processes_running(DDP, out), "a rank was left running"
     return result, out
 
 
@@ -168,11 +182,7 @@ def test_ddp_built_with_a_needless_search_and_tiny_buckets_gets_its_settings_mea
 def test_an_fsdp2_job_is_said_in_one_line(tmp_path: Path) -> None:
     """FSDP2 (`fully_shard` on each of 4 blocks and on the model) on 2 gloo ranks: the report
     names the units, how many reshard after forward (the root does not), and the ranks."""
-    out = tmp_path / "report"
-    result = run_cli(
-        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", "--no-fix",
-        "--out", out, EXAMPLES / "fsdp_train.py", cwd=tmp_path,
-    )  # fmt: skip
+    result, out = _torchrun(tmp_path, EXAMPLES / "fsdp_train.py")
     assert result.returncode == 0, result.stderr
     assert "  parallel: FSDP2 over 2 ranks: 5 units, 4 reshard after forward\n" in result.stdout
     runtime = load_report(out)["baseline"]["raw"]["runtime"]
@@ -187,11 +197,7 @@ def test_a_rank_slow_in_its_data_or_its_compute_is_named_with_its_cause(
 ) -> None:
     """Four gloo ranks; rank 2 spends 15 ms more per step in its DataLoader (its storage) or in
     its forward pass (matrix products): the critical path names it, the phase and the cause."""
-    out = tmp_path / "report"
-    result = run_cli(
-        "profile", "--nproc-per-node", "4", "--warmup", "3", "--steps", "10", "--no-fix",
-        "--out", out, DDP, "--slow-rank", "2", "--slow-ms", "15", "--slow-in", where, cwd=tmp_path,
-    )  # fmt: skip
+    result, out = _torchrun(tmp_path, DDP, "--slow-rank", "2", "--slow-ms", "15", "--slow-in", where, ranks=4)
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     path = report["baseline"]["critical_path"]
@@ -213,11 +219,7 @@ def test_a_rank_slow_in_its_data_or_its_compute_is_named_with_its_cause(
 def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(tmp_path: Path) -> None:
     """FSDP2 on 2 gloo ranks: all-gathers in the forward and backward passes, reduce-scatters
     in the backward pass; `analyze` of the ranks' traces gives each rank the same figures."""
-    out = tmp_path / "report"
-    result = run_cli(
-        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "10", "--no-fix",
-        "--out", out, EXAMPLES / "fsdp_train.py", cwd=tmp_path,
-    )  # fmt: skip
+    result, out = _torchrun(tmp_path, EXAMPLES / "fsdp_train.py")
     assert result.returncode == 0, result.stderr
     ranks = load_report(out)["baseline"]["ranks"]
     for rank in ranks:
@@ -245,11 +247,7 @@ def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(
 def test_an_out_of_memory_on_one_rank_is_named_with_its_rank(tmp_path: Path) -> None:
     """Rank 1 of 2 dies of host out-of-memory: the run fails naming rank 1, and the
     out-of-memory finding gives that rank's request and what it held."""
-    out = tmp_path / "report"
-    result = run_cli(
-        "profile", "--nproc-per-node", "2", "--warmup", "2", "--steps", "10", "--no-fix",
-        "--out", out, SCRIPTS / "rank_oom.py", cwd=tmp_path,
-    )  # fmt: skip
+    result, out = _torchrun(tmp_path, SCRIPTS / "rank_oom.py", warmup=2)
     assert result.returncode == 3, result.stderr
     assert "rank 1" in result.stderr
     report = load_report(out)
@@ -264,11 +262,9 @@ def test_an_out_of_memory_on_one_rank_is_named_with_its_rank(tmp_path: Path) -> 
 def test_gradient_accumulation_without_no_sync_gets_it_measured(tmp_path: Path) -> None:
     """Four micro-batches per optimizer step, all-reduced after each: the ddp-settings trial
     skips the all-reduce on three of them, on 2 gloo ranks, the losses of every rank the same."""
-    out = tmp_path / "report"
-    result = run_cli(
-        "profile", "--nproc-per-node", "2", "--warmup", "3", "--steps", "20", "--fix", "ddp-settings",
-        "--out", out, DDP, "--accumulate", "4", "--depth", "4", cwd=tmp_path,
-    )  # fmt: skip
+    result, out = _torchrun(
+        tmp_path, DDP, "--accumulate", "4", "--depth", "4", steps=20, options=("--fix", "ddp-settings")
+    )
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     runtime = report["baseline"]["raw"]["runtime"]

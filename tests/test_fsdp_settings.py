@@ -4,12 +4,10 @@ one-process gloo group), and the code change at each `fully_shard` call."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import EXAMPLES
 from torch import nn
 
@@ -22,15 +20,6 @@ VALUES = {
     "fsdp_version": "FSDP2", "fsdp_units": 5, "fsdp_resharding_units": 4, "fsdp_world_size": 2,
     "steps_per_s": 40.0, "step_peak_bytes": 1000,
 }  # fmt: skip
-
-
-@pytest.fixture
-def one_process_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _trial(steps_per_s: float, peak: int) -> Trial:
