@@ -54,7 +54,11 @@ class FsdpMixedPrecision(Switch):
         if overrides.runtime.get("fsdp_mp") != "bfloat16":
             return
         import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+        except ImportError:  # torch 2.4-2.5: FSDP2 lived in _composable
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         patch_fully_shard(recorder, {"mp_policy": policy}, None)
