@@ -14,7 +14,7 @@ from conftest import shared_trace
 
 from trainadvisor.analyze.run.critical_path import critical_measurements, critical_path
 from trainadvisor.analyze.trace.analysis import analyze_trace
-from trainadvisor.analyze.trace.phases import host_collective_kind, job_from_collectives
+from trainadvisor.analyze.trace.phases import host_collective_kind, job_from_collectives, on_host
 from trainadvisor.analyze.trace.trace_records import CommAttribution, StepBreakdown
 
 NCCL_ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -112,6 +112,33 @@ def test_a_host_backends_collectives_by_the_op_that_issued_them(tmp_path: Path) 
     assert a.steps[0].phase_ms == pytest.approx(
         {"data": 0.01, "forward": 0.03, "backward": 0.052, "optimizer": 0.008, "other": 0.0}
     )
+
+
+def test_a_gloo_jobs_collectives_beside_its_compute_kernels(tmp_path: Path) -> None:
+    """DDP on gloo with CUDA tensors: the trace holds compute kernels (gemms at 10-40 and
+    60-70) and no NCCL kernel; its all-reduce runs as gloo's span at 60-90. The collectives are
+    gloo's, the compute the kernels' (not the host's aten::mm at 50-85, which waits on them):
+    10 of the all-reduce's 30 us are beside a gemm."""
+    events = [
+        _event("ProfilerStep#1", "user_annotation", 0, 100),
+        _event("aten::linear", "cpu_op", 2, 38),
+        _launch("gemm", 5, 1),
+        _kernel("sm90_gemm_kernel", 10, 30, 1),
+        _event("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", 40, 40),
+        _event("c10d::allreduce_", "cpu_op", 50, 2),
+        _event("aten::mm", "cpu_op", 50, 35),
+        _launch("gemm", 55, 2),
+        _kernel("sm90_gemm_kernel", 60, 10, 2),
+        _event("gloo:all_reduce", "user_annotation", 60, 30, tid=9),
+        _event("Optimizer.step#SGD.step", "user_annotation", 90, 10),
+    ]
+    a = analyze_trace(_write(tmp_path, events))
+    c = a.communication
+    assert c is not None and c.source == "the host backend's collectives (gloo)" and on_host(a)
+    assert c.by_kind == {"all_reduce": [0.03, 0.02]}
+    assert (c.ms_per_step, c.exposed_ms_per_step) == pytest.approx((0.03, 0.02))
+    assert c.overlap_efficiency_pct == pytest.approx(100 / 3)
+    assert a.steps[0].compute_ms == pytest.approx(0.04)
 
 
 @pytest.mark.parametrize(
@@ -238,7 +265,10 @@ def test_no_straggler_is_made_of_noise_or_a_step_without_collectives() -> None:
         1: [_step(0, 2.0, 5.0, 20.0, 8.0), _step(1, 2.0, 5.0, 0.0, 8.0), _step(2, 2.0, 5.0, 0.0, 8.0)],
     }
     gated = critical_path(cut)
-    assert gated is not None and gated.gates == [(0, 3)]  # step 0 by collectives, 1-2 by step time
+    # step 0 by collectives (rank 1 waits 15 ms), 1-2 by step time (equal steps): by step time
+    assert gated is not None and gated.gates == [(0, 3)] and gated.by == "step time"
+    assert gated.wait_ms == 0.0 and not gated.notable()
+    assert "wait -" not in gated.sentence() and "longer than the others'" in gated.sentence()
 
 
 def test_a_wait_its_own_work_does_not_explain_is_communication() -> None:

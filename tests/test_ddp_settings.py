@@ -249,11 +249,12 @@ def test_the_switch_skips_the_all_reduce_on_every_micro_step_but_the_last(one_pr
             optimizer.zero_grad()
         with torch.no_grad():
             model(torch.randn(2, 8))  # an evaluation's forward counts for nothing
-        model(torch.randn(2, 8)).sum().backward()
-        synced.append(model.require_backward_grad_sync)
+        for _ in range(4):  # a 4th micro-step before the optimizer's step syncs too
+            model(torch.randn(2, 8)).sum().backward()
+            synced.append(model.require_backward_grad_sync)
     finally:
         patches.undo()
-    assert synced == [False, False, True, False, False, True, False]  # then a 4th would sync too
+    assert synced == [False, False, True, False, False, True, False, False, True, True]
     assert DDP.forward is not None and "no_sync_forward" not in DDP.forward.__qualname__  # put back
 
 

@@ -4,6 +4,8 @@ one-process gloo group), and the code change at each `fully_shard` call."""
 
 from __future__ import annotations
 
+import gc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -216,3 +218,107 @@ def test_fsdp_mixed_precision_gathers_in_bfloat16_and_is_written_at_each_call(
     assert "from torch.distributed.fsdp import MixedPrecisionPolicy\n" in changed
     policy = "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
     assert f"fully_shard(model, {policy})" in changed
+
+
+@pytest.mark.parametrize(
+    ("file", "function", "label"),
+    [
+        ("_runtime_utils.py", "_reduce_grad", "FSDP's buffers (all-gather, reduce-scatter)"),
+        ("_runtime_utils.py", "_get_reduce_scatter_tensors", "FSDP's buffers (all-gather, reduce-scatter)"),
+        ("_runtime_utils.py", "_pre_forward", "train.py:3"),  # FSDP1's hooks around the model's code
+        (
+            "_fully_shard/_fsdp_collectives.py",
+            "foreach_all_gather",
+            "FSDP's buffers (all-gather, reduce-scatter)",
+        ),
+    ],
+)
+def test_fsdp_code_that_makes_buffers_labels_them(file: str, function: str, label: str) -> None:
+    """A tensor made in FSDP's buffer-making code (FSDP1's reduce-scatter functions too) is
+    FSDP's; one made under FSDP1's forward hooks is the model's code that called it. The
+    frames are real, compiled under torch's own file names."""
+    from trainadvisor.memory.storages import user_site
+
+    fsdp = Path(torch.__file__).parent / "distributed" / "fsdp" / file
+    inner: dict[str, Any] = {"user_site": user_site}
+    exec(compile(f"def {function}():\n    return user_site(1)\n", str(fsdp), "exec"), inner)
+    outer: dict[str, Any] = {"inner": inner[function]}
+    exec(compile("def step():\n\n    return inner()\n", "/home/me/train.py", "exec"), outer)
+    assert outer["step"]() == label
+
+
+@pytest.mark.parametrize("mixed_first", [False, True])
+def test_both_fsdp_fixes_in_one_run_keep_both_settings(one_process_group: None, mixed_first: bool) -> None:
+    """A confirmation run with fsdp-settings and fsdp-mixed-precision installed together (in
+    either order): every unit keeps its parameters gathered and gathers them in bfloat16; undone,
+    fully_shard is torch's again."""
+    import torch.distributed.fsdp as fsdp
+
+    from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
+
+    gc.collect()  # no unit of an earlier test counted
+    original = fsdp.fully_shard
+    mixed = FsdpMixedPrecision()
+    installs = [
+        lambda p: FsdpSettings().install(p, Overrides(runtime={"fsdp": {"reshard_after_forward": False}})),
+        lambda p: mixed.install(p, mixed.setting(GPU_VALUES).overrides),
+    ]
+    patches = Patches()
+    for install in installs[::-1] if mixed_first else installs:
+        install(patches)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        fsdp.fully_shard(model[0])
+        fsdp.fully_shard(model)
+        facts = parallel.fsdp_facts()
+    finally:
+        patches.undo()
+    assert (facts["fsdp_resharding_units"], facts["fsdp_param_dtype"]) == (0, "bfloat16")
+    assert fsdp.fully_shard is original
+
+
+def test_the_scripts_own_policy_without_param_dtype_is_left_alone(one_process_group: None) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
+
+    gc.collect()
+    fully_shard(nn.Sequential(nn.Linear(4, 4)))
+    assert "fsdp_mp_policy_set" not in parallel.fsdp_facts()  # torch's default policy
+    fully_shard(nn.Sequential(nn.Linear(4, 4)), mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
+    facts = parallel.fsdp_facts()
+    assert facts["fsdp_mp_policy_set"] is True and "fsdp_param_dtype" not in facts
+    why = FsdpMixedPrecision().not_applicable({**GPU_VALUES, **facts})
+    assert why is not None and why.startswith(
+        "the script gives fully_shard a MixedPrecisionPolicy of its own"
+    )
+
+
+COMPOSABLE = """import torch
+from torch.distributed._composable.fsdp import fully_shard
+
+fully_shard(model)
+"""
+IMPORTED = """import torch
+from torch.distributed.fsdp import (
+    MixedPrecisionPolicy,
+    fully_shard,
+)
+
+fully_shard(model)
+"""
+
+
+def test_the_policys_import_follows_the_scripts_fully_shard() -> None:
+    """torch 2.4-2.5 export FSDP2 from _composable.fsdp: the policy is imported from where the
+    script imports fully_shard; a script that imports it already gets no second import."""
+    from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
+
+    fix = FsdpMixedPrecision()
+    overrides = fix.setting(GPU_VALUES).overrides
+    composable = fix.code_change(COMPOSABLE, Path("train.py"), overrides)
+    assert composable is not None
+    assert "from torch.distributed._composable.fsdp import MixedPrecisionPolicy\n" in composable
+    imported = fix.code_change(IMPORTED, Path("train.py"), overrides)
+    assert imported is not None and imported.count("MixedPrecisionPolicy") == 2  # the import and the call
+    assert "fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16" in imported

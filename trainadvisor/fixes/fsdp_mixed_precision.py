@@ -18,7 +18,6 @@ from trainadvisor.fixes.fsdp_settings import NAMES, patch_fully_shard
 from trainadvisor.records import Overrides
 
 POLICY = "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
-IMPORT = "from torch.distributed.fsdp import MixedPrecisionPolicy"
 
 
 class _Source:
@@ -45,6 +44,11 @@ class FsdpMixedPrecision(Switch):
             return "this GPU computes in no bfloat16"
         if values.get("fsdp_param_dtype"):
             return f"FSDP already gathers its parameters in {values['fsdp_param_dtype']}"
+        if values.get("fsdp_mp_policy_set"):
+            return (
+                "the script gives fully_shard a MixedPrecisionPolicy of its own, without param_dtype: "
+                "this fix leaves it alone; add param_dtype=torch.bfloat16 to it and profile again"
+            )
         return None
 
     def setting(self, values: dict[str, Any]) -> Setting:
@@ -69,6 +73,44 @@ class FsdpMixedPrecision(Switch):
         if overrides.runtime.get("fsdp_mp") != "bfloat16":
             return None
         changed = codechange.edit_calls(source, NAMES, None, {"mp_policy": _Source(POLICY)})
-        if changed is None or IMPORT in changed:
+        if changed is None or "MixedPrecisionPolicy" in _imported(source):
             return changed
-        return codechange.after_imports(changed, [IMPORT])
+        return codechange.after_imports(
+            changed, [f"from {_policy_module(source)} import MixedPrecisionPolicy"]
+        )
+
+
+PACKAGES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")  # 2.6+, 2.4-2.5
+
+
+def _imported(source: str) -> dict[str, str]:
+    """The names a script imports with `from X import ...`, each with its module X."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    return {
+        alias.asname or alias.name: node.module or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def _policy_module(source: str) -> str:
+    """Where the script's torch exports MixedPrecisionPolicy: the FSDP package the script takes
+    fully_shard from, or else the first of PACKAGES this torch has it in."""
+    import importlib
+
+    module = _imported(source).get("fully_shard", "")
+    package = next((p for p in PACKAGES if module == p or module.startswith(p + ".")), None)
+    candidates = ([package] if package else []) + list(PACKAGES)
+    for name in candidates:
+        try:
+            if hasattr(importlib.import_module(name), "MixedPrecisionPolicy"):
+                return name
+        except ImportError:
+            continue
+    return PACKAGES[0]

@@ -112,7 +112,9 @@ class FsdpSettings(Fix):
 
 def patch_fully_shard(recorder: Any, settings: dict[str, Any], units: list[Any] | None) -> None:
     """fully_shard with `settings` wherever the script imports it from (and, with `units`, each
-    unit made linked to its neighbours for prefetching) until the recorder undoes it."""
+    unit made linked to its neighbours for prefetching) until the recorder undoes it. Where a fix
+    installed before this one patched it already (fsdp-settings and fsdp-mixed-precision in one
+    run), its wrapper takes these settings too, and gives them back when the recorder undoes it."""
     import importlib
 
     for name in MODULES:
@@ -120,19 +122,38 @@ def patch_fully_shard(recorder: Any, settings: dict[str, Any], units: list[Any] 
             module = importlib.import_module(name)
         except ImportError:
             continue
-        original = getattr(module, "fully_shard", None)
-        if callable(original) and not getattr(original, "_trainadvisor_fsdp", False):
-            recorder.patch(module, "fully_shard", _forcing(original, settings, units))
+        current = getattr(module, "fully_shard", None)
+        state = getattr(current, "_trainadvisor_fsdp", None)
+        if isinstance(state, dict):
+            recorder.on_uninstall(_merge(state, settings, units))
+        elif callable(current):
+            recorder.patch(
+                module, "fully_shard", _forcing(current, {"settings": dict(settings), "units": units})
+            )
 
 
-def _forcing(original: Any, settings: dict[str, Any], units: list[Any] | None) -> Any:
-    """fully_shard with `settings`, keeping what torch hangs on the function (`.state`, read by
-    FSDP's own code through the name this replaces); with `units`, each unit made is linked to
-    its neighbours for prefetching."""
+def _merge(state: dict[str, Any], settings: dict[str, Any], units: list[Any] | None) -> Any:
+    """`settings` (and `units`) added to a wrapper's state; returns what puts the state back."""
+    before = {"settings": dict(state["settings"]), "units": state["units"]}
+    state["settings"].update(settings)
+    if units is not None and state["units"] is None:
+        state["units"] = units
+
+    def undo() -> None:
+        state.update(before)
+
+    return undo
+
+
+def _forcing(original: Any, state: dict[str, Any]) -> Any:
+    """fully_shard with `state["settings"]`, keeping what torch hangs on the function (`.state`,
+    read by FSDP's own code through the name this replaces); with `state["units"]`, each unit
+    made is linked to its neighbours for prefetching."""
 
     @functools.wraps(original)
     def fully_shard(*args: Any, **kwargs: Any) -> Any:
-        made = original(*args, **{**kwargs, **settings})
+        made = original(*args, **{**kwargs, **state["settings"]})
+        units = state["units"]
         if units is not None:
             try:  # prefetching is the trial's; the script's call must never fail for it
                 units.extend(m for m in (made if isinstance(made, list) else [made]) if hasattr(m, "modules"))
@@ -141,7 +162,7 @@ def _forcing(original: Any, settings: dict[str, Any], units: list[Any] | None) -
                 units.clear()
         return made
 
-    fully_shard._trainadvisor_fsdp = True  # type: ignore[attr-defined]
+    fully_shard._trainadvisor_fsdp = state  # type: ignore[attr-defined]
     return fully_shard
 
 

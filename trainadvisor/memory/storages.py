@@ -39,6 +39,12 @@ FSDP_BUFFERS = "FSDP's buffers (all-gather, reduce-scatter)"
 # torch.distributed.fsdp._fully_shard or, before torch 2.6, _composable.fsdp; FSDP1's flat
 # parameters): not the wrappers' forward, which calls the model's own code
 _FSDP_CODE = ("_fsdp_collectives.py", "_fsdp_param.py", "_fsdp_param_group.py", "_flat_param.py")
+# and FSDP1's reduce-scatter, in its runtime's functions (the rest of that file runs the hooks
+# around the model's own code)
+_FSDP_RUNTIME = (
+    os.path.join("fsdp", "_runtime_utils.py"),
+    {"_reduce_grad", "_get_reduce_scatter_tensors", "_accumulate_sharded_grad"},
+)
 _DISTRIBUTED = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
 
 
@@ -49,12 +55,18 @@ def user_site(depth: int = 2) -> str:
     frame = sys._getframe(depth)
     while frame is not None:
         name = os.path.normpath(frame.f_code.co_filename)
-        if name.startswith(_DISTRIBUTED) and name.endswith(_FSDP_CODE):
+        if name.startswith(_DISTRIBUTED) and _fsdp_code(name, frame.f_code.co_name):
             return FSDP_BUFFERS
         if not name.startswith("<") and not name.startswith(_NOT_USER):
             return f"{os.path.basename(name)}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return ""
+
+
+def _fsdp_code(filename: str, function: str) -> bool:
+    """Whether a frame of torch.distributed is FSDP's code that allocates its buffers."""
+    runtime, functions = _FSDP_RUNTIME
+    return filename.endswith(_FSDP_CODE) or (filename.endswith(runtime) and function in functions)
 
 
 def _address(t: torch.Tensor) -> int | None:

@@ -70,7 +70,7 @@ class CriticalPath:
         lost = (
             f"the others wait {self.wait_ms:.1f} ms per step for it"
             if self.by == "collectives"
-            else f"its steps are {self.wait_ms:.1f} ms longer (the traces hold no collectives)"
+            else f"its steps are {self.wait_ms:.1f} ms longer (not every rank's trace has collectives there)"
         )
         return (
             f"rank {self.gating_rank} gates {self.gated_steps} of {self.steps} steps: its "

@@ -335,6 +335,11 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
         "the dtype FSDP gathers parameters in, where the script sets a policy",
         _PARALLEL,
     ),
+    "fsdp_mp_policy_set": (
+        "bool",
+        "the script gives fully_shard a MixedPrecisionPolicy of its own (any field set)",
+        _PARALLEL,
+    ),
     "gating_rank": ("count", "the rank whose work gates the most steps (the critical path)", _CRITICAL),
     "straggler_cause": ("text", "why it is slow: data, compute, host or communication", _CRITICAL),
     "straggler_phase": ("text", "the phase of its step longer than the other ranks'", _CRITICAL),

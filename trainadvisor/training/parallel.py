@@ -109,6 +109,8 @@ def _fsdp_units(fsdp: Any) -> dict[str, Any]:
     dtypes = {str(_param_dtype(g)).removeprefix("torch.") for g in groups if _param_dtype(g) is not None}
     if dtypes:  # the script's own MixedPrecisionPolicy: the dtype it gathers parameters in
         facts["fsdp_param_dtype"] = ", ".join(sorted(dtypes))
+    if any(_own_policy(g) for g in groups):  # one that sets only reduce_dtype, say
+        facts["fsdp_mp_policy_set"] = True
     sizes = {g.mesh_info.mesh.size() for g in groups if g is not None}
     facts["fsdp_world_size"] = max(sizes) if sizes else torch.distributed.get_world_size()
     return facts
@@ -126,3 +128,12 @@ def _param_group(unit: Any) -> Any:
 def _param_dtype(group: Any) -> Any:
     """The dtype an FSDP2 group gathers its parameters in, where its policy sets one."""
     return getattr(getattr(group, "mp_policy", None), "param_dtype", None) if group is not None else None
+
+
+def _own_policy(group: Any) -> bool:
+    """Whether an FSDP2 group's MixedPrecisionPolicy is the script's (any field not the default)."""
+    policy = getattr(group, "mp_policy", None) if group is not None else None
+    try:
+        return policy is not None and policy != type(policy)()
+    except TypeError:  # a torch whose policy takes arguments: unknown, so not the script's
+        return False

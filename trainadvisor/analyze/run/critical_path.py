@@ -6,7 +6,8 @@ arrive early wait inside it. Per step, the rank that waits the least in its coll
 one the others wait for: the step's chain is that rank's own work (its data, forward,
 backward, optimizer step) up to the collective, then the collectives' exposed time, which no
 rank can hide. Reading waits from each rank's own collective times needs no clock shared
-between hosts. Without collectives in the traces, the rank with the longest step gates it.
+between hosts. In a step where some rank's trace holds no collectives (none, or a trace cut
+short), the rank with the longest step gates it, and the others lose their shorter steps.
 
 Why the gating rank is slow is read against the other ranks' median, step by step:
   data           it waits longer in its DataLoader;
@@ -63,8 +64,7 @@ def critical_path(per_rank: dict[int, list[StepBreakdown]]) -> CriticalPath | No
     phases = np.array([[[s.phase_ms.get(p, 0.0) for p in PHASES] for s in row] for row in rows])
     # steps in which every rank spent time in collectives: the least time there (ties: the
     # most work of its own) gates them; in the others (a trace cut short, none), the longest step
-    synced = (comm > 0).all(axis=1)
-    by_comm = bool(synced.any())
+    synced: np.ndarray = np.asarray((comm > 0).all(axis=1))
     own = causes[:, :, :3].sum(axis=2)
     gate = np.where(synced, np.lexsort((-own, comm), axis=1)[:, 0], np.argmax(step, axis=1))
     counts = np.bincount(gate, minlength=len(ranks))
@@ -72,7 +72,9 @@ def critical_path(per_rank: dict[int, list[StepBreakdown]]) -> CriticalPath | No
     mine = np.flatnonzero(gate == top)
     excess = _excess(causes, top, mine)
     phase_excess = _excess(phases, top, mine)
-    lost = comm if by_comm else -step  # what the others lose to it: their wait, or a shorter step
+    by_comm = 2 * int(synced[mine].sum()) >= len(mine)  # how most of its steps were gated
+    # what the others lose to it, step by step as each was gated: their wait, or a shorter step
+    lost = np.where(synced[:, None], comm, -step)
     others = np.delete(lost[mine] - lost[mine, top][:, None], top, axis=1)
     wait = float(np.median(others)) if others.size else 0.0
     cause = CAUSES[int(np.argmax(excess[:3]))]

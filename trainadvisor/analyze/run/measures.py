@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 from trainadvisor.analyze.trace.analysis import TraceAnalysis
+from trainadvisor.analyze.trace.phases import on_host
 from trainadvisor.compute.dynamo import compile_measurements
 from trainadvisor.memory.oom import oom_measurements
 
@@ -84,7 +85,7 @@ def communication_measurements(a: TraceAnalysis, step_ms: float | None) -> dict[
     }
     if c.by_group:
         table["communication_groups"] = split_text(c.by_group)
-    if not a.kernels:  # a host backend's collectives stand in for the kernels' share
+    if on_host(a):  # a host backend's collectives stand in for the kernels' share
         table["communication_pct"] = 100.0 * c.ms_per_step / step_ms
         table["communication_overlap_pct"] = c.overlap_efficiency_pct
     return table

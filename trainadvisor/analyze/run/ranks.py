@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from trainadvisor.analyze.trace.phases import on_host
 from trainadvisor.analyze.trace.trace_records import TraceAnalysis
 from trainadvisor.memory.oom import oom_measurements
 from trainadvisor.records import RankStats, RawRun, timed_steps
@@ -21,7 +22,7 @@ def _communication_pct(trace: TraceAnalysis | None) -> float | None:
     breakdown's), or a host backend's (gloo) collectives'."""
     if trace is None:
         return None
-    if trace.kernels:
+    if not on_host(trace):
         return trace.breakdown_pct.get("communication")
     comm, step_ms = trace.communication, trace.step_time_ms_mean
     return 100.0 * comm.ms_per_step / step_ms if comm is not None and step_ms else None
@@ -30,7 +31,7 @@ def _communication_pct(trace: TraceAnalysis | None) -> float | None:
 def _overlap_pct(trace: TraceAnalysis | None) -> float | None:
     if trace is None:
         return None
-    if trace.kernels or trace.communication is None:
+    if trace.communication is None or not on_host(trace):
         return trace.communication_overlap_pct
     return trace.communication.overlap_efficiency_pct
 

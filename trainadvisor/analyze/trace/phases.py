@@ -29,9 +29,10 @@ from trainadvisor.analyze.read.columns import HOST, HOST_KINDS, KERNEL, RUNTIME,
 from trainadvisor.analyze.trace import device
 from trainadvisor.analyze.trace import intervals as iv
 from trainadvisor.analyze.trace.steps import is_loader_call
-from trainadvisor.analyze.trace.trace_records import CommAttribution, StepBreakdown
+from trainadvisor.analyze.trace.trace_records import CommAttribution, StepBreakdown, TraceAnalysis
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+DEVICE_SOURCE, HOST_SOURCE = "NCCL/RCCL kernels", "the host backend's collectives (gloo)"
 HOST_COLLECTIVE = re.compile(r"^(gloo|ucc|mpi):([a-z_]+)")
 _BACKWARD = re.compile(
     r"^(autograd::engine::evaluate_function|FSDP::(pre_backward|post_backward|root_post_backward)"
@@ -161,14 +162,22 @@ def _issue(t: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def collective_rows(t: Table) -> tuple[np.ndarray, str]:
-    """The rows that are collectives, and where they were found: NCCL/RCCL kernels in a trace
-    with kernels (its compute is kernels too), or, in a trace without any, the host backend's
-    own spans (gloo)."""
+    """The rows that are collectives, and where they were found: NCCL/RCCL kernels where the
+    trace has any, or else the host backend's own spans (gloo; a gloo job's trace may hold
+    kernels of its compute, on CUDA tensors, and none of its collectives)."""
     kernels = t.rows(KERNEL)
-    if len(kernels):
-        return kernels[t.matching(kernels, device.is_communication)], "device"
+    on_device = kernels[t.matching(kernels, device.is_communication)] if len(kernels) else kernels
+    if len(on_device):
+        return on_device, "device"
     host = t.rows(*HOST_KINDS)
-    return host[t.matching(host, HOST_COLLECTIVE.match)], "host"
+    on_host = host[t.matching(host, HOST_COLLECTIVE.match)]
+    return (on_host, "host") if len(on_host) or not len(kernels) else (on_device, "device")
+
+
+def on_host(a: TraceAnalysis) -> bool:
+    """Whether a trace's collectives ran on the host backend (gloo), not as kernels: then they,
+    not the kernels' breakdown, give the rank's communication share and overlap."""
+    return a.communication.source == HOST_SOURCE if a.communication is not None else not a.kernels
 
 
 def host_compute(t: Table, collectives: np.ndarray) -> iv.Union:
@@ -206,7 +215,8 @@ def attribute(
     launched, issuer = (_launch_times(t, rows), None) if source == "device" else _issue(t, rows)
     phase = phase_at(bounds, launched)
     if source == "host":
-        compute = host_compute(t, rows)
+        if not len(t.rows(KERNEL)):  # a trace with kernels computes in them
+            compute = host_compute(t, rows)
         _wait_in_backward(bounds, t, rows, phase)
     phase_ms = _phase_ms(bounds)
     compute_ms = compute.within(starts, ends)
@@ -235,7 +245,7 @@ def attribute(
     phase_names = np.array([PHASES[p] if p >= 0 else "" for p in phase.tolist()] or [""])
     total = float(comm_ms.sum())
     return CommAttribution(
-        source="NCCL/RCCL kernels" if source == "device" else "the host backend's collectives (gloo)",
+        source=DEVICE_SOURCE if source == "device" else HOST_SOURCE,
         ms_per_step=total / 1e3 / n,
         exposed_ms_per_step=float(exposed.sum()) / 1e3 / n,
         overlap_efficiency_pct=min(max(100.0 * (total - float(exposed.sum())) / total, 0.0), 100.0)
