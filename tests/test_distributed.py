@@ -86,13 +86,16 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     [outcome] = report["fix_outcomes"]
-    assert outcome["fix"] == "dataloader-workers" and outcome["status"] == "kept"
     # every rank would have to switch at the same step: each candidate restarts the script
     assert (outcome["mode"], outcome["mode_reason"]) == (
         "restart",
         "under torchrun every rank would have to switch its setting at the same step",
     )
     assert report["trial_windows"] == []
+    assert outcome["fix"] == "dataloader-workers" and outcome["status"] in ("kept", "inconclusive")
+    if outcome["status"] == "inconclusive":  # CI's other worker loads the 2 cores: said, not kept
+        assert "not a reliable gain" in outcome["reason"] and report["speedup"] is None
+        return
     # kept means: 5% faster or more, the slow windows after beat the fast ones before
     assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
     assert report["comparison"]["loss_check"]["equivalent"] is True
