@@ -167,6 +167,20 @@ def test_prefetching_never_fails_the_scripts_own_call(one_process_group: None) -
     model(torch.ones(2, 4)).sum().backward()
 
 
+def _two_units(patches: Patches) -> tuple[nn.Module, dict[str, Any]]:
+    """A model of two FSDP2 units made through fully_shard as the script sees it while
+    `patches` are installed, and FSDP's facts read back; the patches undone after."""
+    import torch.distributed.fsdp as fsdp
+
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        fsdp.fully_shard(model[0])
+        fsdp.fully_shard(model)
+        return model, parallel.fsdp_facts()
+    finally:
+        patches.undo()
+
+
 GPU_VALUES = {**VALUES, "cuda_used": True, "bf16_supported": True}
 
 
@@ -200,15 +214,7 @@ def test_fsdp_mixed_precision_gathers_in_bfloat16_and_is_written_at_each_call(
     setting = fix.setting(GPU_VALUES)
     patches = Patches()
     fix.install(patches, setting.overrides)
-    try:
-        import torch.distributed.fsdp as fsdp
-
-        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
-        fsdp.fully_shard(model[0])
-        fsdp.fully_shard(model)
-        facts = parallel.fsdp_facts()
-    finally:
-        patches.undo()
+    model, facts = _two_units(patches)
     assert facts["fsdp_param_dtype"] == "bfloat16"
     assert model(torch.ones(3, 4)).dtype == torch.bfloat16
     changed = fix.code_change(
@@ -266,13 +272,7 @@ def test_both_fsdp_fixes_in_one_run_keep_both_settings(one_process_group: None, 
     patches = Patches()
     for install in installs[::-1] if mixed_first else installs:
         install(patches)
-    try:
-        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
-        fsdp.fully_shard(model[0])
-        fsdp.fully_shard(model)
-        facts = parallel.fsdp_facts()
-    finally:
-        patches.undo()
+    _, facts = _two_units(patches)
     assert (facts["fsdp_resharding_units"], facts["fsdp_param_dtype"]) == (0, "bfloat16")
     assert fsdp.fully_shard is original
 

@@ -170,8 +170,8 @@ def collective_rows(t: Table) -> tuple[np.ndarray, str]:
     if len(on_device):
         return on_device, "device"
     host = t.rows(*HOST_KINDS)
-    on_host = host[t.matching(host, HOST_COLLECTIVE.match)]
-    return (on_host, "host") if len(on_host) or not len(kernels) else (on_device, "device")
+    spans = host[t.matching(host, HOST_COLLECTIVE.match)]
+    return (spans, "host") if len(spans) or not len(kernels) else (on_device, "device")
 
 
 def on_host(a: TraceAnalysis) -> bool:
