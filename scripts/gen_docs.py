@@ -9,7 +9,7 @@
     .venv/bin/python scripts/gen_docs.py           # write them
     .venv/bin/python scripts/gen_docs.py --check   # exit 1, naming the stale pages, if any differs
 
-`tests/test_docs.py` runs the check; `scripts/docs.sh` builds the site with mkdocs --strict."""
+`tests/integration/test_docs.py` runs the check; `scripts/docs.sh` builds the site with mkdocs --strict."""
 
 from __future__ import annotations
 

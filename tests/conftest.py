@@ -44,8 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPTS = ROOT / "tests" / "scripts"
 DATA = ROOT / "tests" / "data"
+FAKES = ROOT / "tests" / "fakes"  # the GPU boundary's stand-ins (tests/fakes/README.md)
 # Timed windows of half a second instead of the default second: for the tests that check what a
-# run records and decides, on gains that dwarf the noise (tests/test_gpu_speed.py times windows).
+# run records and decides, on gains that dwarf the noise (tests/e2e/test_gpu_speed.py times windows).
 SHORT = ("--min-time", "0.5s")
 # A warm-up that waits at most 3 s for step time to settle instead of a minute: for the tests that
 # check what a run decides on gains that dwarf any drift, where a test beside them (pytest -n) can
@@ -245,6 +246,14 @@ def _shared_profile(
     out = work / "report"
     command = ("profile", "--warmup", "3", "--steps", "10", *SHORT, *WORKER_CAP, "--out", out, *args)
     return run_cli(*command, cwd=work), out
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """This process's NVML is the stand-in (tests/fakes/nvml)."""
+    monkeypatch.syspath_prepend(str(FAKES / "nvml"))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    return monkeypatch
 
 
 @pytest.fixture

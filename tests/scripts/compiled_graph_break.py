@@ -1,5 +1,5 @@
 """A training loop whose compiled model breaks its graph once: a NaN check written as a Python
-`if` on a tensor (the line marked BREAK); tests/test_dynamo.py asserts that line."""
+`if` on a tensor (the line marked BREAK); tests/e2e/test_dynamo.py asserts that line."""
 
 import argparse
 

@@ -5,7 +5,7 @@
 Each is a few training steps of a tiny model under torch.profiler with record_shapes=True and
 with_flops=True, a schedule of 1 warm-up and 3 recorded steps and `prof.step()` after each (so
 ProfilerStep#1-3 mark them). Before profiling, one step runs under torch.utils.flop_counter's
-FlopCounterMode: its count is printed, the figure tests/test_trace_mfu.py expects per step."""
+FlopCounterMode: its count is printed, the figure tests/integration/test_trace_mfu.py expects per step."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 From these tables come click's decorators (`decorators`), the values of `profile`'s options
 record (`record_values`, `default`), which options every run of the script and the user's own
 process receive (`receiving`), the command that repeats a run (`repeated`) and the docs' CLI
-reference (`scripts/gen_docs.py`). `tests/test_options.py` fails where one of those places has an
+reference (`scripts/gen_docs.py`). `tests/integration/test_options.py` fails where one of those places has an
 option its table lacks, or lacks one the table has."""
 
 from __future__ import annotations

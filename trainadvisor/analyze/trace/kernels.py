@@ -1,6 +1,6 @@
 """What a GPU kernel does, from its name alone: matrix multiplication, convolution, attention or
 other work, and whether it runs on Tensor Cores (NVIDIA) / matrix cores (AMD) or on the ordinary
-FP32 units. Pure; `tests/test_kernels.py` checks it against real kernel names from public traces.
+FP32 units. Pure; `tests/integration/test_kernels.py` checks it against real kernel names from public traces.
 
 Names carry the answer in library conventions:
 - Tensor Core instructions or tiles: `tensorop`, `wmma`, `hmma`, `gmma`/`wgmma` (Hopper),

@@ -1,0 +1,237 @@
+"""Trial windows in the baseline's own process (issue 13): the mode chosen, the windows in
+order, the pairs that catch drift, and each case that falls back to restarting the script."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, published, run_cli
+
+from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP
+
+# Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
+# that count where a script's end falls among the windows
+EXACT = ("--max-warmup", "0", "--min-time", "0")
+
+
+def _profile(tmp_path: Path, *args: str | Path) -> dict[str, Any]:
+    out = tmp_path / "r"
+    command = ("profile", "--warmup", "3", "--steps", "10", *SHORT, *WORKER_CAP, "--out", out, *args)
+    result = run_cli(*command, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return load_report(out)
+
+
+def _outcome(report: dict[str, Any], fix: str) -> dict[str, Any]:
+    [outcome] = [o for o in report["fix_outcomes"] if o["fix"] == fix]
+    return outcome
+
+
+@pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
+def test_workers_are_tried_in_windows_of_one_run_then_paired_with_the_baseline(
+    slow_input_report: tuple[Any, Path],
+) -> None:
+    result, out = slow_input_report
+    report = load_report(out)
+    outcome = _outcome(report, "dataloader-workers")
+    assert (outcome["mode"], outcome["status"]) == ("in_process", "kept")
+    windows = report["trial_windows"]
+    # the choice then measured in a pair of adjacent windows: the script's setting, then the chosen one
+    assert windows[0]["label"] == "baseline"
+    assert [w["label"] for w in windows[-2:]] == ["baseline-pair-1", "dataloader-workers-pair-1"]
+    assert windows[-1]["setting"] == outcome["chosen"].replace(", persistent_workers=True", "")
+    trials = [w for w in windows if w["fix"] == "dataloader-workers" and "-pair-" not in w["label"]]
+    assert [w["label"] for w in trials] == [t["raw"]["label"] for t in outcome["trials"]]
+    assert [w["setting"] for w in trials] == [t["label"] for t in outcome["trials"]]
+    started = [w["started_s"] for w in windows]
+    assert started == sorted(started) and started[0] == 0.0  # in the order they ran
+    # each trial window ran on after the one before it, in the same process (no restart)
+    indices = [t["raw"]["steps"][0]["index"] for t in outcome["trials"]]
+    assert indices == sorted(indices) and indices[0] > report["baseline"]["raw"]["steps"][-1]["index"]
+    assert any(
+        "dataloader-workers: " in note and "in 1 pair of adjacent windows with the script's own" in note
+        for note in report["details"]
+    ), report["details"]
+    # the search says why it stopped
+    assert outcome["search"].startswith("stopped")
+    assert "[" in result.stderr and "elapsed, about" in result.stderr  # the progress line
+
+
+@pytest.mark.long_run
+def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Path) -> None:
+    """Reads serialised by one lock: workers cannot help, but every later window is faster.
+    Judged against the first baseline window alone, the first trial would have passed."""
+    # a warm-up capped at 2 s: waiting for the loop to settle would wait out the warming itself
+    report = _profile(tmp_path, "--max-warmup", "2s", SCRIPTS / "warming_cache.py")
+    outcome = _outcome(report, "dataloader-workers")
+    windows = report["trial_windows"]
+    first, again = windows[0]["steps_per_s"], windows[-1]["steps_per_s"]
+    assert again > 1.2 * first  # the reads got faster by themselves (their latency halves over 10 s)
+    assert outcome["status"] == "no_gain", outcome
+    # the bracket catches it; where a trial's own noise got past it, the confirmation run does
+    assert "drift" in outcome["reason"] or "not a reliable gain" in outcome["reason"], outcome["reason"]
+
+
+@pytest.mark.xdist_group("loader_variants_report")  # one run of it, on one worker
+def test_a_loader_built_every_epoch_restarts_the_script_per_trial(
+    loader_variants_report: tuple[Any, Path],
+) -> None:
+    """tests/scripts/loader_variants.py builds its DataLoader anew every epoch of 12 steps."""
+    report = load_report(loader_variants_report[1])
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "restart"
+    assert "is built anew every epoch" in outcome["mode_reason"]
+    assert report["trial_windows"] == []  # no fix ran in windows
+    assert f"dataloader-workers ({outcome['mode_reason']})" in " ".join(report["details"])
+
+
+@pytest.mark.xdist_group("iterable_unsharded_report")  # one run of it, on one worker
+def test_an_iterable_dataset_restarts_the_script_per_trial(
+    iterable_unsharded_report: tuple[Any, Path],
+) -> None:
+    report = load_report(iterable_unsharded_report[1])
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "restart" and "is an IterableDataset" in outcome["mode_reason"]
+    assert outcome["status"] == "changed_training"  # as before: the fresh runs see the repeats
+
+
+@pytest.mark.long_run
+def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: Path) -> None:
+    """30 steps in all: the baseline takes 24, the first trial window needs 3 + 2 + 10 more. The
+    window the script's end cut short says how long the script is: the fresh runs fit into it."""
+    report = _profile(tmp_path, *EXACT, SCRIPTS / "short_run.py", "--max-steps", "30")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "restart"
+    assert (
+        outcome["mode_reason"] == "the script ended during trial window dataloader-workers-1, after 30 steps"
+    )
+    assert outcome["status"] == "kept"
+    assert [w["status"] for w in report["trial_windows"]] == ["measured", "failed"]  # baseline, trial 1
+    assert all(t["raw"]["steps_seen"] <= 30 for t in outcome["trials"])
+    after = report["after"]["raw"]  # fitted: 7 warm-up and 12 timed steps, 11 traced
+    assert (after["warmup_steps"], after["window_steps"], after["steps_seen"]) == (7, 12, 30)
+
+
+def test_a_script_that_ends_during_the_trials_keeps_the_windows_measured(tmp_path: Path) -> None:
+    """45 steps in all: the baseline takes 24, the first trial window 3 + 2 + 10, the second
+    3 + 4 + 12 does not fit."""
+    report = _profile(tmp_path, *EXACT, SCRIPTS / "short_run.py", "--max-steps", "45")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["mode"] == "in_process" and outcome["status"] == "kept"
+    assert [t["status"] for t in outcome["trials"]] == ["measured", "failed"]
+    assert (
+        "the script ended during trial window dataloader-workers-2, after 45 steps: dataloader-workers "
+        "was decided by the windows measured before that."
+    ) in report["notes"]
+
+
+@pytest.mark.long_run
+def test_a_short_script_keeps_the_gain_its_trials_measured(tmp_path: Path) -> None:
+    """The first H100 runs: a 200-step script measured 12.3x and kept nothing, its windows counted
+    in steps outrunning it. Here 200 steps of slow input: the confirmation run is fitted into them
+    (or measured on what fitted), and the fix is kept."""
+    script = (EXAMPLES / "slow_input_mnist.py", "--samples", "12800", "--latency-ms", "0.5")
+    report = _profile(tmp_path, *SETTLE_CAP, *script)
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] == "kept", outcome["reason"]
+    # kept is the judge's verdict on a confirmed gain (about 4x quiet, 2.87x read once on a
+    # loaded machine, which a bound of 3x failed): the figure is only checked to be a gain
+    assert report["after"]["raw"]["steps_seen"] <= 200 and report["speedup"] > KEEP_MIN_SPEEDUP
+
+
+@pytest.mark.long_run
+def test_restart_mode_when_asked(tmp_path: Path) -> None:
+    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode)
+    report = _profile(
+        tmp_path,
+        "--trials",
+        "restart",
+        "--max-warmup",
+        "1s",
+        "--max-workers",
+        "2",  # each candidate a fresh run: two are enough to show the mode
+        EXAMPLES / "slow_input_mnist.py",
+        "--samples",
+        "20000",
+    )
+    outcome = _outcome(report, "dataloader-workers")
+    assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
+    assert report["trial_windows"] == [] and outcome["status"] == "kept"
+    assert report["command"][report["command"].index("--trials") + 1] == "restart"
+
+
+def test_a_spent_budget_lists_the_fix_with_the_command_that_measures_it(tmp_path: Path) -> None:
+    report = _profile(tmp_path, "--budget", "1s", EXAMPLES / "slow_input_mnist.py", "--samples", "20000")
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] == "not_run" and outcome["trials"] == []
+    assert re.search(
+        r"^not measured: its trials \(about \d+s each\) would have run past the --budget of 1s \(0s left\); "
+        "measure it alone with: trainadvisor profile ",
+        outcome["reason"],
+    ), outcome["reason"]
+    command = outcome["reason"].split("with: ")[1]
+    assert "--fix dataloader-workers" in command and "--budget" not in command
+    beside = published(tmp_path / "r-dataloader-workers", tmp_path)
+    assert f"--out {beside}" in command  # beside this report, not over it
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("10x", "'10x' is not a duration"), ("0", "a duration must be more than zero")],
+)
+def test_budget_values_are_checked(tmp_path: Path, value: str, message: str) -> None:
+    result = run_cli("profile", "--budget", value, EXAMPLES / "slow_input_mnist.py", cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_an_unknown_fix_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    result = run_cli("profile", "--fix", "workers", EXAMPLES / "slow_input_mnist.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert (
+        "--fix workers: no such fix; the fixes are activation-checkpointing, amp, batch-size" in result.stderr
+    )
+
+
+@pytest.mark.long_run
+def test_fresh_runs_on_a_machine_that_sped_up_since_the_baseline_are_inconclusive(tmp_path: Path) -> None:
+    """Every read takes twice as long in the script's first run (the baseline) as in the later
+    ones, and no DataLoader setting helps on a steady machine (reads serialised by one lock).
+    Compared with that baseline alone, the workers' fresh runs measured about 2x and were kept
+    with a diff; the script's own setting measured next to the confirmation run shows the
+    machine sped up, and the fix is inconclusive: not kept, no change given."""
+    launches = tmp_path / "launches"
+    report = _profile(
+        tmp_path, "--trials", "restart", "--max-warmup", "2s", "--max-workers", "2",
+        SCRIPTS / "machine_speeds_up.py", "--launches", launches,
+    )  # fmt: skip
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] == "inconclusive", outcome
+    assert "the machine's speed changed between runs: the script's own setting measured" in outcome["reason"]
+    assert not outcome["diff"] and report["applied_fixes"] == []
+    assert len(launches.read_text().split()) >= 4  # baseline, a trial, the confirmation, and beside it
+    assert "inconclusive: dataloader-workers" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.long_run
+def test_beside_a_process_that_keeps_a_core_busy_the_workers_fix_is_still_kept(tmp_path: Path) -> None:
+    """A shared node: another process keeps one of the cores busy for the whole profile. The
+    trials' warm-ups are capped from the baseline's settling, the choice is checked in pairs of
+    adjacent windows, and the workers fix (a gain of several times, on a loader that sleeps on
+    storage latency) is kept, with the loss check intact; the report names the busy process."""
+    import subprocess
+    import sys
+
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.perf_counter()"])
+    try:
+        report = _profile(tmp_path, "--max-workers", "4", *SETTLE_CAP, EXAMPLES / "slow_input_mnist.py",
+                          "--samples", "200000", "--latency-ms", "1")  # fmt: skip
+    finally:
+        spin.kill()
+        spin.wait()
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] == "kept", outcome["reason"]
+    assert report["speedup"] > 1.5 and report["comparison"]["loss_check"]["equivalent"] is True
+    assert any("Other processes used" in note for note in report["notes"]), report["notes"]

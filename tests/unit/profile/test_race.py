@@ -1,0 +1,195 @@
+"""Trials that race and warm-ups capped from the baseline's settling (issue 36), driven by a fake
+clock and exact step times: which window stops where, and why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.race import _run, _windows_at
+from support.window import FakeClock
+
+from trainadvisor.measure.settle import Settling
+from trainadvisor.profile import pace
+from trainadvisor.records import Overrides, RawRun, Trial, WindowShape
+from trainadvisor.training.window import Window, WindowPlan
+
+# blocks of 5 steps and 10 ms, three alike within 10% settle, at most 1 s of warm-up
+SETTLE = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=1.0)
+
+
+def _steps(window: Window, clock: FakeClock, step_ms: list[float]) -> None:
+    for ms in step_ms:
+        if window.phase == "done":
+            return
+        clock.advance(ms)
+        window.set_loss(torch.tensor(ms))
+        window.boundary()
+
+
+def test_a_window_that_cannot_reach_the_best_so_far_stops_in_its_warmup() -> None:
+    """Unsettled blocks of 2.0, 2.4 and 2.0 ms a step (500, 417, 500 steps/s) against a best of
+    1,000: even 25% faster they lose, and the loop is not speeding up; after the third block
+    the window times one block's worth (5 steps, 10 ms) and ends there, its time floor of 1 s
+    and its 20 steps unmet."""
+    clock = FakeClock()
+    window = Window(
+        WindowPlan(warmup=2, steps=20, min_time_s=1.0, settle=SETTLE, race_below=1000.0), clock.clock()
+    )
+    _steps(window, clock, [50.0, 50.0])  # the counted warm-up: not in the blocks
+    _steps(window, clock, [2.0] * 5 + [2.4] * 5 + [2.0] * 5)
+    assert window.phase == "timed" and window.shape.warmup_end == "raced"
+    _steps(window, clock, [2.0] * 10)
+    assert window.phase == "done" and len(window.records) == 5
+    assert (window.shape.timed_end, round(window.shape.timed_s, 6)) == ("raced", 0.010)
+
+
+def test_a_window_still_speeding_up_is_given_its_time() -> None:
+    """Blocks at 4, 3 and 2 ms a step: each loses to 1,000 steps/s, but the last is more than
+    10% faster than the first of the three: the loop is still speeding up, so the window goes
+    on; at 1 ms a step (1,250 steps/s allowing 25%) it can win, and settles."""
+    clock = FakeClock()
+    window = Window(
+        WindowPlan(warmup=0, steps=4, min_time_s=0.020, settle=SETTLE, race_below=1000.0), clock.clock()
+    )
+    _steps(window, clock, [4.0] * 5 + [3.0] * 5 + [2.0] * 5)
+    assert window.phase == "warmup"
+    _steps(window, clock, [1.0] * 30)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    _steps(window, clock, [1.0] * 20)
+    assert window.phase == "done" and window.shape.timed_end == "plan" and len(window.records) == 20
+
+
+def test_a_settled_window_that_loses_while_timed_stops_after_one_block() -> None:
+    """Settled at 1 ms a step; the best so far runs 1,500 steps/s: 1,000 (1,250 allowing 25%,
+    more than a busy core drifts the machine between two windows) cannot reach it. Timing stops
+    once a block's worth (5 steps and 10 ms: 10 steps) shows it, with no slide and no memory
+    step."""
+    clock = FakeClock()
+    plan = WindowPlan(warmup=0, steps=20, min_time_s=1.0, settle=SETTLE, race_below=1500.0, memory_step=True)
+    window = Window(plan, clock.clock())
+    _steps(window, clock, [1.0] * 30)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    _steps(window, clock, [1.0] * 9)
+    assert window.phase == "timed"
+    _steps(window, clock, [1.0])
+    assert window.phase == "done" and len(window.records) == 10 and window.shape.timed_end == "raced"
+    assert window.memory is None
+
+
+def test_a_window_that_can_win_is_timed_to_its_floor() -> None:
+    clock = FakeClock()
+    window = Window(
+        WindowPlan(warmup=0, steps=4, min_time_s=0.050, settle=SETTLE, race_below=1050.0), clock.clock()
+    )
+    _steps(window, clock, [1.0] * 80)  # 1,000 steps/s; 1,250 allowing 25%: it may still win
+    assert window.phase == "done" and window.shape.timed_end == "plan" and len(window.records) == 50
+
+
+def test_a_trials_settling_is_capped_after_its_counted_warmup_not_from_its_first_step() -> None:
+    """A compile's 500 ms first steps are the counted warm-up; the blocks after them never
+    agree, and end 50 ms later (the trial's cap from the baseline's settling), not at the
+    global 2 s."""
+    clock = FakeClock()
+    capped = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=2.0, blocks_max_s=0.050)
+    window = Window(WindowPlan(warmup=2, steps=4, settle=capped), clock.clock())
+    _steps(window, clock, [500.0, 500.0])
+    _steps(window, clock, ([1.0] * 10 + [3.0] * 5) * 8)  # blocks of 1 and 3 ms a step: never settled
+    assert window.phase != "warmup" and window.shape.warmup_end == "settle cap"
+    assert 1.050 <= window.shape.warmup_s < 1.060
+    assert window.shape.settle_s is not None and round(window.shape.settle_s, 6) == 0.050  # after the counted
+
+
+def _shape(end: str, warmup_s: float) -> RawRun:
+    raw = RawRun("baseline", "window_complete", None, None, 5, 20, 0, 25, [], [], None)
+    raw.shape = WindowShape(30, warmup_s, end)
+    return raw
+
+
+def test_a_trials_warmup_cap_comes_from_the_baselines_settling() -> None:
+    assert pace.trial_settle_cap(_shape("settled", 0.4), 60.0).max_s == 3.0  # at least 3 s
+    assert pace.trial_settle_cap(_shape("settled", 2.5), 60.0).max_s == 7.5  # 3x
+    assert pace.trial_settle_cap(_shape("settled", 2.5), 5.0).max_s == 5.0  # never past --max-warmup
+    assert pace.trial_settle_cap(_shape("settled", 6.2), 60.0).max_s == 10.0  # nor past 10 s
+    unsettled = pace.trial_settle_cap(_shape("time cap", 60.0), 60.0)
+    assert (unsettled.max_s, unsettled.why) == (10.0, "10 s: the baseline's own warm-up did not settle")
+    assert pace.trial_settle_cap(_shape("count", 0.1), 0.0).max_s == 0.0
+    fresh = _shape("settled", 10.6)  # a fresh run's warm-up: 8 s of the script's set-up, then 2.6 s
+    assert fresh.shape is not None
+    fresh.shape.settle_s = 1.3  # settling after its first (counted) steps
+    assert pace.trial_settle_cap(fresh, 60.0).max_s == pytest.approx(3.9)
+
+
+def _trial(label: str, step_ms: list[float], end: str = "plan") -> Trial:
+    raw = _run(step_ms).raw
+    raw.shape = WindowShape(10, 1.0, "settled", timed_s=sum(step_ms) / 1e3, timed_end=end)
+    return Trial(label, Overrides(), "measured", 1e3 / (sum(step_ms) / len(step_ms)), None, raw)
+
+
+def test_a_trial_races_the_slow_windows_of_the_best_setting_so_far() -> None:
+    """The bar is the 10th percentile of the best run's window throughputs: the baseline at
+    10 ms a step (100 steps/s) until a trial measured whole beats it; a trial cut short never
+    sets it."""
+    baseline = _run([10.0] * 60)
+    assert pace.race_below([baseline], []) == (100.0, "the script's own setting")
+    faster = _trial("num_workers=2", [5.0] * 100)
+    assert pace.race_below([baseline], [faster]) == (200.0, "num_workers=2")
+    cut = _trial("num_workers=4", [2.0] * 100, end="raced")
+    assert pace.race_below([baseline], [faster, cut]) == (200.0, "num_workers=2")
+    assert pace.raced(cut.raw) and not pace.raced(faster.raw)  # type: ignore[arg-type]
+
+
+def test_pairs_decide_on_adjacent_windows_and_say_how_many_it_took() -> None:
+    """(speedup, low, high) per pair. One pair decides where its slow windows gain 1.5x or its
+    fast windows lose; else two pairs that agree; else the majority of three."""
+    assert pace.paired([(8.0, 7.3, 9.4)], 1.05) == pace.Paired("gain", 8.0, 7.3, 9.4, 1)
+    assert pace.paired([(0.8, 0.7, 0.9)], 1.05).state == "no_gain"
+    assert pace.paired([(1.2, 1.1, 1.3)], 1.05).state == "open"
+    assert pace.paired([(1.2, 1.1, 1.3), (1.3, 1.15, 1.4)], 1.05) == pace.Paired("gain", 1.25, 1.1, 1.4, 2)
+    split = [(1.2, 1.1, 1.3), (1.02, 0.95, 1.1)]
+    assert pace.paired(split, 1.05).state == "open"
+    assert pace.paired([*split, (1.01, 0.9, 1.1)], 1.05) == pace.Paired("no_gain", 1.02, 0.9, 1.3, 3)
+    # a majority's gain is given by its winning pairs: a losing pair would put its range under 1
+    assert pace.paired([*split, (1.3, 1.2, 1.4)], 1.05) == pace.Paired("gain", 1.25, 1.1, 1.4, 3)
+
+
+def test_a_background_load_that_stops_between_windows_cancels_in_a_pair_not_against_one_baseline() -> None:
+    """A simulated background load halves the loop's speed until it stops, after the baseline's
+    window: the candidate, which truly gains 3%, measures 2.06x against that baseline; in a pair
+    with the script's own setting measured beside it (both after the load stopped) it gains 1.03x,
+    no gain."""
+    from trainadvisor.profile.judge import ratio
+
+    loaded, quiet, candidate = _windows_at(50.0), _windows_at(100.0), _windows_at(103.0)
+    against_first = ratio(loaded, candidate)
+    assert round(against_first.speedup or 0.0, 2) == 2.06 and (against_first.low or 0.0) > 1.5
+    pair = ratio(quiet, candidate)
+    paired = pace.paired([(pair.speedup, pair.low, pair.high)] * 2, 1.05)  # type: ignore[list-item]
+    assert paired.state == "no_gain" and round(paired.speedup or 0.0, 2) == 1.03
+
+
+def test_fresh_runs_are_compared_only_where_the_baseline_measured_next_to_them_agrees() -> None:
+    loaded, quiet = _windows_at(50.0), _windows_at(100.0)
+    assert pace.machine_changed(loaded, quiet) == (
+        "the machine's speed changed between runs: the script's own setting measured 50.0 steps/s in "
+        "the baseline and 100.0 next to the confirmation run (+100%, more than the 10% two settled "
+        "measurements of one loop differ by)"
+    )
+    assert pace.machine_changed(quiet, _windows_at(105.0)) is None  # 5%: a steady machine
+    assert pace.machine_changed(quiet, _windows_at(111.0)) is not None
+    # how much: a gain whose slow windows beat the faster baseline by more than this stands
+    assert pace.machine_drift(loaded, quiet) == 2.0 and pace.machine_drift(quiet, loaded) == 2.0
+
+
+def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_warmup() -> None:
+    """Before any window was measured, one is estimated from the baseline's: its settling, its
+    timed steps and 1 s. A baseline that never settled (60 s of warm-up on a busy machine) gave
+    each window a minute; a trial's warm-up is capped at 10 s, and so is its estimate."""
+    settled = _shape("settled", 2.5)
+    assert settled.shape is not None
+    settled.shape.timed_s = 1.2
+    assert pace.cost_s("window", [], settled) == pytest.approx(2.5 + 1.2 + 1.0)
+    unsettled = _shape("time cap", 60.0)
+    assert unsettled.shape is not None
+    unsettled.shape.timed_s = 1.2
+    assert pace.cost_s("window", [], unsettled) == pytest.approx(10.0 + 1.2 + 1.0)
+    assert pace.cost_s("window", [3.0, 5.0, 4.0], unsettled) == 4.0  # measured windows decide

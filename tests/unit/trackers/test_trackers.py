@@ -1,0 +1,77 @@
+"""Experiment trackers, each for real: an MLflow tracking server started here on 127.0.0.1 and
+read back through MlflowClient; W&B in offline mode, its run's files read back; TensorBoard's
+event files read back with TensorBoard's own reader. A tracker that is missing or down never
+fails a profile or loses its report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import lightning_module
+
+mlflow = pytest.importorskip("mlflow", reason="the tracker tests need mlflow: pip install -e '.[dev]'")
+
+
+pytest.importorskip("wandb", reason="the tracker tests need wandb: pip install -e '.[dev]'")
+
+
+pytest.importorskip("tensorboard", reason="the tracker tests need tensorboard: pip install -e '.[dev]'")
+
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+
+def test_advise_logs_into_the_trainings_own_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow keeps a database store's artifacts in ./mlruns
+    import torch
+    from torch import nn
+
+    from trainadvisor import advise
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs.db'}")
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with mlflow.start_run() as training:
+        mlflow.log_metric("loss", 1.0)
+        with advise(
+            warmup=2, steps=4, out=tmp_path / "r", min_time=0.0, max_warmup=None, log_to=["mlflow"]
+        ) as advisor:
+            for _ in range(16):
+                loss = nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                advisor.step(loss)
+    metrics = MlflowClient(f"sqlite:///{tmp_path / 'runs.db'}").get_run(training.info.run_id).data.metrics
+    assert "loss" in metrics and metrics["trainadvisor/steps_per_s"] > 0
+
+
+def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(tmp_path: Path) -> None:
+    """`log_to="auto"`: the report's metrics land in the TensorBoardLogger's own version folder,
+    beside the training's curves, read back with TensorBoard's reader."""
+    lightning = pytest.importorskip("lightning")
+    import torch
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainadvisor.integrations import LightningAdvisor
+
+    data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=8)
+    logger = TensorBoardLogger(str(tmp_path / "tb"), name="run")
+    callback = LightningAdvisor(
+        warmup=2, steps=5, out=tmp_path / "r", min_time=0.0, max_warmup=None, log_to="auto"
+    )
+    trainer = lightning.Trainer(
+        max_epochs=1, callbacks=[callback], accelerator="cpu", logger=logger, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(lightning_module(lightning, log_loss=True), data)
+    events = EventAccumulator(logger.log_dir)
+    events.Reload()
+    assert "train_loss" in events.Tags()["scalars"]  # the training's own curve, in the same folder
+    assert events.Scalars("trainadvisor/steps_per_s")[0].value > 0
