@@ -153,20 +153,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "e2e: starts processes (script runs, the CLI in a subprocess, Ray, an S3 server, a browser); "
-        "set by `tiers` from the test's code, never by hand; `scripts/test.sh --fast` leaves them out",
+        "set on every test in tests/e2e/, never by hand; `scripts/test.sh --fast` leaves them out",
     )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    from tiers import starting_functions, starts_processes
+    from tiers import misplaced, tier_of
 
-    modules = {Path(str(item.fspath)) for item in items}
-    starting: dict[Path, set[str]] = {}
-    for module in modules:
-        starting[module] = starting_functions([Path(__file__), module])
+    tests_dir = Path(__file__).parent
+    refused = misplaced(
+        [(Path(str(item.fspath)), getattr(item, "function", item.name)) for item in items],
+        tests_dir,
+        Path(__file__),
+    )
+    if refused:
+        raise pytest.UsageError(
+            "tests in the wrong tier (tests/tiers.py): move each to tests/e2e/, or give it what it "
+            "needs without starting a process:\n  " + "\n  ".join(refused)
+        )
     for item in items:
-        function = getattr(item, "function", None)
-        if function is None or starts_processes(function, starting[Path(str(item.fspath))]):
+        if tier_of(Path(str(item.fspath)), tests_dir) == "e2e":
             item.add_marker(pytest.mark.e2e)
     # pytest -n (--dist loadgroup) hands tests out in the order collected, groups first: with the
     # longest started first, the short ones even out the workers' ends (a long test collected last

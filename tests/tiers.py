@@ -1,15 +1,18 @@
-"""Which tests start processes (real script runs, trainadvisor's CLI in a subprocess, a child
-Python, a Ray cluster, an S3 server or a browser): read from the tests' own code, so that a test
-cannot be in the fast tier by mistake. A test is `e2e` where its body, a fixture it asks for, or
-a function of its module or of conftest that it calls (at any depth) names one of `STARTERS`;
-every other test runs in `scripts/test.sh --fast`."""
+"""The test tiers, one folder each: `tests/unit/` (mirrors the package; no process started, no
+script run), `tests/integration/` (the CLI in-process, recorded traces, the GPU fakes) and
+`tests/e2e/` (real script runs, the CLI in a subprocess, a child Python, Ray, an S3 server, a
+browser). `scripts/test.sh --fast` runs the first two. Whether a test starts a process is read
+from its own code, so that none sits in a fast tier by mistake: a test starts processes where its
+body, a fixture it asks for, or a function of its module or of conftest that it calls (at any
+depth) names one of `STARTERS`; such a test outside `tests/e2e/` is refused at collection
+(`misplaced`)."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 # Names whose use starts a process: the CLI in a subprocess, subprocess itself and sys.executable,
@@ -68,3 +71,36 @@ def starts_processes(function: object, starting: set[str]) -> bool:
     except (OSError, TypeError, SyntaxError):
         return True  # cannot be read: not trusted to be fast
     return bool(_named(tree) & (STARTERS | starting))
+
+
+TIERS = ("unit", "integration", "e2e")
+FAST_TIERS = ("unit", "integration")
+
+
+def tier_of(test_file: Path, tests_dir: Path) -> str | None:
+    """The tier a test file's folder puts it in; None for a file outside the tiers' folders."""
+    try:
+        top = test_file.relative_to(tests_dir).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return top if top in TIERS else None
+
+
+def misplaced(tests: Sequence[tuple[Path, object]], tests_dir: Path, conftest: Path) -> list[str]:
+    """The tests (file, function) that sit outside the tiers' folders, or in a fast tier while
+    their code starts a process: 'file::name: why' for each."""
+    refused = []
+    starting: dict[Path, set[str]] = {}
+    for test_file, function in tests:
+        name = f"{test_file.relative_to(tests_dir.parent)}::{getattr(function, '__name__', function)}"
+        tier = tier_of(test_file, tests_dir)
+        if tier is None:
+            refused.append(f"{name}: outside tests/{{{','.join(TIERS)}}}/")
+            continue
+        if tier not in FAST_TIERS:
+            continue
+        if test_file not in starting:
+            starting[test_file] = starting_functions([conftest, test_file])
+        if starts_processes(function, starting[test_file]):
+            refused.append(f"{name}: starts a process (or asks for a fixture that does) in tests/{tier}/")
+    return refused

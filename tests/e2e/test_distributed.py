@@ -275,6 +275,9 @@ def test_gradient_accumulation_without_no_sync_gets_it_measured(tmp_path: Path) 
     [outcome] = [o for o in report["fix_outcomes"] if o["fix"] == "ddp-settings"]
     first = outcome["trials"][0]
     assert first["label"].endswith("no_sync() on 3 of every 4 micro-steps") and first["status"] == "measured"
+    if report["comparison"] is None:  # the trials found no reliable gain (one core busy): none confirmed
+        assert outcome["status"] in ("no_gain", "inconclusive") and outcome["reason"]
+        return
     assert report["comparison"]["loss_check"]["equivalent"] is True
     assert report["comparison"]["loss_check"]["ranks_compared"] == 2
     if outcome["status"] == "kept":
