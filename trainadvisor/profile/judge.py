@@ -169,7 +169,7 @@ def spread(speedup: float, low: float | None, high: float | None, unit: str) -> 
     the figure (`ratio`), it says so."""
     if low is None or high is None:
         return f"{speedup:.2f}x {unit}"
-    widened = low < high and speedup in (low, high)
+    widened = high - low > 1e-9 * high and speedup in (low, high)  # not a float's rounding
     why = ", widened to include the figure of all timed steps" if widened else ""
     return f"{speedup:.2f}x {unit} (range {low:.2f}-{high:.2f}x{why})"
 

@@ -1,0 +1,95 @@
+"""A choice made in trial windows, measured against the script's own setting in pairs of adjacent
+windows (`profile.pairs`), with a simulated background load: a fake measurer gives each window the
+steps/s its setting reaches at the load of that moment, so that the decisions are exact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from support.race import _windows_at
+
+from trainadvisor import fixes
+from trainadvisor.profile.pairs import AS_SCRIPT, PAIR_SETTLE_S, pair_choice
+from trainadvisor.profile.trials import Measured
+from trainadvisor.records import FixOutcome, Overrides, Trial
+
+CHOSEN = Overrides(loaders={"train.py:12": {"num_workers": 4}})
+
+
+def _outcome(trial_speedup: float) -> FixOutcome:
+    """dataloader-workers chose 4 workers in its trial windows, at `trial_speedup` x the baseline's
+    10 steps/s."""
+    trial = Trial("num_workers=4", CHOSEN, "measured", 10.0 * trial_speedup, None)
+    return FixOutcome(
+        "dataloader-workers", "data-stall", "unconfirmed", "measured in its trial", CHOSEN, [trial],
+        "num_workers=4", gain=trial_speedup, gain_low=trial_speedup, unit="steps/s",
+    )  # fmt: skip
+
+
+Calls = list[tuple[str, str, float | None]]
+
+
+def _measurer(quiet_speedup: float, load: list[float], calls: Calls) -> Callable[..., Measured]:
+    """Windows of the script's setting at 10 steps/s and of the chosen at `quiet_speedup` x that,
+    each divided by the background load of its pair (`load[k]`: 2.0 halves both windows)."""
+
+    def window(fix: fixes.Fix, label: str, setting: fixes.Setting) -> Measured:
+        pair = int(label.rsplit("-", 1)[1]) - 1
+        calls.append((label, setting.label, setting.settle_s))
+        steps_per_s = 10.0 * (1.0 if setting.label == AS_SCRIPT else quiet_speedup) / load[pair]
+        run = _windows_at(steps_per_s)
+        return Measured(run, run.raw, "measured", None)
+
+    return window
+
+
+def test_a_gain_the_load_halves_in_both_windows_of_a_pair_is_kept_after_two_pairs() -> None:
+    calls: Calls = []
+    paired = pair_choice(_outcome(1.25), _measurer(1.2, [1.0, 2.0], calls), lambda s: True, lambda: 1.0)
+    assert calls == [
+        ("baseline-pair-1", AS_SCRIPT, PAIR_SETTLE_S),
+        ("dataloader-workers-pair-1", "num_workers=4", PAIR_SETTLE_S),
+        ("baseline-pair-2", AS_SCRIPT, PAIR_SETTLE_S),
+        ("dataloader-workers-pair-2", "num_workers=4", PAIR_SETTLE_S),
+    ]  # the script's setting first, then the chosen, seconds apart
+    outcome = paired.outcome
+    assert (outcome.status, outcome.settings, round(outcome.gain or 0.0, 6)) == ("unconfirmed", CHOSEN, 1.2)
+    assert outcome.reason == (
+        "measured 1.20x steps/s (range 1.20-1.20x) in 2 pairs of adjacent windows with the script's own "
+        "setting; no confirmation run measured it"
+    )
+    assert paired.again is not None and round(paired.again.steps_per_s or 0.0, 6) == 5.0  # the last pair's
+
+
+def test_a_gain_measured_in_a_quiet_spell_is_no_gain_in_pairs() -> None:
+    """The trial read 2x against a baseline measured while something else ran; beside the
+    script's own setting in the same load it gains nothing: no gain, its settings dropped."""
+    calls: Calls = []
+    paired = pair_choice(_outcome(2.0), _measurer(1.0, [1.0, 1.0], calls), lambda s: True, lambda: 1.0)
+    assert len(calls) == 4  # as fast in each window: undecided by one pair, decided by two that agree
+    outcome = paired.outcome
+    assert (outcome.status, outcome.settings, outcome.gain) == ("no_gain", Overrides(), None)
+    assert outcome.reason == (
+        "num_workers=4 measured 1.00x steps/s (range 1.00-1.00x) in 2 pairs of adjacent windows with the "
+        "script's own setting: not a reliable gain"
+    )
+
+
+def test_a_decisive_gain_takes_one_pair() -> None:
+    calls: Calls = []
+    paired = pair_choice(_outcome(3.0), _measurer(3.0, [1.0], calls), lambda s: True, lambda: 1.0)
+    assert [c[0] for c in calls] == ["baseline-pair-1", "dataloader-workers-pair-1"]
+    assert "3.00x steps/s (range 3.00-3.00x) in 1 pair" in paired.outcome.reason
+
+
+def test_no_time_left_for_a_pair_leaves_the_searchs_figure_and_says_so() -> None:
+    calls: Calls = []
+    asked: list[float] = []
+    fits = lambda estimate_s: asked.append(estimate_s) or False  # noqa: E731
+    paired = pair_choice(_outcome(1.3), _measurer(1.3, [1.0], calls), fits, lambda: 4.0)
+    assert calls == [] and asked == [8.0]  # two windows of 4 s each did not fit
+    assert paired.outcome == _outcome(1.3) and paired.again is None
+    assert paired.detail == (
+        "dataloader-workers: no pair of windows was measured (the --budget left no time for another "
+        "pair); the search's figure stands"
+    )
