@@ -145,6 +145,7 @@ class Watchdog:
 
     def _dump(self, pids: list[int]) -> str:
         """Each process's Python stacks, through faulthandler; where in the script each was."""
+        signalled = False
         for pid in pids:
             if DUMP_SIGNAL is None:
                 break
@@ -152,7 +153,9 @@ class Watchdog:
                 os.kill(pid, DUMP_SIGNAL)
             except (ProcessLookupError, PermissionError):
                 continue
-        time.sleep(DUMP_WAIT_S)
+            signalled = True
+        if signalled:  # no process left to dump its stacks: nothing to wait for
+            time.sleep(DUMP_WAIT_S)
         places, kept = [], []
         for pattern in self.stacks:
             for path in sorted(pattern.parent.glob(pattern.name)):

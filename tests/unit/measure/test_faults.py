@@ -42,7 +42,10 @@ def test_user_text_in_report_md_is_shown_as_text() -> None:
     assert mdtext.fence("x = '''```'''") == "````"
 
 
-def _beat(path: Path, progress: int, pid: int = 1, busy: bool = False) -> None:
+NO_SUCH_PID = 2**31 - 1  # past any pid_max: the stalled run's stacks are asked of no process
+
+
+def _beat(path: Path, progress: int, pid: int = NO_SUCH_PID, busy: bool = False) -> None:
     path.write_bytes(struct.pack("<qqq", progress, pid, busy))
 
 
