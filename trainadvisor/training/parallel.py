@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import sys
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -80,25 +81,26 @@ def watch(recorder: Any, wrappers: Wrappers) -> None:
     recorder.patch(ddp, "no_sync", no_sync)
 
 
-def fsdp_facts() -> dict[str, Any]:
-    """FSDP's units alive at the window: FSDP2 (`fully_shard`) or FSDP1, how many, how many
-    reshard their parameters after forward (FSDP2), over how many ranks; nothing where the
-    script did not import FSDP or started no process group (torch.compile imports FSDP too).
-    Read by the objects' own types (`type()`, never `isinstance`, which may run a lazy
-    object's code), and never at the cost of the run: a failure here is no facts."""
+def fsdp_facts(among: Iterable[Any] | None = None) -> dict[str, Any]:
+    """FSDP's units alive at the window (or those `among` some objects: a model's modules):
+    FSDP2 (`fully_shard`) or FSDP1, how many, how many reshard their parameters after forward
+    (FSDP2), over how many ranks; nothing where the script did not import FSDP or started no
+    process group (torch.compile imports FSDP too). Read by the objects' own types (`type()`,
+    never `isinstance`, which may run a lazy object's code), and never at the cost of the run: a
+    failure here is no facts."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     if fsdp is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return {}
     try:
-        return _fsdp_units(fsdp)
+        return _fsdp_units(fsdp, gc.get_objects() if among is None else among)
     except Exception:  # noqa: BLE001 - facts are optional; the training is not
         return {}
 
 
-def _fsdp_units(fsdp: Any) -> dict[str, Any]:
+def _fsdp_units(fsdp: Any, objects: Iterable[Any]) -> dict[str, Any]:
     two, one = getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None)
     kinds = tuple(kind for kind in (two, one) if kind is not None)
-    units = [o for o in gc.get_objects() if issubclass(type(o), kinds)]
+    units = [o for o in objects if issubclass(type(o), kinds)]
     if not units:
         return {}
     fsdp2 = [u for u in units if two is not None and issubclass(type(u), two)]

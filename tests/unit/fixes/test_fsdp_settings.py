@@ -4,7 +4,6 @@ one-process gloo group), and the code change at each `fully_shard` call."""
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +84,7 @@ def test_the_switch_makes_every_fully_shard_keep_its_parameters(one_process_grou
         model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
         fsdp.fully_shard(model[0], reshard_after_forward=True)  # the script asks; the trial overrides
         fsdp.fully_shard(model)
-        patched = parallel.fsdp_facts()
+        patched = parallel.fsdp_facts(model.modules())
     finally:
         patches.undo()
     assert patched["fsdp_units"] == 2 and patched["fsdp_resharding_units"] == 0
@@ -94,7 +93,7 @@ def test_the_switch_makes_every_fully_shard_keep_its_parameters(one_process_grou
     assert fsdp.fully_shard is fully_shard  # put back
     again = nn.Sequential(nn.Linear(4, 4))
     fully_shard(again[0], reshard_after_forward=True)
-    assert parallel.fsdp_facts()["fsdp_resharding_units"] >= 1
+    assert parallel.fsdp_facts(again.modules())["fsdp_resharding_units"] == 1
 
 
 def test_the_code_change_sets_it_at_each_fully_shard_call() -> None:
@@ -176,7 +175,7 @@ def _two_units(patches: Patches) -> tuple[nn.Module, dict[str, Any]]:
         model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
         fsdp.fully_shard(model[0])
         fsdp.fully_shard(model)
-        return model, parallel.fsdp_facts()
+        return model, parallel.fsdp_facts(model.modules())  # its own units, not another test's
     finally:
         patches.undo()
 
@@ -262,7 +261,6 @@ def test_both_fsdp_fixes_in_one_run_keep_both_settings(one_process_group: None, 
 
     from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
 
-    gc.collect()  # no unit of an earlier test counted
     original = fsdp.fully_shard
     mixed = FsdpMixedPrecision()
     installs = [
@@ -282,11 +280,12 @@ def test_the_scripts_own_policy_without_param_dtype_is_left_alone(one_process_gr
 
     from trainadvisor.fixes.fsdp_mixed_precision import FsdpMixedPrecision
 
-    gc.collect()
-    fully_shard(nn.Sequential(nn.Linear(4, 4)))
-    assert "fsdp_mp_policy_set" not in parallel.fsdp_facts()  # torch's default policy
-    fully_shard(nn.Sequential(nn.Linear(4, 4)), mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
-    facts = parallel.fsdp_facts()
+    default = fully_shard(nn.Sequential(nn.Linear(4, 4)))
+    assert "fsdp_mp_policy_set" not in parallel.fsdp_facts(default.modules())  # torch's default policy
+    own = fully_shard(
+        nn.Sequential(nn.Linear(4, 4)), mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    )
+    facts = parallel.fsdp_facts(own.modules())
     assert facts["fsdp_mp_policy_set"] is True and "fsdp_param_dtype" not in facts
     why = FsdpMixedPrecision().not_applicable({**GPU_VALUES, **facts})
     assert why is not None and why.startswith(
