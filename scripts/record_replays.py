@@ -2,9 +2,10 @@
 stages (measurements -> findings -> plan -> each fix's trial decision -> the confirmation's loss
 check and verdict), in milliseconds and without running a script.
 
-Each run is the command an e2e test runs (the same script, arguments and window options), on
-this machine; its report.json, written by trainadvisor's own serialiser, is kept gzipped in
-tests/data/replays/<name>.json.gz with the command beside it in tests/data/replays/SOURCE.md.
+Each run is a command below (most are an e2e test's: its script, arguments and options; the
+others profile a bundled example), on this machine; its report.json, written by trainadvisor's
+own serialiser, is kept gzipped in tests/data/replays/<name>.json.gz, and tests/data/replays/
+SOURCE.md lists the commands and what each run decided.
 
     .venv/bin/python scripts/record_replays.py [NAME ...]
 
@@ -42,18 +43,26 @@ RUNS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     # an IterableDataset whose workers repeat each other's samples: the workers fix refused
     "iterable-unsharded": (*WINDOWS, str(SCRIPTS / "iterable_unsharded.py")),
-    # tensors made on the host every step: findings with the lines behind them
+    # an example that makes its tensors on the host every step (a data-stall on this CPU)
     "host-tensors": (*WINDOWS, str(EXAMPLES / "host_tensors.py")),
-    # many small launches: the batch size's opportunity, measured in its own runs
+    # many small steps: compute-bound on this CPU, compile tried and no faster
     "small-batch": (*WINDOWS, str(EXAMPLES / "small_batch.py")),
-    # compute-bound fp32 on a CPU: diagnosis without a GPU fix to try
+    # fp32 matmuls: compute-bound on this CPU, compile tried and no faster
     "fp32-matmul": (*WINDOWS, str(EXAMPLES / "fp32_matmul.py")),
     # diagnosis only
     "no-fix": (*WINDOWS, "--no-fix", str(EXAMPLES / "slow_input_mnist.py"), "--samples", "400000"),
-    # torch.compile measured with its compile time and break-even
+    # torch.compile measured with its compile time and break-even; without the e2e test's
+    # --steps 200000 the run's length is unknown: faster, but recommended, not kept blind
     "compile": (*WINDOWS, "--fix", "compile", str(SCRIPTS / "elementwise_mlp.py"), "--blocks", "2"),
     # workers that draw their own random augmentation: the mean loss compared, not each step's
-    "random-augment": (*WINDOWS, "--max-warmup", "3s", str(SCRIPTS / "random_augment.py")),
+    "random-augment": (
+        "--warmup",
+        "2",
+        *WINDOWS[2:],
+        "--max-warmup",
+        "3s",
+        str(SCRIPTS / "random_augment.py"),
+    ),
     # each candidate in a fresh run, judged against a baseline measured next to it
     "restart-trials": (
         *WINDOWS,

@@ -26,7 +26,8 @@ STARTERS = frozenset({
 
 
 def _named(node: ast.AST) -> set[str]:
-    """Every name and attribute a piece of code mentions."""
+    """Every name and attribute a piece of code mentions, and the fixtures it asks for by their
+    names' strings (`usefixtures("name")`, `request.getfixturevalue("name")`)."""
     found: set[str] = set()
     for child in ast.walk(node):
         if isinstance(child, ast.Name):
@@ -35,6 +36,9 @@ def _named(node: ast.AST) -> set[str]:
             found.add(child.attr)
         elif isinstance(child, ast.arg):
             found.add(child.arg)  # a fixture asked for by name
+        elif isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+            if child.func.attr in ("usefixtures", "getfixturevalue"):
+                found.update(a.value for a in child.args if isinstance(a, ast.Constant))
     return found
 
 
@@ -91,16 +95,19 @@ def misplaced(tests: Sequence[tuple[Path, object]], tests_dir: Path, conftest: P
     their code starts a process: 'file::name: why' for each."""
     refused = []
     starting: dict[Path, set[str]] = {}
+    helpers = sorted((tests_dir / "support").glob("*.py"))  # what tests of two tiers share
     for test_file, function in tests:
-        name = f"{test_file.relative_to(tests_dir.parent)}::{getattr(function, '__name__', function)}"
         tier = tier_of(test_file, tests_dir)
+        name = f"{test_file}::{getattr(function, '__name__', function)}"
+        if test_file.is_relative_to(tests_dir.parent):
+            name = f"{test_file.relative_to(tests_dir.parent)}::{getattr(function, '__name__', function)}"
         if tier is None:
             refused.append(f"{name}: outside tests/{{{','.join(TIERS)}}}/")
             continue
         if tier not in FAST_TIERS:
             continue
         if test_file not in starting:
-            starting[test_file] = starting_functions([conftest, test_file])
+            starting[test_file] = starting_functions([conftest, *helpers, test_file])
         if starts_processes(function, starting[test_file]):
             refused.append(f"{name}: starts a process (or asks for a fixture that does) in tests/{tier}/")
     return refused

@@ -1,10 +1,10 @@
 """Recorded real runs replayed through the pure stages, in milliseconds and without a script:
 the baseline's measurements -> the rules' findings -> the plan -> each fix's choice among its
 measured trials -> the confirmation's loss check and verdict, each against what the run itself
-decided. The recordings are the e2e tests' own commands (tests/data/replays, made by
-scripts/record_replays.py with this version's code: the first H100 runs in ../shared were
-decided by an earlier one), so the decisions the e2e tests reach are checked here too, and a
-change to a pure stage that would decide otherwise on a real run fails here at once."""
+decided. The recordings (tests/data/replays, made by scripts/record_replays.py with this
+version's code: the first H100 runs in ../shared were decided by an earlier one) are mostly the
+e2e tests' own commands, so the decisions the e2e tests reach are checked here too, and a change
+to a pure stage that would decide otherwise on a real run fails here at once."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from trainadvisor import fixes, rulebook
 from trainadvisor.analyze.run.headline import headline_figures
 from trainadvisor.analyze.run.summary import named_measurements
 from trainadvisor.profile.judge import loss_check, verdict
-from trainadvisor.profile.trials import tolerance
+from trainadvisor.profile.trials import decide, tolerance
 from trainadvisor.records import FixOutcome, PlannedFix, ProfileReport
 from trainadvisor.report.render import load_report
 from trainadvisor.trackers.figures import figures
@@ -59,8 +59,14 @@ def _plan(report: ProfileReport, values: dict[str, Any], findings: list[Any]) ->
     ]
 
 
-def test_there_are_recordings_of_each_kind_of_verdict() -> None:
-    assert len(RECORDED) >= 8, "run scripts/record_replays.py"
+def test_the_recordings_hold_each_kind_of_decision(tmp_path: Path) -> None:
+    """Every kind of outcome a fix's trials reach, and confirmations, so that each replay below
+    checks something on some recording (run scripts/record_replays.py to record them again)."""
+    reports = [_recorded(name, tmp_path) for name in NAMES]
+    statuses = {o.status for report in reports for o in report.fix_outcomes}
+    assert {"kept", "no_gain", "changed_training", "recommended", "not_applicable"} <= statuses
+    assert sum(report.comparison is not None for report in reports) >= 4
+    assert any(not report.fix_outcomes for report in reports)  # diagnosis only
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,20 +87,27 @@ def _choice(outcome: FixOutcome, values: dict[str, Any]) -> tuple[str, Any] | No
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_fix_replays_to_the_setting_its_trials_chose(name: str, tmp_path: Path) -> None:
+    """A fix with a setting chosen gets it again from its trials; a fix whose trials gained
+    nothing has none chosen again, or the one chosen within the windows' spread; a fix whose
+    trials were all refused or changed training is decided the same way, for the same reason."""
     report = _recorded(name, tmp_path)
     values = dict(rulebook.diagnose(named_measurements(report.baseline), rulebook.rules_for([])).values)
     if "--max-workers" in report.command:
         values["worker_cap"] = int(report.command[report.command.index("--max-workers") + 1])
     values["memory_available_bytes"] = 1 << 40  # the machine's free memory is not recorded
-    measured = [o for o in report.fix_outcomes if any(t.status == "measured" for t in o.trials)]
-    for outcome in measured:
-        if outcome.status in CHOSEN and fixes.REGISTRY[outcome.fix].goal != "memory":
-            assert _choice(outcome, values) == (
-                outcome.chosen or outcome.trials[0].label,
-                outcome.settings,
-            ), outcome.fix
-        elif outcome.status == "no_gain" and not outcome.settings.runtime:
-            assert outcome.settings == type(outcome.settings)()
+    for outcome in (o for o in report.fix_outcomes if o.trials):
+        fix = fixes.REGISTRY[outcome.fix]
+        if outcome.status in CHOSEN:
+            recorded = (outcome.chosen or outcome.trials[0].label, outcome.settings)
+            assert _choice(outcome, values) == recorded, outcome.fix
+        elif outcome.status == "no_gain" and outcome.reason == fix.no_gain:
+            assert _choice(outcome, values) is None, outcome.fix
+        elif outcome.status == "no_gain":  # chosen, but within the spread of the windows
+            assert (_choice(outcome, values) or ("",))[0] == outcome.reason.split(" measured ")[0]
+        elif not any(t.status == "measured" for t in outcome.trials):  # refused, failed, changed
+            planned = next(p for p in report.plan if p.fix == outcome.fix)
+            decided = decide(planned, outcome.trials, values, [report.baseline])
+            assert (decided.status, decided.reason) == (outcome.status, outcome.reason)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -112,6 +125,8 @@ def test_the_confirmation_replays_to_its_loss_check_and_verdict(name: str, tmp_p
     statuses = {o.status for o in report.fix_outcomes if o.fix in contained}
     if status == "kept":  # kept, or inconclusive where the machine's speed changed between runs
         assert statuses <= {"kept", "inconclusive", "unconfirmed"}
+        kept = [o for o in report.fix_outcomes if o.fix in contained and o.status == "kept"]
+        assert all(o.reason.startswith(reason) for o in kept), reason  # the verdict's own words
         assert report.applied_fixes == [o.fix for o in report.fix_outcomes if o.status == "kept"]
         assert (report.speedup is None) == (not report.applied_fixes)
     else:

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 from conftest import ROOT
-from tiers import misplaced, starting_functions, tier_of
+from tiers import misplaced, starting_functions, starts_processes, tier_of
 
 
 def test_a_helper_that_runs_the_cli_makes_every_helper_calling_it_start_processes(tmp_path: Path) -> None:
@@ -96,3 +96,40 @@ def test_every_module_is_imported_by_a_unit_or_integration_test() -> None:
     untested = _package_modules() - _imported_by_fast_tiers()
     assert sorted(untested - UNTESTED) == [], "import these in a test of tests/unit or tests/integration"
     assert sorted(UNTESTED - untested) == [], "tested now: take these off UNTESTED"
+
+
+def _functions(module: Path, source: str) -> dict[str, object]:
+    """The functions of `source`, written to `module` so that their code can be read back."""
+    module.parent.mkdir(parents=True, exist_ok=True)
+    module.write_text(source)
+    namespace: dict[str, object] = {}
+    exec(compile(source, str(module), "exec"), namespace)
+    return namespace
+
+
+def test_a_test_starts_processes_by_what_it_calls_or_the_fixtures_it_asks_for(tmp_path: Path) -> None:
+    found = _functions(
+        tmp_path / "test_example.py",
+        "import subprocess\n\n"
+        "def asks_for(slow_input_report):\n    assert slow_input_report\n\n"
+        "def by_name(request):\n    request.getfixturevalue('slow_input_report')\n\n"
+        "def spawns():\n    subprocess.run(['true'], check=True)\n\n"
+        "def pure():\n    assert sum([1, 2]) == 3\n",
+    )
+    assert starts_processes(found["asks_for"], {"slow_input_report"})
+    assert starts_processes(found["by_name"], {"slow_input_report"})
+    assert starts_processes(found["spawns"], set())
+    assert not starts_processes(found["pure"], {"slow_input_report"})
+
+
+def test_a_helper_in_tests_support_that_starts_a_process_is_seen(tmp_path: Path) -> None:
+    tests_dir = tmp_path / "tests"
+    conftest = tests_dir / "conftest.py"
+    _functions(conftest, "")
+    _functions(tests_dir / "support" / "runs.py", "def profiled(x):\n    return run_cli('profile', x)\n")
+    module = tests_dir / "integration" / "test_example.py"
+    found = _functions(module, "def test_reads(tmp_path):\n    assert profiled(tmp_path)\n")
+    assert misplaced([(module, found["test_reads"])], tests_dir, conftest) == [
+        "tests/integration/test_example.py::test_reads: starts a process (or asks for a fixture that "
+        "does) in tests/integration/"
+    ]

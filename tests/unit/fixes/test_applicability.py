@@ -41,6 +41,7 @@ LOADER: dict[str, Any] = {
         (Tf32(), GPU, None),
         (CudnnBenchmark(), {"cuda_used": False}, NO_GPU),
         (CudnnBenchmark(), {**GPU, "cudnn_benchmark": True}, "torch.backends.cudnn.benchmark is already on"),
+        (CudnnBenchmark(), GPU, None),
         (FusedOptimizer(), {"cuda_used": False}, NO_GPU),
         (FusedOptimizer(), {"cuda_used": True}, "no torch.optim optimizer stepped in the window"),
         (FusedOptimizer(), {**GPU, "optimizer_fused": True}, "AdamW is already fused"),

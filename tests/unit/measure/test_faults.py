@@ -7,6 +7,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
+
 from trainadvisor.measure.console import NoiseFilter
 from trainadvisor.measure.watchdog import Watchdog, innermost_script_frame
 from trainadvisor.report import mdtext
@@ -114,4 +116,27 @@ def test_a_log_keeps_its_first_and_last_bytes_and_says_how_much_was_cut(tmp_path
         + b"\n[trainadvisor: 14 bytes of the script's output cut here; the log keeps its first and last "
         + b"16 MiB]\n"
         + b"opqrstuv"
+    )
+
+
+def test_a_stalled_process_is_given_time_to_write_its_stacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the stalled run's process took the signal, the watchdog waits for its stacks
+    before it reads them (where none did, `test_the_watchdog_waits_...` reports at once)."""
+    from trainadvisor.measure import watchdog
+
+    signalled: list[int] = []
+    waited: list[float] = []
+    monkeypatch.setattr(watchdog.os, "kill", lambda pid, sig: signalled.append(pid))
+    monkeypatch.setattr(watchdog.time, "sleep", waited.append)
+    beat = tmp_path / "run.heartbeat"
+    dog = Watchdog([beat], [tmp_path / "run.stacks.txt"], tmp_path / "logs")
+    dog.limit_s = 5.0
+    for progress, now in ((1, 0.0), (2, 1.0)):
+        _beat(beat, progress, pid=4242)
+        dog.stalled(now)
+    assert dog.stalled(7.0) is not None
+    assert signalled == ([4242] if watchdog.DUMP_SIGNAL is not None else []) and waited == (
+        [watchdog.DUMP_WAIT_S] if signalled else []
     )

@@ -43,7 +43,7 @@ def _measurer(quiet_speedup: float, load: list[float], calls: Calls) -> Callable
     return window
 
 
-def test_a_gain_the_load_halves_in_both_windows_of_a_pair_is_kept_after_two_pairs() -> None:
+def test_a_gain_the_load_halves_in_both_windows_of_a_pair_stands_after_two_pairs() -> None:
     calls: Calls = []
     paired = pair_choice(_outcome(1.25), _measurer(1.2, [1.0, 2.0], calls), lambda s: True, lambda: 1.0)
     assert calls == [
