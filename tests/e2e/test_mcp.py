@@ -5,6 +5,7 @@ size bound, `explain` and `compare`, and a cancelled profile that leaves no proc
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -86,7 +87,10 @@ def test_a_profile_through_mcp_is_the_clis_verdict_and_fits_its_bound(tmp_path: 
 def test_a_cancelled_profile_leaves_no_process(tmp_path: Path) -> None:
     """The call is cancelled once the run has started: the CLI's process, the script and its
     DataLoader workers are gone within the stop's grace, and the server answers again."""
-    script = EXAMPLES / "slow_input_mnist.py"
+    # a copy of its own: processes are found by the script's path, and another test may be
+    # running the example itself at the same time (it was, once, under pytest -n)
+    script = tmp_path / "cancelled_slow_input.py"
+    shutil.copyfile(EXAMPLES / "slow_input_mnist.py", script)
 
     async def body(session: ClientSession) -> list[str]:
         started = anyio.Event()
