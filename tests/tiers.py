@@ -98,9 +98,12 @@ def misplaced(tests: Sequence[tuple[Path, object]], tests_dir: Path, conftest: P
     helpers = sorted((tests_dir / "support").glob("*.py"))  # what tests of two tiers share
     for test_file, function in tests:
         tier = tier_of(test_file, tests_dir)
-        name = f"{test_file}::{getattr(function, '__name__', function)}"
-        if test_file.is_relative_to(tests_dir.parent):
-            name = f"{test_file.relative_to(tests_dir.parent)}::{getattr(function, '__name__', function)}"
+        shown = (
+            test_file.relative_to(tests_dir.parent)
+            if test_file.is_relative_to(tests_dir.parent)
+            else test_file
+        )
+        name = f"{shown}::{getattr(function, '__name__', function)}"
         if tier is None:
             refused.append(f"{name}: outside tests/{{{','.join(TIERS)}}}/")
             continue
