@@ -39,10 +39,17 @@ def test_workers_are_tried_in_windows_of_one_run_then_paired_with_the_baseline(
     outcome = _outcome(report, "dataloader-workers")
     assert (outcome["mode"], outcome["status"]) == ("in_process", "kept")
     windows = report["trial_windows"]
-    # the choice then measured in a pair of adjacent windows: the script's setting, then the chosen one
+    # the choice then measured in a pair of adjacent windows: the script's setting, then the chosen
+    # one; or, where the chosen trial's window was the last, it and the script's setting after it
     assert windows[0]["label"] == "baseline"
-    assert [w["label"] for w in windows[-2:]] == ["baseline-pair-1", "dataloader-workers-pair-1"]
-    assert windows[-1]["setting"] == outcome["chosen"].replace(", persistent_workers=True", "")
+    chosen = outcome["chosen"].replace(", persistent_workers=True", "")
+    reused = windows[-1]["label"] == "baseline-pair-1"
+    if reused:
+        assert not windows[-2]["label"].startswith("baseline") and windows[-2]["setting"] == chosen
+        assert any("was its trial's own, just before" in note for note in report["details"])
+    else:
+        assert [w["label"] for w in windows[-2:]] == ["baseline-pair-1", "dataloader-workers-pair-1"]
+        assert windows[-1]["setting"] == chosen
     trials = [w for w in windows if w["fix"] == "dataloader-workers" and "-pair-" not in w["label"]]
     assert [w["label"] for w in trials] == [t["raw"]["label"] for t in outcome["trials"]]
     assert [w["setting"] for w in trials] == [t["label"] for t in outcome["trials"]]

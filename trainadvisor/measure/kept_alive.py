@@ -44,6 +44,7 @@ class LiveRun:
         self.ended: str | None = None  # why no more windows can be measured
         self.launched: Launched | None = launch(spec)
         self.final: RawRun | None = None  # what the child recorded last, once it has ended
+        self._stop_sent: float | None = None  # time.monotonic() when the child was told to stop
 
     def baseline(self) -> RawRun:
         """The baseline window, once the child has written it (the child then waits for its
@@ -121,15 +122,24 @@ class LiveRun:
         stop(launched)
         self.final = collect(launched, self.spec, killed)
 
+    def stop_soon(self) -> None:
+        """Tell the child to stop, without waiting for it to end (`close` waits): its exit (its
+        DataLoader workers joined, the interpreter torn down) overlaps what runs next, whose
+        warm-up waits for its own step time to settle anyway."""
+        if self.launched is None or self._stop_sent is not None:
+            return
+        _serial.save_json(WindowCommand(self.index, stop=True), command_file(self.folder, self.index))
+        self._stop_sent = time.monotonic()
+
     def close(self) -> None:
-        """Tell the child to stop; give it the usual grace (none once trainadvisor is signalled
-        to stop), then end its process group."""
+        """Tell the child to stop (unless `stop_soon` did); give it the usual grace from then
+        (none once trainadvisor is signalled to stop), then end its process group."""
         launched = self.launched
         if launched is None:
             return
         try:
-            _serial.save_json(WindowCommand(self.index, stop=True), command_file(self.folder, self.index))
-            deadline = time.monotonic() + STOP_GRACE_S
+            self.stop_soon()
+            deadline = (self._stop_sent or time.monotonic()) + STOP_GRACE_S
             while launched.proc.poll() is None and time.monotonic() < deadline:
                 if interrupts.wait(POLL_S):
                     break

@@ -188,7 +188,7 @@ def _measure_fixes(
     try:
         if live is not None:
             tuning.in_process(live)
-            live.close()
+            live.stop_soon()  # it ends while the next run starts; closed once the report is made
         diagnosed = _with_sites(options, job.rules, diagnosed, job.echo)
         noise_rel = None
         to_judge = [o.fix for o in tuning.outcomes if o.status == "unconfirmed"]  # by the confirmation run

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from trainadvisor import fixes
+from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.profile import pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, ratio, spread
 from trainadvisor.profile.trials import Measurer
-from trainadvisor.records import FixOutcome, Overrides, Run
+from trainadvisor.records import FixOutcome, Overrides, Run, Trial
 
 AS_SCRIPT = "as the script runs"
 # A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
@@ -42,35 +43,48 @@ class PairedOutcome:
     detail: str
 
 
+def chosen_trial(outcome: FixOutcome) -> Trial:
+    """The trial whose setting `outcome` chose."""
+    return next(t for t in outcome.trials if t.overrides == outcome.settings and t.status == "measured")
+
+
 def pair_choice(
     outcome: FixOutcome,
     measure: Measurer,
     fits: Callable[[float], bool],
     window_cost_s: Callable[[], float],
+    last_window: bool = False,
 ) -> PairedOutcome:
     """The chosen setting of `outcome` (status "unconfirmed", chosen in windows) measured in
     pairs of windows with the script's own; its gain becomes the pairs' (median, and the range
     from the slowest pair's slow windows to the fastest's fast ones), or it is no gain. Pairs
     stop where the budget would not fit two more windows, or the script ended: the search's
-    figure then stands, and the detail says so."""
+    figure then stands, and the detail says so. `last_window`: the chosen trial's own window was
+    the last the run measured; the first pair is that window and the script's setting measured
+    right after it (a drift between adjacent windows cancels in either order), one window fewer."""
     fix = fixes.REGISTRY[outcome.fix]
-    chosen = next(t for t in outcome.trials if t.overrides == outcome.settings and t.status == "measured")
+    chosen = chosen_trial(outcome)
+    reuse = summarize(chosen.raw) if last_window and chosen.raw and not pace.raced(chosen.raw) else None
     ratios: list[tuple[float, float, float]] = []
     again: Run | None = None
     stopped = ""
     while len(ratios) < pace.MAX_PAIRS:
-        if not fits(2 * window_cost_s()):
+        if not fits((1 if reuse is not None else 2) * window_cost_s()):
             stopped = "the --budget left no time for another pair"
             break
         k = len(ratios) + 1
         before = measure(AsScript(), f"baseline-pair-{k}", as_script(PAIR_SETTLE_S))
-        chosen_setting = fixes.Setting(chosen.label, chosen.overrides, settle_s=PAIR_SETTLE_S)
-        after = measure(fix, f"{fix.id}-pair-{k}", chosen_setting)
-        if before.run is None or after.run is None or not before.run.steps_per_s:
+        after_run: Run | None = reuse
+        if reuse is not None:
+            reuse = None
+        else:
+            chosen_setting = fixes.Setting(chosen.label, chosen.overrides, settle_s=PAIR_SETTLE_S)
+            after_run = measure(fix, f"{fix.id}-pair-{k}", chosen_setting).run
+        if before.run is None or after_run is None or not before.run.steps_per_s:
             stopped = "a window of the pair measured nothing (the script ended?)"
             break
         again = before.run
-        r = ratio(before.run, after.run, fix.metric == "samples_per_s")
+        r = ratio(before.run, after_run, fix.metric == "samples_per_s")
         if r.speedup is None or r.low is None or r.high is None:
             stopped = "a window of the pair had no throughput to compare"
             break
@@ -78,6 +92,8 @@ def pair_choice(
         if pace.paired(ratios, KEEP_MIN_SPEEDUP).state != "open":
             break
     decided, detail = _decided(outcome, pace.paired(ratios, KEEP_MIN_SPEEDUP), fix.metric, stopped)
+    if ratios and last_window and reuse is None and chosen.raw and not pace.raced(chosen.raw):
+        detail += f" (the first pair's {chosen.label} window was its trial's own, just before)"
     return PairedOutcome(decided, again, detail)
 
 

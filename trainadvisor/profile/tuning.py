@@ -16,7 +16,7 @@ from trainadvisor.analyze.run.length import run_length
 from trainadvisor.measure.kept_alive import LiveRun
 from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
-from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, pair_choice
+from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, chosen_trial, pair_choice
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
 from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Run, RunLength, TrialWindow
@@ -133,18 +133,20 @@ class Tuning:
         """About how long the rest takes: each fix not yet tried (its expected candidates, each a
         window of the live run where it can switch there, else a fresh run), the pair of windows
         that checks a choice made in windows, and the confirmation run with its adjacent baseline."""
-        total, windows = 0.0, False
+        total, pair = 0.0, 0
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
             if planned.fix in self.tried and planned.fix != self._current:
                 continue
             fix = fixes.REGISTRY[planned.fix]
             in_window = live and fix.in_process_problem(self.values) is None
-            windows = windows or in_window
-            total += fix.expected_trials(self.values) * self.cost_s("window" if in_window else "fresh")
+            expected = fix.expected_trials(self.values)
+            if in_window:  # the last fix's only candidate is its own first pair's window (`pairs`)
+                pair = 1 if expected == 1 else 2
+            total += expected * self.cost_s("window" if in_window else "fresh")
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
         # run; fresh runs get the script's own setting measured again after it
-        beside = 2 * self.cost_s("window") if windows else self.cost_s("fresh")
+        beside = pair * self.cost_s("window") if pair else self.cost_s("fresh")
         confirmation = self.cost_s("prestarted" if self.prestarted else "fresh")
         return total + beside + confirmation
 
@@ -305,7 +307,10 @@ class Tuning:
         adjacent windows (`pairs`): its gain is the pairs', or it is no gain."""
         details = []
         for outcome in outcomes:
-            paired = pair_choice(outcome, measure, self.fits, lambda: self.cost_s("window"))
+            last = self.windows[-1] if self.windows else None
+            chosen = chosen_trial(outcome).label
+            last_window = last is not None and (last.fix, last.setting) == (outcome.fix, chosen)
+            paired = pair_choice(outcome, measure, self.fits, lambda: self.cost_s("window"), last_window)
             index = self.outcomes.index(outcome)
             self.outcomes[index] = replace(paired.outcome, mode=outcome.mode, mode_reason=outcome.mode_reason)
             self.again = paired.again or self.again

@@ -5,6 +5,7 @@ steps/s its setting reaches at the load of that moment, so that the decisions ar
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from support.race import _windows_at
 
@@ -93,3 +94,36 @@ def test_no_time_left_for_a_pair_leaves_the_searchs_figure_and_says_so() -> None
         "dataloader-workers: no pair of windows was measured (the --budget left no time for another "
         "pair); the search's figure stands"
     )
+
+
+def _reusable(trial_speedup: float) -> FixOutcome:
+    """As `_outcome`, its chosen trial's window kept (measured whole at `trial_speedup` x)."""
+    outcome = _outcome(trial_speedup)
+    trial = replace(outcome.trials[0], raw=_windows_at(10.0 * trial_speedup).raw)
+    return replace(outcome, trials=[trial])
+
+
+def test_the_chosen_trials_own_window_just_before_is_the_first_pairs_and_saves_a_window() -> None:
+    """The trial measured 1.2x and was the last window: the first pair is it and the script's
+    setting right after it; the load halves the second pair's two windows alike."""
+    calls: Calls = []
+    asked: list[float] = []
+    fits = lambda estimate_s: asked.append(estimate_s) or True  # noqa: E731
+    paired = pair_choice(_reusable(1.2), _measurer(1.2, [1.0, 2.0], calls), fits, lambda: 4.0, True)
+    assert calls == [
+        ("baseline-pair-1", AS_SCRIPT, PAIR_SETTLE_S),
+        ("baseline-pair-2", AS_SCRIPT, PAIR_SETTLE_S),
+        ("dataloader-workers-pair-2", "num_workers=4", PAIR_SETTLE_S),
+    ]
+    assert asked == [4.0, 8.0]  # one window for the first pair, two for the second
+    assert round(paired.outcome.gain or 0.0, 6) == 1.2 and paired.outcome.status == "unconfirmed"
+    assert paired.detail == (
+        "dataloader-workers: 1.20x steps/s (range 1.20-1.20x) in 2 pairs of adjacent windows with the "
+        "script's own setting (the first pair's num_workers=4 window was its trial's own, just before)"
+    )
+
+
+def test_a_trial_window_that_was_not_the_last_is_measured_again_for_its_pair() -> None:
+    calls: Calls = []
+    pair_choice(_reusable(3.0), _measurer(3.0, [1.0], calls), lambda s: True, lambda: 1.0, False)
+    assert [c[0] for c in calls] == ["baseline-pair-1", "dataloader-workers-pair-1"]
