@@ -54,8 +54,8 @@ def _names_of_loader(frame: FrameType, dataset: Any) -> list[str]:
 
     owner = getattr(frame.f_locals.get("self"), "__dict__", {})
     return [
-        name
-        for scope in (frame.f_locals, frame.f_globals, owner)
+        prefix + name
+        for prefix, scope in (("", frame.f_locals), ("", frame.f_globals), ("self.", owner))
         for name, value in list(scope.items())
         if isinstance(value, DataLoader) and value.dataset is dataset
     ]
@@ -71,27 +71,32 @@ def _assignment_line(path: str, name: str, near_line: int) -> int | None:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
-    lines = sorted(
-        node.lineno
+    built = [
+        (node.lineno, _targets(node))
         for node in ast.walk(tree)
-        if isinstance(node, (ast.Assign, ast.AnnAssign))
-        and _builds_loader(node.value)
-        and name in _targets(node)
-    )
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and _builds_loader(node.value)
+    ]
+    lines = sorted(line for line, targets in built if name in targets)
+    if not lines and "." in name:  # an attribute set under another name than `self` (`trainer.x = ...`)
+        lines = sorted(line for line, targets in built if "." + name.split(".")[-1] in targets)
     after = [line for line in lines if line >= near_line]
     chosen = after or lines
     return chosen[0] if chosen else None
 
 
 def _targets(node: ast.Assign | ast.AnnAssign) -> set[str]:
+    """The names an assignment sets: `x`; `self.x` as "self.x" and, for an attribute of any
+    other object, ".x" (a bare `x` is another variable than `self.x`)."""
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     names = set()
     for target in targets:
         for part in ast.walk(target):
-            if isinstance(part, ast.Name):
+            if isinstance(part, ast.Name) and isinstance(part.ctx, ast.Store):
                 names.add(part.id)
             elif isinstance(part, ast.Attribute):
-                names.add(part.attr)
+                names.add("." + part.attr)
+                if isinstance(part.value, ast.Name) and part.value.id == "self":
+                    names.add("self." + part.attr)
     return names
 
 

@@ -16,6 +16,7 @@ from trainadvisor.report.render import headline, loss_sentence
 SUMMARY_MAX_BYTES = 8192
 FIGURES = ("steps_per_s", "samples_per_s", "step_time_ms_median", "data_wait_pct", "gpu_busy_pct", "mfu_pct")
 DIFF_MAX_CHARS = 2500
+HEADLINE_MAX_CHARS = 400
 
 
 def _figures(report: Report, which: str) -> dict[str, Any] | None:
@@ -33,7 +34,7 @@ def _fixes(report: Report, diff_chars: int) -> list[dict[str, Any]]:
         {
             "fix": o.fix,
             "status": o.status,
-            "chosen": o.chosen,
+            "chosen": o.chosen[:400] if o.chosen else o.chosen,
             "gain": o.gain,
             "gain_low": o.gain_low,
             "unit": o.unit,
@@ -52,11 +53,12 @@ def summary(report: Report, folder: Path) -> dict[str, Any]:
         "report_json": str(folder / "report.json"),
         "kind": report.kind,
         "run_id": report.run_id,
-        "headline": headline(report),
+        "headline": headline(report)[:HEADLINE_MAX_CHARS],  # a rule's title is in it, and a user's rule
+        # may have any title
         "baseline": _figures(report, "baseline"),
         "after": _figures(report, "after"),
         "findings": [
-            {"rule": f.rule, "severity": f.severity, "title": f.title, "message": f.message[:400]}
+            {"rule": f.rule, "severity": f.severity, "title": f.title[:200], "message": f.message[:400]}
             for f in report.findings
         ],
         "fixes": _fixes(report, DIFF_MAX_CHARS),

@@ -65,7 +65,7 @@ def confirm(
     verdicts: dict[str, tuple[FixStatus, str]] = {}
     changed = None
     waiting = prestarted if prestarted is not None and prestarted.waiting() else None
-    estimate_s = tuning.cost_s("prestarted" if waiting is not None else "fresh")
+    estimate_s = tuning.confirmation_cost_s() if waiting is not None else tuning.cost_s("fresh")
     if chosen and not tuning.fits(estimate_s):
         verdicts = {o.fix: ("unconfirmed", _over_budget(options, o, chosen, estimate_s)) for o in chosen}
     elif chosen:

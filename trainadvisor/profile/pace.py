@@ -39,7 +39,10 @@ def trial_settle_cap(
 ) -> SettleCap:
     """The longest a trial's warm-up waits for its step time to settle (`ceiling_s` None: the
     confirmation run's and the measurement beside it, compared with the baseline itself: 3x its
-    settling, never a ceiling below what it took)."""
+    settling, at most TRIAL_SETTLE_MAX_S or what the baseline took where that was longer: a
+    baseline whose slow steps made its blocks seconds long settled in 11 s, and the confirmation
+    of a setting 30x faster, whose trials had already shown it would not settle in 10 s, waited
+    33 s for it)."""
     shape = baseline.shape
     if max_warmup_s <= 0:
         return SettleCap(0.0, "--max-warmup 0: warm-ups are counts of steps")
@@ -52,12 +55,12 @@ def trial_settle_cap(
         return SettleCap(cap, f"{cap:g} s: the baseline's own warm-up did not settle")
     # its settling after the counted warm-up steps: a fresh run's warm-up holds its set-up too
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
-    most_s = min(max_warmup_s, ceiling_s) if ceiling_s is not None else max_warmup_s
+    most_s = min(max_warmup_s, ceiling_s if ceiling_s is not None else max(TRIAL_SETTLE_MAX_S, settled_s))
     cap = min(most_s, max(TRIAL_SETTLE_MIN_S, TRIAL_SETTLE_FACTOR * settled_s))
     return SettleCap(
         cap,
         f"{cap:.1f} s: {TRIAL_SETTLE_FACTOR:g}x the {settled_s:.1f} s the baseline's settled in after its "
-        f"first steps (at least {TRIAL_SETTLE_MIN_S:g} s, at most {most_s:g} s)",
+        f"first steps (at least {TRIAL_SETTLE_MIN_S:g} s, at most {most_s:.3g} s)",
     )
 
 
@@ -106,34 +109,41 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
     )
 
 
-# A trial window's own warm-up steps (its workers' first round, say) beyond the baseline's
-# settling and timed steps, in the first estimate before any window was measured.
-WINDOW_EXTRA_S = 1.0
+# Beyond its warm-up and timed steps, a window's switch, its result file and its samples; and a
+# fresh run's traced steps, its profiler's export and its exit (measured on 2 cores: 0.2-1.2 s a
+# window, 1.8-2.9 s a run's end).
+WINDOW_OVERHEAD_S = 0.5
+RUN_END_S = 2.5
+# A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
+# and a warm-up that waits out a loaded machine's noise would part them.
+PAIR_SETTLE_S = 3.0
 
 
-def cost_s(kind: str, walls: list[float], baseline: RawRun) -> float:
-    """About how long the next trial window ("window"), fresh run of the script ("fresh") or
-    run started ahead, its set-up done ("prestarted"), takes: the median of the windows measured
-    so far, the longest of the fresh runs (a compiled trial's outlasts the others); before any,
-    the baseline's own settling and timed steps (a window), its whole run (set-up included), or
-    that less its set-up and first steps (a run started ahead)."""
+def cost_s(
+    kind: str, walls: list[float], baseline: RawRun, speedup: float = 1.0, settle_cap_s: float | None = None
+) -> float:
+    """About how long the next trial window ("window"), window of the script's own setting in a
+    pair ("pair"), fresh run of the script ("fresh") or run started ahead, its set-up done
+    ("prestarted"), takes: the median of the windows measured so far, the longest of the fresh
+    runs (a compiled trial's outlasts the others); before any, from the baseline's own shape. A
+    candidate's window waits for its step time to settle as the baseline did (at least
+    TRIAL_SETTLE_MIN_S: its workers start; at most `settle_cap_s`, the trials' cap) and times
+    the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
+    under the minimum time; a run started ahead does the same, then its traced steps and its end."""
     if walls and kind == "fresh":  # never under the baseline's own whole run
         return max(*walls, baseline.wall_s)
     if walls and kind == "window":
         return float(percentile(walls, 50) or 0.0)
     shape = baseline.shape
-    if shape is None:
+    if shape is None or kind == "fresh":
         return baseline.wall_s
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
-    # a trial window's warm-up is capped (`trial_settle_cap`): a baseline that settled slowly,
-    # or never (its warm-up ran to --max-warmup on a busy machine), does not make each window
-    # that long
-    window_s = min(settled_s, TRIAL_SETTLE_MAX_S) + shape.timed_s + WINDOW_EXTRA_S
-    if kind == "window":
-        return window_s
-    if kind == "prestarted":
-        return max(window_s, baseline.wall_s - (shape.warmup_s - settled_s))
-    return baseline.wall_s
+    if kind == "pair":
+        return min(settled_s, PAIR_SETTLE_S) + shape.timed_s + WINDOW_OVERHEAD_S
+    cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
+    settle_s = min(cap, max(settled_s, TRIAL_SETTLE_MIN_S))
+    timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
+    return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
 
 
 # ---- paired windows: a choice made in windows, measured against the baseline's setting next to it ----

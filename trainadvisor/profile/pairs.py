@@ -18,9 +18,7 @@ from trainadvisor.profile.trials import Measurer
 from trainadvisor.records import FixOutcome, Overrides, Run, Trial
 
 AS_SCRIPT = "as the script runs"
-# A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
-# and a warm-up that waits out a loaded machine's noise would part them.
-PAIR_SETTLE_S = 3.0
+PAIR_SETTLE_S = pace.PAIR_SETTLE_S  # a pair's windows' longest warm-up
 
 
 class AsScript(fixes.Fix):

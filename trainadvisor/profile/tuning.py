@@ -120,9 +120,20 @@ class Tuning:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
-    def cost_s(self, kind: str) -> float:
-        """About how long the next trial window ("window") or fresh run ("fresh") takes (`pace`)."""
-        return pace.cost_s(kind, self.walls.get(kind, []), self.baseline.raw)
+    def cost_s(self, kind: str, speedup: float = 1.0) -> float:
+        """About how long the next trial window ("window"), window of the script's own setting
+        in a pair ("pair"), fresh run ("fresh") or run started ahead ("prestarted") takes, for a
+        setting up to `speedup` x as fast as the script's (`pace`)."""
+        caps = {"window": self.settle_cap_s, "prestarted": self.compared_settle_cap_s}
+        walls = self.walls.get(kind, [])
+        return pace.cost_s(kind, walls, self.baseline.raw, speedup, caps.get(kind))
+
+    def confirmation_cost_s(self) -> float:
+        """About how long the confirmation run takes: its timed steps at the pace its chosen
+        fixes measured (where none is chosen yet, the most the fixes to try can give)."""
+        gains = [o.gain for o in self.outcomes if o.status == "unconfirmed" and o.gain]
+        speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
+        return self.cost_s("prestarted" if self.prestarted else "fresh", speedup)
 
     def fits(self, estimate_s: float) -> bool:
         """Whether what takes about `estimate_s` ends within --budget."""
@@ -133,22 +144,29 @@ class Tuning:
         """About how long the rest takes: each fix not yet tried (its expected candidates, each a
         window of the live run where it can switch there, else a fresh run), the pair of windows
         that checks a choice made in windows, and the confirmation run with its adjacent baseline."""
-        total, pair = 0.0, 0
+        total, beside = 0.0, self.cost_s("fresh")
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
             if planned.fix in self.tried and planned.fix != self._current:
                 continue
             fix = fixes.REGISTRY[planned.fix]
             in_window = live and fix.in_process_problem(self.values) is None
-            expected = fix.expected_trials(self.values)
-            if in_window:  # the last fix's only candidate is its own first pair's window (`pairs`)
-                pair = 1 if expected == 1 else 2
-            total += expected * self.cost_s("window" if in_window else "fresh")
+            expected, speedup = fix.expected_trials(self.values), gain_bound(planned, self.values)
+            window_s = self.cost_s("window", speedup)
+            total += expected * (window_s if in_window else self.cost_s("fresh"))
+            if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
+                # own trial window where it was the only candidate and so the last)
+                beside = self.cost_s("pair") + (
+                    0.0 if expected == 1 else min(window_s, self._pair_window_s(speedup))
+                )
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
         # run; fresh runs get the script's own setting measured again after it
-        beside = pair * self.cost_s("window") if pair else self.cost_s("fresh")
-        confirmation = self.cost_s("prestarted" if self.prestarted else "fresh")
-        return total + beside + confirmation
+        return total + beside + self.confirmation_cost_s()
+
+    def _pair_window_s(self, speedup: float) -> float:
+        """A pair's window of the chosen setting: its warm-up capped for pairs."""
+        walls = self.walls["window"]
+        return pace.cost_s("window", walls, self.baseline.raw, speedup, pace.PAIR_SETTLE_S)
 
     def _progress(self, planned: PlannedFix, in_window: bool) -> None:
         estimate = self.remaining_s(in_window)

@@ -181,15 +181,35 @@ def test_fresh_runs_are_compared_only_where_the_baseline_measured_next_to_them_a
 
 
 def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_warmup() -> None:
-    """Before any window was measured, one is estimated from the baseline's: its settling, its
-    timed steps and 1 s. A baseline that never settled (60 s of warm-up on a busy machine) gave
-    each window a minute; a trial's warm-up is capped at 10 s, and so is its estimate."""
-    settled = _shape("settled", 2.5)
+    """Before any window was measured, one is estimated from the baseline's: its settling (at
+    least 3 s), its timed steps and 0.5 s. A baseline that never settled (60 s of warm-up on a
+    busy machine) gave each window a minute; a trial's warm-up is capped at 10 s, and so is its
+    estimate. A candidate up to 4x as fast times the baseline's steps in a quarter of the time,
+    never under the minimum time."""
+    settled = _shape("settled", 3.5)
     assert settled.shape is not None
-    settled.shape.timed_s = 1.2
-    assert pace.cost_s("window", [], settled) == pytest.approx(2.5 + 1.2 + 1.0)
+    settled.shape.timed_s, settled.shape.min_time_s = 1.2, 1.0
+    assert pace.cost_s("window", [], settled) == pytest.approx(3.5 + 1.2 + 0.5)
+    assert pace.cost_s("window", [], settled, speedup=4.0) == pytest.approx(3.5 + 1.0 + 0.5)
+    assert pace.cost_s("window", [], settled, settle_cap_s=3.0) == pytest.approx(3.0 + 1.2 + 0.5)
+    assert pace.cost_s("pair", [], settled) == pytest.approx(3.0 + 1.2 + 0.5)  # a pair's settles 3 s
+    assert pace.cost_s("prestarted", [], settled) == pytest.approx(3.5 + 1.2 + 2.5)  # and its end
     unsettled = _shape("time cap", 60.0)
     assert unsettled.shape is not None
     unsettled.shape.timed_s = 1.2
-    assert pace.cost_s("window", [], unsettled) == pytest.approx(10.0 + 1.2 + 1.0)
+    assert pace.cost_s("window", [], unsettled) == pytest.approx(10.0 + 1.2 + 0.5)
     assert pace.cost_s("window", [3.0, 5.0, 4.0], unsettled) == 4.0  # measured windows decide
+
+
+def test_a_confirmations_warmup_waits_as_long_as_the_baseline_settled_in_not_3x_it() -> None:
+    """Compared with the baseline itself, a confirmation may settle 3x as long as the baseline
+    did, at most 10 s or the baseline's own settling where that was longer (slow steps, blocks
+    of seconds): 11 s, not 33."""
+    slow = _shape("settled", 13.9)
+    assert slow.shape is not None
+    slow.shape.settle_s = 11.0
+    compared = pace.trial_settle_cap(slow, 60.0, None)
+    assert compared.max_s == 11.0 and compared.why.endswith("(at least 3 s, at most 11 s)")
+    assert pace.trial_settle_cap(slow, 60.0).max_s == 10.0  # a trial's
+    assert pace.trial_settle_cap(_shape("settled", 2.5), 60.0, None).max_s == 7.5  # 3x
+    assert pace.trial_settle_cap(_shape("settled", 2.5), 5.0, None).max_s == 5.0  # never past --max-warmup

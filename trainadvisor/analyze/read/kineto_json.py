@@ -24,7 +24,10 @@ def kineto_spelling(raw: bytes, message: str) -> bool:
         return True
     at = _AT_BYTE.search(message)
     if at is not None:
-        return raw[int(at.group(1)) : int(at.group(1)) + 1] in (b"i", b"I", b"n", b"N")
+        byte = int(at.group(1))
+        # a bare `nan` is read as a `null` gone wrong: msgspec names the byte where `null` would
+        # have ended, up to three past the `n`
+        return raw[byte : byte + 1] in (b"i", b"I", b"n", b"N") or b"nan" in raw[max(0, byte - 4) : byte + 1]
     return "truncated" in message and LONE_SURROGATE_HINT.search(raw) is not None
 
 
@@ -56,8 +59,11 @@ def _paired_or_replaced(found: re.Match[str]) -> str:
 
 
 def lenient_loads(raw: bytes) -> Any:
-    """The JSON document `raw`, spelled as Kineto writes it (`kineto_json`)."""
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return json.loads(kineto_json(raw.decode("utf-8", "replace")))
+    """The JSON document `raw`, spelled as Kineto writes it (`kineto_json`). Python's json reads
+    a lone surrogate escape and keeps it: a document that may hold one takes Kineto's path."""
+    if LONE_SURROGATE_HINT.search(raw) is None:
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+    return json.loads(kineto_json(raw.decode("utf-8", "replace")))

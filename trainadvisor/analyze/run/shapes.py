@@ -84,7 +84,8 @@ def unsettled_note(windows: dict[str, RawRun | None]) -> str | None:
             f"after {shape.warmup_s:.1f} s (the longest warm-up allowed, --max-warmup, had passed)"
             if shape.warmup_end == "time cap"
             else f"after {shape.warmup_s:.1f} s (a trial's warm-up settles for at most 3x as long as the "
-            "baseline's took, and at most 10 s; a pair's windows for 3 s)"
+            "baseline's took, and at most 10 s, or as long as it took for a confirmation; a pair's "
+            "windows for 3 s)"
             if shape.warmup_end == "settle cap"
             else f"after {shape.warmup_steps} steps (the script had no more to spare)"
         )
