@@ -1,12 +1,18 @@
-"""`@advise` and the framework callbacks, in this test process: real training steps, real
-profiler windows, real report folders."""
+"""`@advise` where processes start: under `trainadvisor profile` (which it stands down for), and
+its trials, whose stand-in DataLoaders start worker processes in the test's own."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import psutil
 from conftest import run_cli
+from support.advise import EXACT, _model, _Slow, _state
+from torch import nn
+from torch.utils.data import DataLoader
+
+from trainadvisor import advise
 
 
 def test_advise_stands_down_under_trainadvisor_profile(tmp_path: Path) -> None:
@@ -81,3 +87,39 @@ def test_a_step_called_from_eight_threads_is_measured_on_one_and_the_others_pass
         assert "was called from another thread too: only the first thread's steps are measured" in done.stderr
         steps = json.loads((out / "report.json").read_text())["baseline"]["raw"]["steps"]
         assert len({step["loss"] for step in steps}) == 1 and len(steps) >= 5
+
+
+def test_trials_measure_the_workers_fix_in_this_process_and_put_everything_back(tmp_path: Path) -> None:
+    """advise(trials=True) on a loop whose DataLoader reads slowly: the workers fix is measured
+    in windows of this process (no restart), its worker processes are gone afterwards, and the
+    loop's own iterator goes on where it stopped."""
+    model, optimizer = _model()
+    loader = DataLoader(_Slow(), batch_size=4)  # 8 samples x 2 ms: 2 batches an epoch
+    seen = []
+    before = _state()
+    with advise(warmup=2, steps=6, out=tmp_path / "r", trials=True, **EXACT) as advisor:
+        for _ in range(120):
+            for x, y in loader:
+                seen.append(int(x.shape[0]))
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                advisor.step(loss)
+    assert not advisor.active and advisor.trials is None and _state() == before
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
+    assert workers["mode"] == "in_process" and workers["trials"], workers
+    # the first count is 2, or more where the baseline's loading was seen waiting (its sleeps)
+    assert workers["trials"][0]["label"] in ("num_workers=2", "num_workers=4", "num_workers=8")
+    assert workers["trials"][0]["status"] == "measured"
+    assert workers["status"] in ("unconfirmed", "no_gain")
+    labels = [w["label"] for w in report["trial_windows"]]
+    assert labels[0] == "baseline" and labels[-1] == "baseline-again"
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]  # workers gone
+    assert set(seen) == {4}
+    # what the trials did to the training, exactly: the loop saw its 120 epochs of 2 batches, and
+    # as many more batches from the stand-ins as the note says
+    extra = len(seen) - 240
+    [note] = [n for n in report["notes"] if n.startswith("The trial windows trained ")]
+    assert extra > 0 and note.startswith(f"The trial windows trained {extra} extra steps of your run"), note

@@ -6,18 +6,16 @@ from __future__ import annotations
 import inspect
 import json
 import pickle
-import threading
 import time
 import typing
 import warnings
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from conftest import lightning_module
+from support.advise import EXACT, _batches, _model, _Slow, _state
 from torch import nn
-from torch.optim.optimizer import _global_optimizer_post_hooks
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -27,25 +25,6 @@ from trainadvisor.errors import MissingDependencyError
 from trainadvisor.report.paths import repository_root
 
 ORIGINAL_NEXT = _BaseDataLoaderIter.__next__
-
-
-# Windows of exactly `warmup` and `steps` steps (no steadiness test, no time floor): these tests
-# are about what the advisor records, step by step; tests/e2e/test_gpu_speed.py times windows
-EXACT: dict[str, typing.Any] = {"min_time": 0.0, "max_warmup": None}
-
-
-def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(1)
-    return [
-        (torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator))
-        for _ in range(n)
-    ]
 
 
 def _train(step: typing.Callable[..., torch.Tensor], n: int = 30) -> list[float]:
@@ -71,17 +50,6 @@ class _Trainer:
 
 def _quiet(_: str) -> None:
     pass
-
-
-def _state() -> tuple[list[str], object, bool, int]:
-    """What must be as it was after the window: threads, DataLoader timing, profiler, hooks."""
-    names = sorted(t.name for t in threading.enumerate())
-    return (
-        names,
-        _BaseDataLoaderIter.__next__,
-        torch.autograd.profiler._is_profiler_enabled,
-        len(_global_optimizer_post_hooks),
-    )
 
 
 def test_a_decorated_step_trains_exactly_as_undecorated_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -159,19 +127,6 @@ def test_the_time_between_calls_is_outside_the_function_not_data_wait(tmp_path: 
     assert not [f for f in report["findings"] if f["rule"] == "data-stall"]
     said = "No DataLoader was seen: input time is part of the step"
     assert any(note.startswith(said) for note in report["notes"])
-
-
-class _Slow(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self, sample_s: float = 0.002) -> None:
-        self.data = TensorDataset(*_batches(1)[0])
-        self.sample_s = sample_s
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(self.sample_s)
-        return self.data[index]  # type: ignore[no-any-return]
 
 
 def test_a_with_block_times_steps_and_dataloader_waits(tmp_path: Path) -> None:
@@ -370,39 +325,3 @@ def test_framework_callbacks_are_one_class_and_pickle_as_fresh_advisors(tmp_path
     assert (copy.advisor.warmup, copy.advisor.out) == (2, tmp_path / "b")
     for callback in (first, second, copy):
         callback.advisor.close()
-
-
-def test_trials_measure_the_workers_fix_in_this_process_and_put_everything_back(tmp_path: Path) -> None:
-    """advise(trials=True) on a loop whose DataLoader reads slowly: the workers fix is measured
-    in windows of this process (no restart), its worker processes are gone afterwards, and the
-    loop's own iterator goes on where it stopped."""
-    model, optimizer = _model()
-    loader = DataLoader(_Slow(), batch_size=4)  # 8 samples x 2 ms: 2 batches an epoch
-    seen = []
-    before = _state()
-    with advise(warmup=2, steps=6, out=tmp_path / "r", trials=True, **EXACT) as advisor:
-        for _ in range(120):
-            for x, y in loader:
-                seen.append(int(x.shape[0]))
-                loss = nn.functional.cross_entropy(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                advisor.step(loss)
-    assert not advisor.active and advisor.trials is None and _state() == before
-    report = json.loads((tmp_path / "r" / "report.json").read_text())
-    [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
-    assert workers["mode"] == "in_process" and workers["trials"], workers
-    # the first count is 2, or more where the baseline's loading was seen waiting (its sleeps)
-    assert workers["trials"][0]["label"] in ("num_workers=2", "num_workers=4", "num_workers=8")
-    assert workers["trials"][0]["status"] == "measured"
-    assert workers["status"] in ("unconfirmed", "no_gain")
-    labels = [w["label"] for w in report["trial_windows"]]
-    assert labels[0] == "baseline" and labels[-1] == "baseline-again"
-    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]  # workers gone
-    assert set(seen) == {4}
-    # what the trials did to the training, exactly: the loop saw its 120 epochs of 2 batches, and
-    # as many more batches from the stand-ins as the note says
-    extra = len(seen) - 240
-    [note] = [n for n in report["notes"] if n.startswith("The trial windows trained ")]
-    assert extra > 0 and note.startswith(f"The trial windows trained {extra} extra steps of your run"), note

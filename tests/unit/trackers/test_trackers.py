@@ -1,7 +1,7 @@
-"""Experiment trackers, each for real: an MLflow tracking server started here on 127.0.0.1 and
-read back through MlflowClient; W&B in offline mode, its run's files read back; TensorBoard's
-event files read back with TensorBoard's own reader. A tracker that is missing or down never
-fails a profile or loses its report."""
+"""Experiment trackers, each for real, in this process: `@advise` logging into the training's own
+MLflow run (a SQLite store, read back through MlflowClient), and Lightning's callback logging
+beside the trainer's own TensorBoard logger (its event files read back with TensorBoard's own
+reader). The tracking server, W&B and the trackers that are down are tests/e2e's."""
 
 from __future__ import annotations
 
@@ -10,24 +10,18 @@ from pathlib import Path
 import pytest
 from conftest import lightning_module
 
-mlflow = pytest.importorskip("mlflow", reason="the tracker tests need mlflow: pip install -e '.[dev]'")
-
-
-pytest.importorskip("wandb", reason="the tracker tests need wandb: pip install -e '.[dev]'")
-
-
-pytest.importorskip("tensorboard", reason="the tracker tests need tensorboard: pip install -e '.[dev]'")
-
-
-from mlflow.tracking import MlflowClient  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+# Each tracker is imported by the test that uses it: at collection, mlflow and tensorboard cost
+# every worker 3 s of the fast tiers' minute.
+NEED = "the tracker tests need {}: pip install -e '.[dev]'"
 
 
 def test_advise_logs_into_the_trainings_own_mlflow_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # MLflow keeps a database store's artifacts in ./mlruns
+    mlflow = pytest.importorskip("mlflow", reason=NEED.format("mlflow"))
     import torch
+    from mlflow.tracking import MlflowClient
     from torch import nn
 
     from trainadvisor import advise
@@ -55,8 +49,10 @@ def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(
     """`log_to="auto"`: the report's metrics land in the TensorBoardLogger's own version folder,
     beside the training's curves, read back with TensorBoard's reader."""
     lightning = pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard", reason=NEED.format("tensorboard"))
     import torch
     from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainadvisor.integrations import LightningAdvisor
