@@ -280,6 +280,9 @@ def test_gradient_accumulation_without_no_sync_gets_it_measured(tmp_path: Path) 
     report = load_report(out)
     runtime = report["baseline"]["raw"]["runtime"]
     assert runtime["ddp_no_sync_used"] is False
+    # proposed from the counts (4 backward() calls a step, no no_sync()), whatever the timing
+    [finding] = [f for f in report["findings"] if f["rule"] == "ddp-no-sync"]
+    assert finding["severity"] == "medium" and "each of the 4 backward() calls" in finding["message"]
     [outcome] = [o for o in report["fix_outcomes"] if o["fix"] == "ddp-settings"]
     first = outcome["trials"][0]
     assert first["label"].endswith("no_sync() on 3 of every 4 micro-steps") and first["status"] == "measured"

@@ -253,6 +253,9 @@ def test_rocm_synchronous_copies_count_as_pageable_and_their_tensors_as_host_mad
     # "Memcpy HtoD (Host -> Device)" names no source memory; hipMemcpyWithStream made each copy
     assert [kind for _, _, kind, _, _ in f.h2d] == ["unknown", "unknown"]
     assert f.sync_copies == {117, 123} == {corr for *_, corr in f.h2d}
+    # each copy's size is on the call that launched it ("size": "2560": a 5 x 128 float32 tensor),
+    # not on the copy
+    assert [nbytes for _, _, _, nbytes, _ in f.h2d] == [5 * 128 * 4, 5 * 128 * 4]
     resolve_unnamed_copies(f)
     assert [kind for _, _, kind, _, _ in f.h2d] == ["pageable", "pageable"]
     ops = h2d_copy_ops(f)

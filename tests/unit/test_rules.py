@@ -38,7 +38,8 @@ def write_rule(
 SHIPPED = [
     "allocator-churn", "anomaly-detection-on", "comm-bound", "compute-bound", "cpu-oversubscribed",
     "cpu-tensor-creation",
-    "cudnn-benchmark", "data-parallel", "data-stall", "ddp-settings", "gpu-underutilized", "graph-breaks",
+    "cudnn-benchmark", "data-parallel", "data-stall", "ddp-no-sync", "ddp-settings", "gpu-underutilized",
+    "graph-breaks",
     "host-bound",
     "host-sync", "launch-bound", "memory-headroom", "memory-pressure", "no-mixed-precision", "out-of-memory",
     "over-memory-budget",

@@ -85,6 +85,9 @@ class Table:
     # timestamps (1.7e15 us since the epoch) leave float64 a quarter-microsecond of precision.
     base_us: float = 0.0
     copy_bytes: dict[int, int] = field(default_factory=dict)  # memcpy row -> bytes
+    # correlation id -> bytes, from the runtime call that launched a copy (ROCm's hipMemcpy*
+    # give the size there and not on the copy)
+    call_copy_bytes: dict[int, int] = field(default_factory=dict)
     op_precision: dict[int, int] = field(default_factory=dict)  # external id -> REDUCED/FLOAT32
     peak_allocated: float | None = None
     peak_reserved: float | None = None
@@ -153,6 +156,7 @@ class TableReader:
         self._parts: dict[str, list[np.ndarray]] = {column: [] for column in (*_COLUMNS, *_FLOP_COLUMNS)}
         self.rows = 0
         self.copy_bytes: dict[int, int] = {}
+        self.call_copy_bytes: dict[int, int] = {}
         self.op_precision: dict[int, int] = {}
         self.peak_allocated: float | None = None
         self.peak_reserved: float | None = None
@@ -226,6 +230,12 @@ class TableReader:
             nbytes = events[i].args.bytes
             if nbytes:
                 self.copy_bytes[self.rows + i] = nbytes
+        for i in np.flatnonzero(kind == RUNTIME).tolist():
+            args = events[i].args
+            if args.size is not None and args.correlation >= 0:
+                size = _size(args.size)
+                if size > 0:
+                    self.call_copy_bytes[args.correlation] = size
         for i in np.flatnonzero(kind == KERNEL).tolist():
             args = events[i].args
             if args.pg_name or args.pg_desc:
@@ -282,6 +292,7 @@ class TableReader:
         return Pieces(
             self._parts, self.rows, self.names, self.tids, self.copy_bytes, self.op_precision,
             self.peak_allocated, self.peak_reserved, self.base_us, self.device_events, self.kernel_groups,
+            self.call_copy_bytes,
         )  # fmt: skip
 
     def table(self) -> Table:
@@ -303,6 +314,7 @@ class Pieces:
     base_us: float | None
     device_events: dict[int, int] = field(default_factory=dict)
     kernel_groups: dict[int, str] = field(default_factory=dict)
+    call_copy_bytes: dict[int, int] = field(default_factory=dict)
 
 
 def group_label(description: str, name: str, size: Any) -> str:
@@ -352,6 +364,7 @@ def join(pieces: list[Pieces]) -> Table:
     )  # fmt: skip
     for p, offset in zip(pieces, offsets):
         table.copy_bytes.update({row + offset: n for row, n in p.copy_bytes.items()})
+        table.call_copy_bytes.update(p.call_copy_bytes)
         table.op_precision.update(p.op_precision)
         table.kernel_groups.update({row + offset: group for row, group in p.kernel_groups.items()})
         for index, count in p.device_events.items():
@@ -361,3 +374,11 @@ def join(pieces: list[Pieces]) -> Table:
             if value is not None:
                 setattr(table, peak, max(getattr(table, peak) or 0.0, value))
     return table
+
+
+def _size(value: object) -> int:
+    """A size written as a number or as text ("2560"); 0 where it is neither."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return 0

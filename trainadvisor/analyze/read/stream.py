@@ -61,6 +61,9 @@ class Args(msgspec.Struct, gc=False):
     pg_name: str = msgspec.field(name="Process Group Name", default="")
     pg_desc: str = msgspec.field(name="Process Group Description", default="")
     group_size: int = msgspec.field(name="Group size", default=-1)
+    # A copy's size on the call that launched it, where its device event has no `bytes` (ROCm's
+    # hipMemcpy* calls write "size": "2560")
+    size: Any = None
 
 
 class Event(msgspec.Struct, gc=False):
@@ -102,6 +105,7 @@ def _loose_args(args: dict[str, Any]) -> Args:
         pg_name=_text(args.get("Process Group Name")),
         pg_desc=_text(args.get("Process Group Description")),
         group_size=_int(args.get("Group size")),
+        size=args.get("size"),
     )
 
 

@@ -54,7 +54,8 @@ def gather(t: Table, source_dirs: tuple[Path, ...], host_ops: np.ndarray, loader
     for r in memcpy[t.matching(memcpy, lambda n: "HtoD" in n or "HostToDevice" in n)].tolist():
         name = t.names[t.name[r]]
         kind = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else "unknown"
-        f.h2d.append((float(ts[r]), float(end[r] - ts[r]), kind, t.copy_bytes.get(r, 0), int(t.corr[r])))
+        nbytes = t.copy_bytes.get(r) or t.call_copy_bytes.get(int(t.corr[r]), 0)
+        f.h2d.append((float(ts[r]), float(end[r] - ts[r]), kind, nbytes, int(t.corr[r])))
     f.h2d.sort(key=lambda c: c[0])
     if f.h2d:
         _copy_context(t, f, host_ops)
