@@ -10,48 +10,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import DATA, EXAMPLES, ROOT
+from conftest import ROOT
+from support.formats import SAVED, _report_in, _repository
 
 from trainadvisor.cli import exits, main, output
 from trainadvisor.errors import MissingDependencyError, NoStepsError, RuleError, ScriptFailedError, UsageError
-from trainadvisor.records import Report
 from trainadvisor.report.render import load_report
 
-SAVED = DATA / "report"  # a real profile report; its DataLoader line is slow_input_mnist.py:56
-SITE = "/work/main/examples/slow_input_mnist.py:56"  # as that run recorded it
 GOLDEN = ROOT / "tests" / "golden"
 
 
 def _golden(name: str) -> str:
     """A golden rendering of the saved report, without its header line."""
     return (GOLDEN / name).read_text().split("\n", 1)[1]
-
-
-def _repository(tmp_path: Path) -> Path:
-    """A repository (its .git) holding the example the saved report measured."""
-    repo = tmp_path / "repo"
-    (repo / ".git").mkdir(parents=True)
-    (repo / "examples").mkdir()
-    shutil.copy(EXAMPLES / "slow_input_mnist.py", repo / "examples" / "slow_input_mnist.py")
-    return repo
-
-
-def _report_in(repo: Path) -> Report:
-    """The saved report, as if its run had been in `repo`."""
-    report = load_report(SAVED)
-    for finding in report.findings:
-        for evidence in finding.evidence:
-            if evidence.value == SITE:
-                evidence.value = f"{repo}/examples/slow_input_mnist.py:56"
-    return report
-
-
-# ---- print_as: the one document --format asks for ----
 
 
 def test_terminal_prints_the_summary_as_the_golden_file_has_it(

@@ -7,43 +7,16 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import DATA, EXAMPLES
-from support.formats import _sarif_problems
+from conftest import DATA
+from support.formats import SAVED, _report_in, _repository, _sarif_problems
 
 from trainadvisor.cli import main
 from trainadvisor.report.paths import relative_text, relativized, repository_root
 from trainadvisor.report.render import load_report
 from trainadvisor.report.sarif import sarif_log
-
-SAVED = DATA / "report"  # a real profile report; its DataLoader line is slow_input_mnist.py:56
-
-
-SITE = "/work/main/examples/slow_input_mnist.py:56"  # as that run recorded it
-
-
-def _repository(tmp_path: Path, lines_above: int = 0) -> Path:
-    """A repository (its .git) holding the example the saved report measured, with
-    `lines_above` blank lines added at its top."""
-    repo = tmp_path / "repo"
-    (repo / ".git").mkdir(parents=True)
-    (repo / "examples").mkdir()
-    text = (EXAMPLES / "slow_input_mnist.py").read_text()
-    (repo / "examples" / "slow_input_mnist.py").write_text("\n" * lines_above + text)
-    return repo
-
-
-def _report_in(repo: Path, line: int = 56) -> Any:
-    """The saved report, as if its run had been in `repo`."""
-    report = load_report(SAVED)
-    for finding in report.findings:
-        for evidence in finding.evidence:
-            if evidence.value == SITE:
-                evidence.value = f"{repo}/examples/slow_input_mnist.py:{line}"
-    return report
 
 
 def test_sarif_names_the_line_in_the_repository_and_holds_to_the_official_schema(tmp_path: Path) -> None:
