@@ -63,6 +63,7 @@ def pair_choice(
     fix = fixes.REGISTRY[outcome.fix]
     chosen = chosen_trial(outcome)
     reuse = summarize(chosen.raw) if last_window and chosen.raw and not pace.raced(chosen.raw) else None
+    reused = reuse is not None  # the first pair's window of the chosen setting is its trial's
     ratios: list[tuple[float, float, float]] = []
     again: Run | None = None
     stopped = ""
@@ -72,10 +73,8 @@ def pair_choice(
             break
         k = len(ratios) + 1
         before = measure(AsScript(), f"baseline-pair-{k}", as_script(PAIR_SETTLE_S))
-        after_run: Run | None = reuse
-        if reuse is not None:
-            reuse = None
-        else:
+        after_run, reuse = reuse, None
+        if after_run is None:
             chosen_setting = fixes.Setting(chosen.label, chosen.overrides, settle_s=PAIR_SETTLE_S)
             after_run = measure(fix, f"{fix.id}-pair-{k}", chosen_setting).run
         if before.run is None or after_run is None or not before.run.steps_per_s:
@@ -90,7 +89,7 @@ def pair_choice(
         if pace.paired(ratios, KEEP_MIN_SPEEDUP).state != "open":
             break
     decided, detail = _decided(outcome, pace.paired(ratios, KEEP_MIN_SPEEDUP), fix.metric, stopped)
-    if ratios and last_window and reuse is None and chosen.raw and not pace.raced(chosen.raw):
+    if ratios and reused:
         detail += f" (the first pair's {chosen.label} window was its trial's own, just before)"
     return PairedOutcome(decided, again, detail)
 
