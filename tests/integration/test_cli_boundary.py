@@ -156,6 +156,24 @@ def test_a_file_error_without_a_name_or_strerror_shows_the_error_itself(
     )
 
 
+def test_a_connection_that_fails_is_not_blamed_on_the_disk(capsys: pytest.CaptureFixture[str]) -> None:
+    # a tracker's server that times out, an object store that refuses: no file is involved
+    ended, _, err = _ended(_raising(TimeoutError("timed out")), capsys)
+    assert ended == 1
+    assert err == (
+        "trainadvisor: error: TimeoutError: timed out; a connection failed or timed out (a tracker's server, "
+        "an object store): check that it can be reached from here and run the command again\n"
+    )
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+    assert _ended(_raising(refused), capsys)[2] == (
+        "trainadvisor: error: ConnectionRefusedError: Connection refused; a connection failed or timed out "
+        "(a tracker's server, an object store): check that it can be reached from here and run the command "
+        "again\n"
+    )
+    # a read-only folder without a file name is still about files
+    assert _ended(_raising(OSError(errno.EROFS, "Read-only file system")), capsys)[0] == 2
+
+
 def test_a_defect_of_ours_is_one_line_and_exit_1(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -58,7 +58,7 @@ from trainadvisor.report.mdtext import terminal
 from trainadvisor.report.paths import published
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
-from trainadvisor.training import gpu, hooks
+from trainadvisor.training import gpu, hooks, loaders
 from trainadvisor.training.window import Clock, Window, WindowPlan, start_profiler
 
 P = ParamSpec("P")
@@ -73,6 +73,21 @@ _OWNING = threading.Lock()  # the first thread to call an advisor becomes the on
 # `profile`'s defaults, defined once in its option table
 WARMUP_STEPS: int = default("warmup")
 TIMED_STEPS: int = default("steps")
+
+
+def _note_built_with() -> Callable[[], None]:
+    """Each DataLoader iterator made from now on notes what its loader was built with that an
+    iterator of no workers does not keep (`loaders.BUILT_WITH`): a trial's stand-in loader with workers
+    gets the user's worker_init_fn, context and generator (`windows.stand_in`). Returns the undo."""
+    original = _BaseDataLoaderIter.__init__
+
+    def noting_init(iterator: _BaseDataLoaderIter, loader: Any) -> None:
+        original(iterator, loader)
+        iterator._trainadvisor_built_with = {  # type: ignore[attr-defined]
+            name: getattr(loader, name, None) for name in loaders.BUILT_WITH
+        }
+
+    return hooks.replace_attribute(_BaseDataLoaderIter, "__init__", noting_init)
 
 
 class Advisor:
@@ -298,6 +313,7 @@ class Advisor:
             return batch
 
         self._undo.append(hooks.replace_attribute(_BaseDataLoaderIter, "__next__", timed_next))
+        self._undo.append(_note_built_with())
 
     def _loader_batch(self, iterator: _BaseDataLoaderIter, batch: Any) -> None:
         index = getattr(iterator, "_trainadvisor_advised", None)

@@ -53,16 +53,16 @@ class _Patches(Patches):
 
 def stand_in(iterator: Any, wanted: dict[str, Any], info: LoaderInfo) -> DataLoader | str:
     """A DataLoader built from what an iterator of the user's loader holds (its dataset,
-    sampler, collate_fn, worker init), with `wanted` changed; or why it cannot be built."""
+    sampler, collate_fn; its worker init, context and generator as `loaders.built_with` knows
+    them), with `wanted` changed; or why it cannot be built."""
     args: dict[str, Any] = {
         "dataset": iterator._dataset,
         "collate_fn": iterator._collate_fn,
         "timeout": iterator._timeout,
-        "worker_init_fn": getattr(iterator, "_worker_init_fn", None),
-        "multiprocessing_context": getattr(iterator, "_multiprocessing_context", None),
         "num_workers": iterator._num_workers,
         "pin_memory": iterator._pin_memory,
     }
+    args.update(loaders.built_with(iterator))
     if iterator._auto_collation:
         args["batch_sampler"] = iterator._index_sampler
     else:

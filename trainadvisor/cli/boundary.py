@@ -3,6 +3,7 @@ terminal, how errors become exit codes, and how a saved report is read."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -44,12 +45,8 @@ def run(work: Callable[[], int]) -> NoReturn:
         click.echo("trainadvisor: interrupted; the script and its workers were stopped", err=True)
         sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
     except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        echo(
-            f"trainadvisor: error: {exc.strerror or exc} while writing or reading{where}; free space, "
-            "fix the permissions or choose another --out"
-        )
-        sys.exit(UsageError.exit_code)
+        echo(_os_error(exc))
+        sys.exit(UsageError.exit_code if _about_files(exc) else TrainAdvisorError.exit_code)
     except Exception as exc:  # a defect of ours: one line for the user, the details on request
         if os.environ.get("TRAINADVISOR_DEBUG"):
             raise
@@ -62,6 +59,35 @@ def run(work: Callable[[], int]) -> NoReturn:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     sys.exit(code)
+
+
+# errno values of a file that cannot be written or read: the user frees space, fixes the
+# permissions or chooses another folder
+_FILE_ERRNOS = frozenset({
+    errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
+    errno.ENOENT, errno.EEXIST, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EXDEV, errno.EFBIG,
+})  # fmt: skip
+_FILE_ERRORS = (PermissionError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
+
+
+def _about_files(exc: OSError) -> bool:
+    """Whether `exc` is about a file (a full disk, a permission, a folder that is a file) rather
+    than a connection (a tracker's server, an object store) that failed or timed out."""
+    return isinstance(exc, _FILE_ERRORS) or exc.errno in _FILE_ERRNOS or exc.filename is not None
+
+
+def _os_error(exc: OSError) -> str:
+    if _about_files(exc):
+        where = f" {exc.filename}" if exc.filename else ""
+        return (
+            f"trainadvisor: error: {exc.strerror or exc} while writing or reading{where}; free space, "
+            "fix the permissions or choose another --out"
+        )
+    return (
+        f"trainadvisor: error: {type(exc).__name__}: {exc.strerror or exc or 'no detail given'}; a "
+        "connection failed or timed out (a tracker's server, an object store): check that it can be "
+        "reached from here and run the command again"
+    )
 
 
 def terminate(signum: int, _frame: object) -> None:

@@ -112,6 +112,24 @@ def _length(loader: DataLoader) -> int | None:
         return None
 
 
+# What a DataLoader was built with that an iterator of no workers does not keep, and a stand-in
+# loader with workers needs to draw its batches as the user's loader would with workers: the
+# seeding each worker gets, how the workers start, and the generator the base seed is drawn from
+BUILT_WITH = ("worker_init_fn", "multiprocessing_context", "generator")
+
+
+def built_with(iterator: Any) -> dict[str, Any]:
+    """`BUILT_WITH` of `iterator`'s loader: as noted when the iterator was made (`advise` notes
+    it), else as a worker iterator keeps it (None where it is not kept)."""
+    noted = getattr(iterator, "_trainadvisor_built_with", None)
+    if noted is not None:
+        return dict(noted)
+    kept = {"generator": None}
+    kept["worker_init_fn"] = getattr(iterator, "_worker_init_fn", None)
+    kept["multiprocessing_context"] = getattr(iterator, "_multiprocessing_context", None)
+    return kept
+
+
 def describe_iterator(iterator: _BaseDataLoaderIter, index: int) -> LoaderInfo:
     """A loader known only by an iterator of it (`@advise` starts after the loaders are built):
     what the iterator was built with; where the loader was built is not known."""

@@ -1,8 +1,8 @@
 """The stand-in loader of an `advise(trials=True)` trial window (`advising.windows.stand_in`): built from
 an iterator of the user's in-process DataLoader (num_workers=0) with the settings a trial asks for, over
-the loader's own dataset, sampler and collate_fn; or, where the workers asked for could not receive the
-dataset, the reason why. No loader with workers is iterated here (that would start processes): only what
-it was built with is read."""
+the loader's own dataset, sampler, collate_fn, worker_init_fn and generator; or, where the workers asked
+for could not receive the dataset, the reason why. No loader with workers is iterated here (that would
+start processes): only what it was built with is read."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from trainadvisor.advising.advisor import _note_built_with
 from trainadvisor.advising.windows import stand_in
 from trainadvisor.records import LoaderInfo
 from trainadvisor.training.loaders import describe_iterator
@@ -125,3 +127,31 @@ def test_a_dataset_that_cannot_be_pickled_is_fine_for_forked_workers() -> None:
     forked = stand_in(iterator, {"num_workers": 2}, info)
     assert isinstance(forked, DataLoader)
     assert forked.num_workers == 2
+
+
+def _seed_worker(worker_id: int) -> None:
+    torch.manual_seed(worker_id)
+
+
+def test_a_loader_of_no_workers_gives_the_stand_in_its_worker_init_fn_and_generator() -> None:
+    """An iterator of no workers keeps neither: the advisor notes them as each iterator is made,
+    so that a trial's workers are seeded as the user's code would seed them."""
+    generator = torch.Generator().manual_seed(3)
+    before = _BaseDataLoaderIter.__init__
+    undo = _note_built_with()
+    try:
+        loader = DataLoader(
+            TensorDataset(SAMPLES), batch_size=4, worker_init_fn=_seed_worker, generator=generator
+        )
+        iterator, info = _iterator(loader)
+    finally:
+        undo()
+    assert _BaseDataLoaderIter.__init__ is before  # put back
+    built = stand_in(iterator, {"num_workers": 2}, info)
+    assert isinstance(built, DataLoader)
+    assert built.worker_init_fn is _seed_worker and built.generator is generator
+    # an iterator made before the advisor noted anything: what the iterator itself keeps (nothing here)
+    fresh, fresh_info = _iterator(loader)
+    unnoted = stand_in(fresh, {"num_workers": 2}, fresh_info)
+    assert isinstance(unnoted, DataLoader)
+    assert unnoted.worker_init_fn is None and unnoted.generator is None
