@@ -205,3 +205,35 @@ def test_a_scripts_credentials_reach_no_tracker(tmp_path: Path) -> None:
     sent = [p for folder in stored for p in (tmp_path / folder).rglob("*") if p.is_file()]
     sent.append(tmp_path / "runs.db")  # MLflow's runs, params and tags
     assert sent and not [p for p in sent if token.encode() in p.read_bytes()]
+
+
+def test_advise_logs_into_the_trainings_own_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An e2e test though it runs no script: importing MLflow and starting its run start
+    processes of their own (`uname -p`, `git version`)."""
+    monkeypatch.chdir(tmp_path)  # MLflow keeps a database store's artifacts in ./mlruns
+    import mlflow
+    import torch
+    from mlflow.tracking import MlflowClient
+    from torch import nn
+
+    from trainadvisor import advise
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs.db'}")
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with mlflow.start_run() as training:
+        mlflow.log_metric("loss", 1.0)
+        with advise(
+            warmup=2, steps=4, out=tmp_path / "r", min_time=0.0, max_warmup=None, log_to=["mlflow"]
+        ) as advisor:
+            for _ in range(16):
+                loss = nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                advisor.step(loss)
+    metrics = MlflowClient(f"sqlite:///{tmp_path / 'runs.db'}").get_run(training.info.run_id).data.metrics
+    assert "loss" in metrics and metrics["trainadvisor/steps_per_s"] > 0

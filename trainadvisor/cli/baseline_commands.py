@@ -72,7 +72,9 @@ def list_(store: str | None) -> None:
         if not saved:
             echo(f"trainadvisor: no baselines in {kept.location}", err=False)
         for entry in saved:
-            echo(f"{PREFIX}{entry.name}\t{entry.size_bytes / 1024:.0f} KiB", err=False)
+            size = entry.size_bytes
+            shown = f"{size} B" if size < 1024 else f"{size / 1024:.0f} KiB"  # a small one is not "0 KiB"
+            echo(f"{PREFIX}{entry.name}\t{shown}", err=False)
         return 0
 
     run(work)

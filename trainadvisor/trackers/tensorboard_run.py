@@ -15,12 +15,15 @@ from trainadvisor.trackers.figures import FINDING_COLUMNS, FIX_COLUMNS, figures,
 DIR_ENV = "TRAINADVISOR_TENSORBOARD_DIR"
 
 
+def _cell(value: object) -> str:
+    """A table cell: a value not measured is left empty (not "None"); `|` and line breaks kept
+    from breaking the table."""
+    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
+
+
 def _table(columns: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += [
-        "| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in row) + " |"
-        for row in rows
-    ]
+    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

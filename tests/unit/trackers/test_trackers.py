@@ -15,36 +15,6 @@ from conftest import lightning_module
 NEED = "the tracker tests need {}: pip install -e '.[dev]'"
 
 
-def test_advise_logs_into_the_trainings_own_mlflow_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)  # MLflow keeps a database store's artifacts in ./mlruns
-    mlflow = pytest.importorskip("mlflow", reason=NEED.format("mlflow"))
-    import torch
-    from mlflow.tracking import MlflowClient
-    from torch import nn
-
-    from trainadvisor import advise
-
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs.db'}")
-    torch.manual_seed(0)
-    model = nn.Linear(16, 4)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with mlflow.start_run() as training:
-        mlflow.log_metric("loss", 1.0)
-        with advise(
-            warmup=2, steps=4, out=tmp_path / "r", min_time=0.0, max_warmup=None, log_to=["mlflow"]
-        ) as advisor:
-            for _ in range(16):
-                loss = nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                advisor.step(loss)
-    metrics = MlflowClient(f"sqlite:///{tmp_path / 'runs.db'}").get_run(training.info.run_id).data.metrics
-    assert "loss" in metrics and metrics["trainadvisor/steps_per_s"] > 0
-
-
 def test_the_lightning_callback_logs_beside_the_trainers_own_tensorboard_logger(tmp_path: Path) -> None:
     """`log_to="auto"`: the report's metrics land in the TensorBoardLogger's own version folder,
     beside the training's curves, read back with TensorBoard's reader."""
