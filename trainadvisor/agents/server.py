@@ -23,7 +23,7 @@ from typing import Any
 
 from trainadvisor._serial import to_plain
 from trainadvisor.agents.digest import SUMMARY_MAX_BYTES, summary
-from trainadvisor.errors import MissingDependencyError, UsageError
+from trainadvisor.errors import MissingDependencyError, TrainAdvisorError, UsageError
 from trainadvisor.records import fix_outcomes_of
 from trainadvisor.report.render import load_report, report_folder
 
@@ -41,11 +41,15 @@ INSTRUCTIONS = (
 def _server() -> Any:
     try:
         from mcp.server.mcpserver import Context, MCPServer
+        from mcp.server.mcpserver.exceptions import ToolError
     except ImportError:
         raise MissingDependencyError(
             "`trainadvisor mcp` needs the Model Context Protocol SDK: pip install 'trainadvisor[mcp]'"
         ) from None
     server = MCPServer("trainadvisor", instructions=INSTRUCTIONS)
+    # the SDK tells an agent the message of a ToolError; any other exception only as "Error
+    # executing tool ...": trainadvisor's own errors (what to do next) go out as ToolErrors
+    told = _told_as(ToolError)
 
     @server.tool()
     async def profile(
@@ -63,7 +67,8 @@ def _server() -> Any:
         findings, each fix's status, measured gain and code change (a unified diff)."""
         command = ["profile", "--format", "json", "--out", out]
         command += ([] if measure_fixes else ["--no-fix"]) + (["--budget", budget] if budget else [])
-        return await _reported(command + [script, *(args or [])], out, cwd, ctx)
+        with told:
+            return await _reported(command + [script, *(args or [])], out, cwd, ctx)
 
     @server.tool()
     async def analyze(
@@ -71,7 +76,8 @@ def _server() -> Any:
     ) -> dict[str, Any]:
         """Analyse existing torch.profiler traces (files, folders of one per rank, archives, or
         s3:// prefixes): the per-step breakdown, the rules' findings, the straggler rank."""
-        return await _reported(["analyze", "--format", "json", "--out", out, *paths], out, cwd, ctx)
+        with told:
+            return await _reported(["analyze", "--format", "json", "--out", out, *paths], out, cwd, ctx)
 
     @server.tool()
     async def compare(
@@ -86,24 +92,48 @@ def _server() -> Any:
         """Compare report HEAD with report BASE, or with a named baseline (against="baseline:main"):
         regression_likely, improvement_likely, neutral or inconclusive, with the change, its
         interval over the runs' windows and what differs between the runs."""
-        command = ["compare", "--format", "json", "--gate", str(gate_pct), "--metric", metric]
-        command += ["--against", against] if against else [base or ""]
-        code, out, err = await _run([*command, head], cwd, ctx)
-        if code not in (0, 1):
-            raise UsageError(_last_line(err))
-        result: dict[str, Any] = json.loads(out)
-        if len(out) > SUMMARY_MAX_BYTES:  # the verdict and its reasons fit; the table may not
-            result.pop("metrics", None)
-        return result
+        with told:
+            return await _compared(head, base, against, gate_pct, metric, cwd, ctx)
 
     @server.tool()
     def explain(report: str, rule: str) -> dict[str, Any]:
         """One finding of a saved report (a folder or its report.json) by its rule id: the
         evidence measured, where its thresholds come from, what to write instead, and what each
         of its fixes measured, with the code change."""
-        return explained(report, rule)
+        with told:
+            return explained(report, rule)
 
     return server
+
+
+class _told_as:  # noqa: N801 - used as a `with` statement
+    """Re-raises trainadvisor's own errors as `tool_error` (the SDK's ToolError), message kept."""
+
+    def __init__(self, tool_error: type[Exception]) -> None:
+        self.tool_error = tool_error
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, _tb: Any) -> None:
+        if isinstance(exc, TrainAdvisorError):
+            raise self.tool_error(str(exc)) from exc
+
+
+async def _compared(
+    head: str, base: str | None, against: str | None, gate_pct: float, metric: str, cwd: str | None, ctx: Any
+) -> dict[str, Any]:
+    if not base and not against:
+        raise UsageError("give the report to compare with: base (a report folder) or against (baseline:NAME)")
+    command = ["compare", "--format", "json", "--gate", str(gate_pct), "--metric", metric]
+    command += ["--against", against] if against else [base or ""]
+    code, out, err = await _run([*command, head], cwd, ctx)
+    if code not in (0, 1):
+        raise UsageError(_last_line(err))
+    result: dict[str, Any] = json.loads(out)
+    if len(out) > SUMMARY_MAX_BYTES:  # the verdict and its reasons fit; the table may not
+        result.pop("metrics", None)
+    return result
 
 
 async def _reported(command: list[str], out: str, cwd: str | None, ctx: Any) -> dict[str, Any]:
@@ -116,7 +146,10 @@ async def _reported(command: list[str], out: str, cwd: str | None, ctx: Any) -> 
 
 def explained(report: str, rule: str) -> dict[str, Any]:
     """The finding of `rule` in a saved report, with its fixes' outcomes."""
-    loaded = load_report(report_folder(Path(report)))
+    folder = report_folder(Path(report))
+    if not (folder / "report.json").is_file():
+        raise UsageError(f"{report}: no report.json here; give a report folder written by trainadvisor")
+    loaded = load_report(folder)
     found = [f for f in loaded.findings if f.rule == rule]
     if not found:
         known = ", ".join(f.rule for f in loaded.findings) or "none"

@@ -63,6 +63,15 @@ def test_innermost_is_the_latest_starting_span_that_holds_the_time() -> None:
     assert innermost(None, 15.0) is None
 
 
+def test_of_spans_that_start_together_the_one_that_ends_first_is_innermost() -> None:
+    # a frame and the frame it calls at once share a start at the trace's microsecond resolution
+    spans = sorted([(0.0, 100.0, "train.py(9): main"), (10.0, 50.0, "train.py(4): step"),
+                    (10.0, 20.0, "train.py(6): loss_of")])  # fmt: skip
+    assert innermost(spans, 15.0) == "train.py(6): loss_of"
+    assert innermost(spans, 30.0) == "train.py(4): step"  # past the inner one's end
+    assert innermost(spans, 70.0) == "train.py(9): main"
+
+
 def test_a_frame_and_a_builtin_are_read_from_their_event_names() -> None:
     frame = FRAME.match("train.py(4): step")
     assert frame is not None and (frame["file"], frame["line"], frame["func"]) == ("train.py", "4", "step")

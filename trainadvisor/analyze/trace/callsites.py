@@ -29,16 +29,21 @@ LIBRARIES = (
 
 
 def innermost(spans: list[tuple[float, float, str]] | None, ts: float) -> str | None:
-    """The label of the latest-starting span (sorted by start) that contains `ts`."""
+    """The label of the latest-starting span (`spans` sorted) that contains `ts`; of spans that
+    start together (a frame and the one it calls at once, at the clock's resolution), the one
+    that ends first: the inner."""
     if not spans:
         return None
     i = bisect.bisect_right(spans, (ts, float("inf"), "")) - 1
+    found: tuple[float, float, str] | None = None
     while i >= 0:
         start, end, label = spans[i]
+        if found is not None and start < found[0]:
+            break
         if start <= ts <= end:
-            return label
+            found = spans[i]  # sorted by end too: an earlier one of the same start ends no later
         i -= 1
-    return None
+    return found[2] if found is not None else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,161 @@
+"""The parent's side of runs kept waiting (`measure.kept_alive`), with no child started: how a
+child's exit code is told in words, and a run started ahead of its settings (`Prestarted`), built
+without its constructor (which launches the child) around a stand-in for the launched child: whether
+it is still waiting, the settings it is handed in its gate file, and that it is stopped once and
+only once, whatever ends the wait."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainadvisor.measure import kept_alive
+from trainadvisor.measure.config import WindowSize
+from trainadvisor.measure.kept_alive import Prestarted, _how_it_ended
+from trainadvisor.measure.runner import RunSpec
+from trainadvisor.records import Overrides, RawRun
+
+WORKERS = Overrides(loaders={"train.py:12": {"num_workers": 4}})
+
+
+class FakeChild:
+    """The launched child's process: poll() answers `code` (None: still running)."""
+
+    def __init__(self, code: int | None = None) -> None:
+        self.code = code
+        self.polls = 0
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        return self.code
+
+
+def _launched(tmp_path: Path, code: int | None = None) -> Any:
+    return types.SimpleNamespace(
+        proc=FakeChild(code),
+        files=types.SimpleNamespace(result=tmp_path / "after.result.json"),
+        watchdog="dog",
+    )
+
+
+def _prestarted(tmp_path: Path, launched: Any) -> Prestarted:
+    """A run started ahead with the settings of the baseline's spec (label "after"), waiting at its gate."""
+    ahead = Prestarted.__new__(Prestarted)  # the constructor would launch the child
+    ahead.spec = RunSpec(
+        "after", Path("train.py"), ["--lr", "0.1"], tmp_path, 5, 20, gate_file=tmp_path / "gate.json"
+    )
+    ahead.launched = launched
+    return ahead
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, killed: str | None = None, fail: bool = False) -> list[Any]:
+    """runner's wait_for, stop and collect replaced: each call recorded in order."""
+    calls: list[Any] = []
+
+    def wait_for(proc: Any, spec: RunSpec, files: list[Path], watchdog: Any) -> str | None:
+        calls.append(("wait_for", proc, spec, files, watchdog))
+        if fail:
+            raise KeyboardInterrupt
+        return killed
+
+    def collect(launched: Any, spec: RunSpec, why: str | None) -> RawRun:
+        calls.append(("collect", launched, spec, why))
+        return RawRun(spec.label, "window_complete", 0, None, spec.warmup, spec.steps, 2, 30, [], [], None)
+
+    monkeypatch.setattr(kept_alive, "wait_for", wait_for)
+    monkeypatch.setattr(kept_alive, "stop", lambda launched: calls.append(("stop", launched)))
+    monkeypatch.setattr(kept_alive, "collect", collect)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (0, "ended (exit code 0)"),
+        (1, "ended (exit code 1)"),
+        (3, "ended (exit code 3)"),
+        (-9, "was killed by signal SIGKILL"),
+        (-15, "was killed by signal SIGTERM"),
+        (-11, "was killed by signal SIGSEGV"),
+        (-40, "was killed by signal 40"),  # a real-time signal: Python has no name for it
+    ],
+)
+def test_a_childs_end_is_told_by_its_exit_code_or_the_signal_that_killed_it(code: int, words: str) -> None:
+    assert _how_it_ended(code) == words
+
+
+def test_a_run_started_ahead_waits_while_its_child_runs(tmp_path: Path) -> None:
+    assert _prestarted(tmp_path, _launched(tmp_path)).waiting()
+    assert not _prestarted(tmp_path, _launched(tmp_path, code=0)).waiting()  # stepped aside: memory ran short
+    assert not _prestarted(tmp_path, _launched(tmp_path, code=-9)).waiting()
+    assert not _prestarted(tmp_path, None).waiting()  # handed its settings, or cancelled
+
+
+def test_a_run_started_ahead_is_handed_the_settings_and_window_of_the_spec_it_is_run_with(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _recorded(monkeypatch, killed="no step for 30 s: stuck")
+    launched = _launched(tmp_path)
+    ahead = _prestarted(tmp_path, launched)
+    size = WindowSize(min_time_s=0.5, max_steps=40)
+    # the settings confirmed: the label, arguments and folder stay the run's own
+    asked = RunSpec(
+        "confirm", Path("other.py"), [], tmp_path / "x", 3, 12, overrides=WORKERS, size=size, seed=7
+    )
+    raw = ahead.run(asked, profile_steps=4)
+    assert ahead.launched is None
+    assert json.loads((tmp_path / "gate.json").read_text()) == {
+        "index": 0,
+        "label": "after",
+        "overrides": {
+            "loaders": {"train.py:12": {"num_workers": 4}},
+            "non_blocking_h2d": False,
+            "runtime": {},
+        },
+        "warmup": 3,
+        "steps": 12,
+        "profile_steps": 4,
+        "stop": False,
+        "size": {"min_time_s": 0.5, "settle": None, "max_steps": 40, "race_below": None},
+    }
+    assert [c[0] for c in calls] == ["wait_for", "stop", "collect"]
+    _, proc, waited, files, watchdog = calls[0]
+    assert (proc, files, watchdog) == (launched.proc, [tmp_path / "after.result.json"], "dog")
+    assert (waited.label, waited.script, waited.args, waited.out_dir, waited.seed) == (
+        "after", Path("train.py"), ["--lr", "0.1"], tmp_path, 0,
+    )  # fmt: skip
+    assert (waited.overrides, waited.warmup, waited.steps, waited.size) == (WORKERS, 3, 12, size)
+    assert calls[1] == ("stop", launched)
+    assert calls[2] == ("collect", launched, waited, "no step for 30 s: stuck")
+    assert (raw.label, raw.warmup_steps, raw.window_steps) == ("after", 3, 12)
+
+
+def test_a_run_started_ahead_is_stopped_when_its_wait_is_interrupted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _recorded(monkeypatch, fail=True)
+    launched = _launched(tmp_path)
+    ahead = _prestarted(tmp_path, launched)
+    with pytest.raises(KeyboardInterrupt):
+        ahead.run(RunSpec("after", Path("train.py"), [], tmp_path, 3, 12), profile_steps=4)
+    assert [c[0] for c in calls] == ["wait_for", "stop"] and calls[1] == ("stop", launched)
+    assert ahead.launched is None
+    ahead.cancel()  # nothing left to stop
+    assert len(calls) == 2
+
+
+def test_cancelling_a_run_started_ahead_stops_it_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _recorded(monkeypatch)
+    launched = _launched(tmp_path)
+    ahead = _prestarted(tmp_path, launched)
+    ahead.cancel()
+    ahead.cancel()
+    assert calls == [("stop", launched)]
+    assert not ahead.waiting()
+    assert not (tmp_path / "gate.json").exists()  # never handed settings
