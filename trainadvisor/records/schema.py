@@ -10,6 +10,7 @@ May import: nothing of the package (the records come in through the package)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ CHECK_ENV = "TRAINADVISOR_CHECK_REPORTS"  # set by the test suite: every report 
 def report_schema() -> dict[str, Any]:
     refs, defs = msgspec.json.schema_components([ProfileReport, AnalyzeReport])
     for definition in defs.values():
+        if (
+            "description" in definition
+        ):  # msgspec 0.23 dedents docstrings, 0.22 did not: the same file from both
+            definition["description"] = inspect.cleandoc(definition["description"])
         if "properties" in definition:
             for prop in definition["properties"].values():
                 prop.pop("default", None)  # every field is written: a default says nothing
