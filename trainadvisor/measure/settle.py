@@ -14,6 +14,7 @@ and the report says so."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # Each block lasts at least this long: long enough that a few slow steps (a garbage collection,
@@ -26,6 +27,16 @@ BLOCKS = 3
 # the 15-54% drift the first H100 runs showed.
 TOLERANCE = 0.10
 MAX_WARMUP_S = 60.0
+# A block's time per step varies by chance where single steps vary a lot: DataLoader workers
+# deliver batches in bursts (steps of 3-50 ms around 10 ms on 2 cores, a stall each round), and
+# blocks of 0.2 s of such a loop differ by 10-20% with its level unchanged; the warm-up then ran
+# for 3-4 s, doubling its blocks, where its steps had been alike after 1 s. Blocks whose spread
+# is what that chance gives (NOISE_SIGMAS standard errors of a block's mean, from the steps in
+# it) are as settled as blocks can show: the tolerance widens to that, never beyond
+# NOISE_TOLERANCE_MAX, so that a change of the loop's level larger than that is always waited
+# out. A loop of regular steps (a GPU's, a sleep's) keeps the tolerance as it is.
+NOISE_SIGMAS = 3.0
+NOISE_TOLERANCE_MAX = 0.30
 # Every timed window lasts at least this long: at GPU speed 20 steps are 30 ms, and the spread
 # over windows of a few milliseconds is the timer's and the scheduler's, not the loop's.
 MIN_TIME_S = 1.0
@@ -60,19 +71,23 @@ class Blocks:
 
     settling: Settling
     block_ms: list[float] = field(default_factory=list)  # time per step of each finished block
+    block_rse: list[float] = field(default_factory=list)  # and the relative standard error of it
     scale: int = 1  # the blocks' length, in multiples of the settling's
     _sized: int = 0  # finished blocks of the current size
     _steps: int = 0
     _s: float = 0.0
+    _s2: float = 0.0
 
     def add(self, step_s: float) -> None:
         self._steps += 1
         self._s += step_s
+        self._s2 += step_s * step_s
         enough_s = self.scale * self.settling.block_s - 1e-9
         if self._steps < self.scale * self.settling.block_steps or self._s < enough_s:
             return
         self.block_ms.append(1e3 * self._s / self._steps)
-        self._steps, self._s = 0, 0.0
+        self.block_rse.append(_relative_se(self._steps, self._s, self._s2))
+        self._steps, self._s, self._s2 = 0, 0.0, 0.0
         self._sized += 1
         if not self.settled and self._sized >= 2 * self.settling.blocks:
             self.scale, self._sized = 2 * self.scale, 0
@@ -82,4 +97,27 @@ class Blocks:
         if self._sized < self.settling.blocks:
             return False
         last = self.block_ms[-self.settling.blocks :]
-        return max(last) <= (1.0 + self.settling.tolerance) * min(last)
+        return max(last) <= (1.0 + self.tolerance()) * min(last)
+
+    def tolerance(self) -> float:
+        """The settling tolerance, widened to the chance spread of the last blocks' means."""
+        return noise_tolerance(self.settling, max(self.block_rse[-self.settling.blocks :], default=0.0))
+
+
+def noise_tolerance(settling: Settling, relative_se: float) -> float:
+    """`settling.tolerance`, or NOISE_SIGMAS relative standard errors of a mean where that is
+    more, at most NOISE_TOLERANCE_MAX (see NOISE_SIGMAS)."""
+    return max(settling.tolerance, min(NOISE_TOLERANCE_MAX, NOISE_SIGMAS * relative_se))
+
+
+def relative_se(step_ms: list[float]) -> float:
+    """The relative standard error of the mean of `step_ms` (0 for fewer than 2 steps)."""
+    return _relative_se(len(step_ms), sum(step_ms), sum(ms * ms for ms in step_ms))
+
+
+def _relative_se(n: int, total: float, squares: float) -> float:
+    if n < 2 or total <= 0:
+        return 0.0
+    mean = total / n
+    variance = max(0.0, squares / n - mean * mean)
+    return math.sqrt(variance / n) / mean

@@ -24,7 +24,7 @@ from trainadvisor.compute.flops import StepFlops, compiled_frames, measure_cpu_p
 from trainadvisor.fixes import switches
 from trainadvisor.measure.config import PROFILER_WARMUP_STEPS, traced_whole
 from trainadvisor.measure.race import lost_in_timed, lost_in_warmup
-from trainadvisor.measure.settle import Blocks, Settling
+from trainadvisor.measure.settle import Blocks, Settling, noise_tolerance, relative_se
 from trainadvisor.memory.step import StepMemory
 from trainadvisor.records import StepRecord, WindowShape
 from trainadvisor.training import gpu
@@ -309,8 +309,9 @@ class Window:
 
     def _changing(self, now: float) -> bool:
         """Whether the timed steps' first half and second half differ in time per step beyond
-        the settling tolerance: the warm-up settled on a plateau the loop has since left (a
-        slow phase that lasted three blocks). Not tested where the warm-up was a count, where
+        the settling tolerance (widened to the halves' chance spread, `settle.noise_tolerance`):
+        the warm-up settled on a plateau the loop has since left (a slow phase that lasted three
+        blocks). Not tested where the warm-up was a count, where
         the script has no steps to spare, past the warm-up's time cap, after MAX_SLIDES slides
         (a loop whose halves never agree is timed as it is), or where a half is shorter than a
         warm-up block of the size the warm-up settled on (a period longer than the half, such
@@ -324,9 +325,10 @@ class Window:
         scale = self.blocks.scale if self.blocks is not None else 1
         if half < scale * settle.block_steps:
             return False
-        first = sum(r.step_ms for r in self.records[:half]) / half
-        second = sum(r.step_ms for r in self.records[half:]) / (len(self.records) - half)
-        return max(first, second) > (1.0 + settle.tolerance) * min(first, second)
+        halves = [[r.step_ms for r in self.records[:half]], [r.step_ms for r in self.records[half:]]]
+        first, second = (sum(steps) / len(steps) for steps in halves)
+        tolerance = noise_tolerance(settle, max(relative_se(steps) for steps in halves))
+        return max(first, second) > (1.0 + tolerance) * min(first, second)
 
     def _slide(self) -> None:
         """The timed steps' first half becomes warm-up: timing goes on from the second half."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from support.window import FakeClock, FakeProfiler
 
 from trainadvisor.advising.advisor import Advisor
 from trainadvisor.measure.config import ChildConfig
-from trainadvisor.measure.settle import Settling
+from trainadvisor.measure.settle import NOISE_TOLERANCE_MAX, Blocks, Settling, noise_tolerance, relative_se
 from trainadvisor.training import hooks
 from trainadvisor.training.window import Window, WindowPlan
 
@@ -210,13 +211,46 @@ def test_the_warmup_lasts_until_three_blocks_agree_then_steps_are_timed_for_the_
 def test_a_warmup_that_never_settles_ends_at_its_cap_and_says_so() -> None:
     clock = FakeClock()
     window = Window(WindowPlan(warmup=1, steps=2, settle=SETTLE), clock.clock())
-    pace = [10.0, 5.0, 20.0] * 40  # blocks of 5 steps alternate far beyond 10%
+    pace = [10.0 * 1.05**i for i in range(200)]  # slower by 5% each step: each block 28% slower
     for ms in pace:
         if window.phase != "warmup":
             break
         _steps(window, clock, [ms])
     assert window.phase == "timed"
     assert window.shape.warmup_end == "time cap" and window.shape.warmup_s >= 1.0
+
+
+def test_a_loop_whose_steps_vary_by_chance_settles_on_blocks_that_agree_as_closely_as_chance_allows() -> None:
+    """Steps of 5, 10 and 20 ms in turn (DataLoader workers' bursts): blocks of 5 steps take 12, 11
+    and 13 ms per step, their level unchanged. Within 10% they never agree; the first block's mean
+    has a relative standard error of 0.25 (three of them: past the cap of 0.30), so they agree
+    within 30%: settled after three blocks, as a regular loop would be."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=2, settle=SETTLE), clock.clock())
+    _steps(window, clock, [10.0])  # the counted warm-up step
+    _steps(
+        window,
+        clock,
+        [5.0, 20.0, 10.0, 5.0, 20.0] + [10.0, 5.0, 20.0, 10.0, 10.0] + [20.0, 10.0, 5.0, 20.0, 10.0],
+    )
+    assert window.blocks is not None
+    assert [round(ms, 6) for ms in window.blocks.block_ms] == [12.0, 11.0, 13.0]
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    assert window.blocks.tolerance() == NOISE_TOLERANCE_MAX
+    # blocks of regular steps keep the tolerance as it is: 12, 11, 13 ms of alike steps never settle
+    regular = Blocks(SETTLE)
+    for ms in [12.0] * 5 + [11.0] * 5 + [13.0] * 5:
+        regular.add(ms / 1e3)
+    assert regular.block_rse == [0.0, 0.0, 0.0] and not regular.settled and regular.tolerance() == 0.10
+
+
+def test_the_relative_standard_error_of_a_blocks_mean() -> None:
+    # steps 5, 20, 10, 5, 20: mean 12, variance (49 + 64 + 4 + 49 + 64) / 5 = 46, sqrt(46 / 5) / 12
+    assert relative_se([5.0, 20.0, 10.0, 5.0, 20.0]) == pytest.approx(math.sqrt(46 / 5) / 12)
+    assert relative_se([7.0]) == 0.0 and relative_se([]) == 0.0
+    assert noise_tolerance(SETTLE, 0.02) == 0.10  # 3 x 0.02 is less than the tolerance
+    assert noise_tolerance(SETTLE, 0.05) == pytest.approx(0.15)
+    assert noise_tolerance(SETTLE, 0.5) == NOISE_TOLERANCE_MAX
 
 
 def test_a_cold_compile_in_the_counted_warmup_leaves_the_loop_its_whole_time_to_settle() -> None:
