@@ -114,6 +114,9 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
 # window, 1.8-2.9 s a run's end).
 WINDOW_OVERHEAD_S = 0.5
 RUN_END_S = 2.5
+# About how long a candidate's window takes to start its workers and settle, at least, for the
+# estimates (its cap stays TRIAL_SETTLE_MIN_S): 1.4-3.4 s measured on 2 cores, median 2.1 s.
+WINDOW_SETTLE_S = 2.0
 # A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
 # and a warm-up that waits out a loaded machine's noise would part them.
 PAIR_SETTLE_S = 3.0
@@ -127,7 +130,8 @@ def cost_s(
     ("prestarted"), takes: the median of the windows measured so far, the longest of the fresh
     runs (a compiled trial's outlasts the others); before any, from the baseline's own shape. A
     candidate's window waits for its step time to settle as the baseline did (at least
-    TRIAL_SETTLE_MIN_S: its workers start; at most `settle_cap_s`, the trials' cap) and times
+    WINDOW_SETTLE_S: its workers start, TRIAL_SETTLE_MIN_S for a run started ahead, whose
+    warm-up drains its workers' buffer too; at most `settle_cap_s`, the trials' cap) and times
     the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
     under the minimum time; a run started ahead does the same, then its traced steps and its end."""
     if walls and kind == "fresh":  # never under the baseline's own whole run
@@ -141,7 +145,7 @@ def cost_s(
     if kind == "pair":
         return min(settled_s, PAIR_SETTLE_S) + shape.timed_s + WINDOW_OVERHEAD_S
     cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
-    settle_s = min(cap, max(settled_s, TRIAL_SETTLE_MIN_S))
+    settle_s = min(cap, max(settled_s, WINDOW_SETTLE_S if kind == "window" else TRIAL_SETTLE_MIN_S))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
     return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
 
