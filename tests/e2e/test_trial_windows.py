@@ -76,7 +76,10 @@ def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Pat
     outcome = _outcome(report, "dataloader-workers")
     windows = report["trial_windows"]
     first, again = windows[0]["steps_per_s"], windows[-1]["steps_per_s"]
-    assert again > 1.2 * first  # the reads got faster by themselves (their latency halves over 10 s)
+    # the reads got faster by themselves (their latency halves over 10 s): by more than the 5% a
+    # kept fix must gain, so that the first trial judged against the first window alone would pass
+    # (18% in a quiet run whose windows settled in 1-2 s: the run is over before the cache is warm)
+    assert again > 1.1 * first
     assert outcome["status"] == "no_gain", outcome
     # the bracket catches it; where a trial's own noise got past it, the confirmation run does
     assert "drift" in outcome["reason"] or "not a reliable gain" in outcome["reason"], outcome["reason"]
