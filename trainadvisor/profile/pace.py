@@ -129,25 +129,40 @@ def cost_s(
     pair ("pair"), fresh run of the script ("fresh") or run started ahead, its set-up done
     ("prestarted"), takes: the median of the windows measured so far, the longest of the fresh
     runs (a compiled trial's outlasts the others); before any, from the baseline's own shape. A
-    candidate's window waits for its step time to settle as the baseline did (at least
+    candidate's window waits for its step time to settle as the baseline did, at the pace its
+    fix can reach at most (at least
     WINDOW_SETTLE_S: its workers start, TRIAL_SETTLE_MIN_S for a run started ahead, whose
     warm-up drains its workers' buffer too; at most `settle_cap_s`, the trials' cap) and times
     the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
     under the minimum time; a run started ahead does the same, then its traced steps and its end."""
-    if walls and kind == "fresh":  # never under the baseline's own whole run
-        return max(*walls, baseline.wall_s)
+    if kind == "fresh":  # never under the baseline's own whole run, its warm-up as a trial's
+        return max([*walls, _fresh_s(baseline, settle_cap_s)])
     if walls and kind == "window":
         return float(percentile(walls, 50) or 0.0)
     shape = baseline.shape
-    if shape is None or kind == "fresh":
+    if shape is None:
         return baseline.wall_s
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
     if kind == "pair":
         return min(settled_s, PAIR_SETTLE_S) + shape.timed_s + WINDOW_OVERHEAD_S
     cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
-    settle_s = min(cap, max(settled_s, WINDOW_SETTLE_S if kind == "window" else TRIAL_SETTLE_MIN_S))
+    # blocks are counted in steps too: a loop `speedup` x as fast fills them that much sooner
+    # (a loaded machine's baseline of 190 ms steps settled in 8 s; its trials' windows in 2-3 s)
+    floor_s = WINDOW_SETTLE_S if kind == "window" else TRIAL_SETTLE_MIN_S
+    settle_s = min(cap, max(settled_s / max(speedup, 1.0), floor_s))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
     return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
+
+
+def _fresh_s(baseline: RawRun, settle_cap_s: float | None) -> float:
+    """The baseline's whole run with its warm-up capped as a fresh trial's is (`settle_cap_s`,
+    else TRIAL_SETTLE_MAX_S): a baseline on a loaded machine warmed up for 50 s, and each fresh
+    run was estimated at a minute where it took 18 s."""
+    shape = baseline.shape
+    if shape is None:
+        return baseline.wall_s
+    cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
+    return baseline.wall_s - max(0.0, shape.warmup_s - cap)
 
 
 # ---- paired windows: a choice made in windows, measured against the baseline's setting next to it ----

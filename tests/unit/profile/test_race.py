@@ -182,15 +182,16 @@ def test_fresh_runs_are_compared_only_where_the_baseline_measured_next_to_them_a
 
 def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_warmup() -> None:
     """Before any window was measured, one is estimated from the baseline's: its settling (at
-    least 3 s), its timed steps and 0.5 s. A baseline that never settled (60 s of warm-up on a
+    least 2 s), its timed steps and 0.5 s. A baseline that never settled (60 s of warm-up on a
     busy machine) gave each window a minute; a trial's warm-up is capped at 10 s, and so is its
-    estimate. A candidate up to 4x as fast times the baseline's steps in a quarter of the time,
-    never under the minimum time."""
+    estimate. A candidate up to 4x as fast settles and times the baseline's steps in a quarter of
+    the time (its blocks are counted in steps too), never under 2 s and the minimum time."""
     settled = _shape("settled", 3.5)
     assert settled.shape is not None
     settled.shape.timed_s, settled.shape.min_time_s = 1.2, 1.0
     assert pace.cost_s("window", [], settled) == pytest.approx(3.5 + 1.2 + 0.5)
-    assert pace.cost_s("window", [], settled, speedup=4.0) == pytest.approx(3.5 + 1.0 + 0.5)
+    assert pace.cost_s("window", [], settled, speedup=4.0) == pytest.approx(2.0 + 1.0 + 0.5)
+    assert pace.cost_s("window", [], settled, speedup=1.4) == pytest.approx(2.5 + 1.0 + 0.5)  # 3.5 / 1.4
     assert pace.cost_s("window", [], settled, settle_cap_s=3.0) == pytest.approx(3.0 + 1.2 + 0.5)
     assert pace.cost_s("pair", [], settled) == pytest.approx(3.0 + 1.2 + 0.5)  # a pair's settles 3 s
     assert pace.cost_s("prestarted", [], settled) == pytest.approx(3.5 + 1.2 + 2.5)  # and its end
@@ -199,6 +200,21 @@ def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_war
     unsettled.shape.timed_s = 1.2
     assert pace.cost_s("window", [], unsettled) == pytest.approx(10.0 + 1.2 + 0.5)
     assert pace.cost_s("window", [3.0, 5.0, 4.0], unsettled) == 4.0  # measured windows decide
+
+
+def test_a_fresh_runs_estimate_is_the_baselines_whole_run_with_its_warmup_capped_as_a_trials() -> None:
+    """On a loaded machine the baseline warmed up for 50 s of its 70 s; a fresh trial's warm-up
+    waits at most 10 s (or the cap given): 30 s, not 70 (a compile trial took 18 s where 70 s
+    a run had been estimated)."""
+    loaded = _shape("time cap", 50.0)
+    loaded.wall_s = 70.0
+    assert pace.cost_s("fresh", [], loaded) == pytest.approx(30.0)
+    assert pace.cost_s("fresh", [], loaded, settle_cap_s=3.0) == pytest.approx(23.0)
+    assert pace.cost_s("fresh", [41.0, 25.0], loaded) == 41.0  # the longest fresh run measured
+    assert pace.cost_s("fresh", [20.0], loaded) == pytest.approx(30.0)  # never under the baseline's
+    quick = _shape("settled", 1.5)
+    quick.wall_s = 12.0
+    assert pace.cost_s("fresh", [], quick) == 12.0  # a warm-up under the cap counts whole
 
 
 def test_a_confirmations_warmup_waits_as_long_as_the_baseline_settled_in_not_3x_it() -> None:
