@@ -75,6 +75,8 @@ def profile(work: Path, *args: str | Path) -> tuple[float, dict[str, Any], str]:
             if found and first is None:
                 first = (time.monotonic(), 60 * int(found[1] or 0) + int(found[2]))
     wall_s = time.monotonic() - started
+    if proc.returncode != 0:  # its figures would be a report saved before it failed
+        print(f"  the profile exited {proc.returncode}: {' '.join(map(str, args))}", flush=True)
     estimate = "no progress line"
     if first is not None:
         rest_s = started + wall_s - first[0]
