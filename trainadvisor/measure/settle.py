@@ -9,8 +9,9 @@ measurement until it lasts a minimum time, pyperf and JMH warm up until consecut
 agree. Here the warm-up steps are cut into consecutive blocks, each at least `block_s` long
 and `block_steps` steps (two rounds of the DataLoader's workers, which deliver batches in
 bursts); the loop has settled when the last `blocks` blocks agree in time per step to within
-`tolerance`. A loop that never settles is measured anyway once the warm-up has lasted `max_s`,
-and the report says so."""
+`tolerance`, or within what chance gives blocks of such uneven steps (NOISE_SIGMAS). A loop
+that never settles is measured anyway once the warm-up has lasted `max_s`, and the report says
+so."""
 
 from __future__ import annotations
 

@@ -353,6 +353,20 @@ def test_a_plateau_the_warmup_settled_on_is_left_out_when_the_loop_speeds_up_whi
     assert round(window.records[0].start_ms, 6) == 0.0 and round(window.shape.timed_s, 6) == 0.030
 
 
+def test_timed_halves_that_differ_by_chance_do_not_start_the_timing_over() -> None:
+    """Timed halves of 3.5 and 4.0 ms per step (14% apart): of bursty steps (a 11 or 14 ms stall
+    among 2 ms steps) that is chance, and the window ends as planned; of alike steps it is a
+    change, and the first half becomes warm-up."""
+    for timed, slides in (([2.0] * 5 + [11.0] + [2.0] * 5 + [14.0], 0), ([3.5] * 6 + [4.0] * 6, 1)):
+        clock = FakeClock()
+        window = Window(WindowPlan(warmup=1, steps=12, settle=SETTLE), clock.clock())
+        _steps(window, clock, [5.0] * 16)
+        assert window.phase == "timed"
+        _steps(window, clock, timed)
+        assert window.slides == slides, timed
+        assert (window.phase == "done") is (slides == 0)
+
+
 def test_a_loop_with_a_period_longer_than_a_block_settles_on_longer_blocks() -> None:
     """Every 12th step takes 30 ms (a DataLoader rebuilt every short epoch forks its workers
     anew): blocks of the first size never agree, so after six of them the blocks double, and
