@@ -130,9 +130,9 @@ def cost_s(
     ("prestarted"), takes: the median of the windows measured so far, the longest of the fresh
     runs (a compiled trial's outlasts the others); before any, from the baseline's own shape. A
     candidate's window waits for its step time to settle as the baseline did, at the pace its
-    fix can reach at most (at least
-    WINDOW_SETTLE_S: its workers start, TRIAL_SETTLE_MIN_S for a run started ahead, whose
-    warm-up drains its workers' buffer too; at most `settle_cap_s`, the trials' cap) and times
+    fix can reach at most (at least WINDOW_SETTLE_S: its workers start; TRIAL_SETTLE_MIN_S for a
+    run started ahead, whose warm-up drains its workers' buffer too; at most `settle_cap_s`, the
+    trials' cap) and times
     the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
     under the minimum time; a run started ahead does the same, then its traced steps and its end."""
     if kind == "fresh":  # never under the baseline's own whole run, its warm-up as a trial's
