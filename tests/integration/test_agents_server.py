@@ -239,6 +239,25 @@ def test_an_agent_is_told_why_explain_found_no_such_finding() -> None:
 
 
 @needs_sdk
+def test_an_agent_is_told_a_damaged_report_cannot_be_read(tmp_path: Path) -> None:
+    """explain on a report.json that is not JSON, or of a schema this version does not know,
+    says so naming the file, as the CLI does (`report.saved`), not a bare error."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    (tmp_path / "report.json").write_text("{not json")
+    with pytest.raises(ToolError) as failed:
+        _call("explain", {"report": str(tmp_path), "rule": "data-stall"})
+    assert str(failed.value).startswith(
+        f"Error executing tool explain: {tmp_path / 'report.json'}: not a report this version can read ("
+    )
+    (tmp_path / "report.json").write_text('{"schema_version": 99, "kind": "profile"}')
+    with pytest.raises(ToolError) as failed:
+        _call("explain", {"report": str(tmp_path / "report.json"), "rule": "data-stall"})
+    assert str(failed.value).startswith(f"Error executing tool explain: {tmp_path / 'report.json'}: ")
+    assert "99" in str(failed.value)
+
+
+@needs_sdk
 def test_the_profile_tool_runs_the_clis_profile_with_the_options_given(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -27,6 +27,7 @@ from trainadvisor.errors import (
     UsageError,
 )
 from trainadvisor.records import ProfileReport
+from trainadvisor.report.saved import saved_report
 
 
 def _ended(work: Callable[[], int], capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
@@ -200,9 +201,10 @@ def test_with_trainadvisor_debug_a_defect_is_raised_as_it_is(
 
 
 def test_load_reads_a_saved_report_from_its_folder_or_its_report_json() -> None:
+    """The CLI reads a saved report as the MCP server does (`report.saved`)."""
     by_folder, by_file = load(DATA / "report"), load(DATA / "report" / "report.json")
     assert isinstance(by_folder, ProfileReport) and isinstance(by_file, ProfileReport)
-    assert by_folder.script == by_file.script
+    assert by_folder.script == by_file.script == saved_report(DATA / "report").script
     assert by_folder.script.endswith("examples/slow_input_mnist.py")
 
 

@@ -25,7 +25,8 @@ from trainadvisor._serial import to_plain
 from trainadvisor.agents.digest import SUMMARY_MAX_BYTES, summary
 from trainadvisor.errors import MissingDependencyError, TrainAdvisorError, UsageError
 from trainadvisor.records import fix_outcomes_of
-from trainadvisor.report.render import load_report, report_folder
+from trainadvisor.report.render import load_report
+from trainadvisor.report.saved import saved_report
 
 STOP_GRACE_S = 30.0  # a cancelled run's time to stop its script and workers before it is killed
 INSTRUCTIONS = (
@@ -146,10 +147,7 @@ async def _reported(command: list[str], out: str, cwd: str | None, ctx: Any) -> 
 
 def explained(report: str, rule: str) -> dict[str, Any]:
     """The finding of `rule` in a saved report, with its fixes' outcomes."""
-    folder = report_folder(Path(report))
-    if not (folder / "report.json").is_file():
-        raise UsageError(f"{report}: no report.json here; give a report folder written by trainadvisor")
-    loaded = load_report(folder)
+    loaded = saved_report(Path(report))
     found = [f for f in loaded.findings if f.rule == rule]
     if not found:
         known = ", ".join(f.rule for f in loaded.findings) or "none"

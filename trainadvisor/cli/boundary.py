@@ -15,7 +15,6 @@ import click
 
 from trainadvisor.errors import Terminated, TrainAdvisorError, UsageError
 from trainadvisor.records import Report
-from trainadvisor.records.upgrade import UnreadableVersion
 from trainadvisor.report.mdtext import terminal
 
 
@@ -95,15 +94,8 @@ def terminate(signum: int, _frame: object) -> None:
 
 
 def load(path: Path) -> Report:
-    """A saved report: its folder or its report.json."""
-    from trainadvisor.report.render import load_report, report_folder
+    """A saved report: its folder or its report.json (`report.saved`, read when a command needs
+    it: the renderer's imports are not every command's)."""
+    from trainadvisor.report.saved import saved_report
 
-    folder = report_folder(path)
-    if not (folder / "report.json").is_file():
-        raise UsageError(f"{path}: no report.json here; give a report folder written by trainadvisor")
-    try:
-        return load_report(folder)
-    except UnreadableVersion as exc:
-        raise UsageError(f"{folder / 'report.json'}: {exc}") from None
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise UsageError(f"{folder / 'report.json'}: not a report this version can read ({exc})") from None
+    return saved_report(path)
