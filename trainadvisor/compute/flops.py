@@ -242,9 +242,16 @@ class StepFlops:
         }
 
 
+# what this process measured, by dtype and torch threads: the benchmark takes half a second of
+# matmuls, and a process that closes several windows (in-process trials, `@advise`) runs it once
+_MEASURED_NOW: dict[tuple[str, int], Any] = {}
+
+
 def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
     """This CPU's matmul peak in the dtype the step's matmuls mostly ran in (a short benchmark:
-    a CPU has no datasheet figure this tool could trust), as the run records it."""
+    a CPU has no datasheet figure this tool could trust), as the run records it. Measured once a
+    process for each dtype and thread count: later windows of the process are given the first
+    one's figure, not half a second more of matmuls in the user's process."""
     from trainadvisor.compute.peaks import best_cpu_peak, measure_cpu_peak
 
     by_dtype: dict[str, float] = {}
@@ -254,10 +261,12 @@ def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
     dtype = getattr(torch, name.removeprefix("torch."), torch.float32)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
+    once = (str(dtype), torch.get_num_threads())
     try:
-        peak = measure_cpu_peak(dtype)
+        peak = _MEASURED_NOW.get(once) or measure_cpu_peak(dtype)
     except Exception as exc:  # a dtype this CPU cannot multiply: no peak, no MFU
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}
+    _MEASURED_NOW[once] = peak
     best = best_cpu_peak(peak)
     return {
         "flops_per_s": best.flops_per_s,

@@ -5,6 +5,7 @@ child process with inductor's cache, `test_compile_fix_end_to_end`)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -314,3 +315,36 @@ def test_attention_on_a_cpu_is_counted_as_torch_counts_flash_attention() -> None
     flops.stop()
     assert flops.facts()["flops_per_step"] == 65536.0 + 163840.0
     assert flops.facts()["flops_by_dtype"] == {"torch.float32": 229376.0}
+
+
+def test_a_process_measures_its_cpu_peak_once_for_each_dtype_and_thread_count(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every window of a process (in-process trials, `@advise`) records the CPU peak: the half
+    second of matmuls runs for the first only, and a new dtype or thread count measures again."""
+    from trainadvisor.compute import flops as flops_module
+    from trainadvisor.compute import peaks
+    from trainadvisor.compute.peaks import Peak
+
+    monkeypatch.setenv(peaks.CPU_PEAKS_ENV, str(tmp_path / "cpu-peaks.json"))
+    monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
+    measured: list[torch.dtype] = []
+
+    def fake_measure(dtype: torch.dtype) -> Peak:
+        measured.append(dtype)
+        return Peak(1e9 * len(measured), "fp32", "CPU (test)", "measured by the test", "measured")
+
+    monkeypatch.setattr(peaks, "measure_cpu_peak", fake_measure)
+    first = flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
+    again = flops_module.measure_cpu_peak_facts({"torch.float32": 20.0})
+    assert measured == [torch.float32]
+    assert first["measured_now_flops_per_s"] == again["measured_now_flops_per_s"] == 1e9
+    flops_module.measure_cpu_peak_facts({"torch.bfloat16": 10.0})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        more = flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
+    finally:
+        torch.set_num_threads(threads)
+    assert measured == [torch.float32, torch.bfloat16, torch.float32]
+    assert more["measured_now_flops_per_s"] == 3e9
