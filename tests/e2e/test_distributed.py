@@ -187,10 +187,18 @@ def test_ddp_built_with_a_needless_search_and_tiny_buckets_gets_its_settings_mea
         assert "+        gradient_as_bucket_view=True," in outcome["diff"]
 
 
-def test_an_fsdp2_job_is_said_in_one_line(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One `profile` of the FSDP2 example on 2 gloo ranks, read by the tests marked
+    `@pytest.mark.xdist_group("fsdp2_run")` (one worker runs it once)."""
+    return _torchrun(tmp_path_factory.mktemp("fsdp2"), EXAMPLES / "fsdp_train.py")
+
+
+@pytest.mark.xdist_group("fsdp2_run")
+def test_an_fsdp2_job_is_said_in_one_line(fsdp2_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """FSDP2 (`fully_shard` on each of 4 blocks and on the model) on 2 gloo ranks: the report
     names the units, how many reshard after forward (the root does not), and the ranks."""
-    result, out = _torchrun(tmp_path, EXAMPLES / "fsdp_train.py")
+    result, out = fsdp2_run
     assert result.returncode == 0, result.stderr
     assert "  parallel: FSDP2 over 2 ranks: 5 units, 4 reshard after forward\n" in result.stdout
     runtime = load_report(out)["baseline"]["raw"]["runtime"]
@@ -225,10 +233,13 @@ def test_a_rank_slow_in_its_data_or_its_compute_is_named_with_its_cause(
         assert list(rank["collectives_by_group"]) == ["default_pg, 4 ranks"]
 
 
-def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("fsdp2_run")
+def test_an_fsdp2_jobs_collectives_by_phase_are_the_same_in_profile_and_analyze(
+    tmp_path: Path, fsdp2_run: tuple[subprocess.CompletedProcess[str], Path]
+) -> None:
     """FSDP2 on 2 gloo ranks: all-gathers in the forward and backward passes, reduce-scatters
     in the backward pass; `analyze` of the ranks' traces gives each rank the same figures."""
-    result, out = _torchrun(tmp_path, EXAMPLES / "fsdp_train.py")
+    result, out = fsdp2_run
     assert result.returncode == 0, result.stderr
     ranks = load_report(out)["baseline"]["ranks"]
     for rank in ranks:
