@@ -13,7 +13,11 @@ to enter or leave the mode is recorded as the reason nothing was counted."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -245,6 +249,40 @@ class StepFlops:
 # what this process measured, by dtype and torch threads: the benchmark takes half a second of
 # matmuls, and a process that closes several windows (in-process trials, `@advise`) runs it once
 _MEASURED_NOW: dict[tuple[str, int], Any] = {}
+# where the runs of one `profile` keep what the first of them measured (`share_cpu_peak`)
+_SHARED_FILE: list[Path] = []
+
+
+def share_cpu_peak(path: str | None) -> None:
+    """Read the CPU peak from `path` where an earlier run of this profile measured it (the same
+    dtype and torch threads), and write it there where this run measures it: its trials and its
+    confirmation run are not given half a second of matmuls each, and their MFU has the
+    baseline's denominator. None: this process measures its own."""
+    _SHARED_FILE[:] = [Path(path)] if path else []
+
+
+def _shared_peak(once: tuple[str, int]) -> Any:
+    from trainadvisor.compute.peaks import Peak
+
+    if not _SHARED_FILE:
+        return None
+    try:
+        known = json.loads(_SHARED_FILE[0].read_text()).get(f"{once[0]} | {once[1]} threads")
+        return Peak(**known) if isinstance(known, dict) else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # none yet, or a file that cannot be read: measured here
+
+
+def _share(once: tuple[str, int], peak: Any) -> None:
+    if not _SHARED_FILE:
+        return
+    path = _SHARED_FILE[0]
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        temporary.write_text(json.dumps({f"{once[0]} | {once[1]} threads": dataclasses.asdict(peak)}))
+        os.replace(temporary, path)
+    except OSError:
+        pass  # the next run measures its own
 
 
 def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
@@ -263,7 +301,10 @@ def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
         dtype = torch.float32
     once = (str(dtype), torch.get_num_threads())
     try:
-        peak = _MEASURED_NOW.get(once) or measure_cpu_peak(dtype)
+        peak = _MEASURED_NOW.get(once) or _shared_peak(once)
+        if peak is None:
+            peak = measure_cpu_peak(dtype)
+            _share(once, peak)
     except Exception as exc:  # a dtype this CPU cannot multiply: no peak, no MFU
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}
     _MEASURED_NOW[once] = peak

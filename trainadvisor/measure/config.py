@@ -65,6 +65,9 @@ class ChildConfig:
     size: WindowSize = field(default_factory=WindowSize)
     # without a profiler: one untimed step after the timed ones measures memory (`memory.step`)
     memory_step: bool = False
+    # where the runs of one profile keep the CPU's matmul peak the first of them measured
+    # (`compute.flops.share_cpu_peak`); None: the run measures its own
+    cpu_peak_file: str | None = None
 
 
 @dataclass

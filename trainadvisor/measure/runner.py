@@ -231,6 +231,7 @@ def _command(spec: RunSpec, files: _Files) -> list[str]:
         stacks_file=str(files.stacks.resolve()),
         size=spec.size,
         memory_step=measures_memory(spec.profile, spec.overrides),
+        cpu_peak_file=str((files.result.parent / "cpu-peak.json").resolve()),
     )
     config_file = files.result.parent / f"{spec.label}.config.json"
     save_config(config, config_file)

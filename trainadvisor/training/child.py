@@ -99,6 +99,10 @@ def main() -> int:
     if config.seed is not None:
         _seed(config.seed)
     recorder = hooks.install(config)
+    if config.cpu_peak_file is not None:  # the profile's earlier runs measured the CPU's peak
+        from trainadvisor.compute.flops import share_cpu_peak
+
+        share_cpu_peak(config.cpu_peak_file)
     if config.session_dir is not None:  # trial windows follow the run's own
         from trainadvisor.training.session import Session
 

@@ -348,3 +348,44 @@ def test_a_process_measures_its_cpu_peak_once_for_each_dtype_and_thread_count(
         torch.set_num_threads(threads)
     assert measured == [torch.float32, torch.bfloat16, torch.float32]
     assert more["measured_now_flops_per_s"] == 3e9
+
+
+def test_the_runs_of_one_profile_share_the_cpu_peak_the_first_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A profile's later runs (trials, the confirmation run: each a new process) read the peak
+    its first run wrote beside them; a damaged file, or other torch threads, is measured anew."""
+    from trainadvisor.compute import flops as flops_module
+    from trainadvisor.compute import peaks
+    from trainadvisor.compute.peaks import Peak
+
+    monkeypatch.setenv(peaks.CPU_PEAKS_ENV, str(tmp_path / "cpu-peaks.json"))
+    measured: list[torch.dtype] = []
+
+    def fake_measure(dtype: torch.dtype) -> Peak:
+        measured.append(dtype)
+        return Peak(1e9 * len(measured), "fp32", "CPU (test)", "measured by the test", "measured")
+
+    monkeypatch.setattr(peaks, "measure_cpu_peak", fake_measure)
+    shared = tmp_path / "stage" / "cpu-peak.json"
+    shared.parent.mkdir()
+    try:
+        flops_module.share_cpu_peak(str(shared))
+        for _process in range(2):  # the baseline's process, then a trial's
+            monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
+            facts = flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
+            assert facts["measured_now_flops_per_s"] == 1e9
+        assert measured == [torch.float32] and shared.is_file()
+        shared.write_text("{not json")
+        monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
+        assert flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})["measured_now_flops_per_s"] == 2e9
+        monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        try:
+            flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
+        finally:
+            torch.set_num_threads(threads)
+        assert measured == [torch.float32] * 3
+    finally:
+        flops_module.share_cpu_peak(None)
