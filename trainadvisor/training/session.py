@@ -160,40 +160,49 @@ def switch_loaders(recorder: Recorder, overrides: Overrides) -> str | None:
     """Every loader the script built gets a stand-in with its own arguments changed by the
     overrides of its call site (none: as the script built it); why not, or None. A loader the
     script no longer holds (`for batch in DataLoader(...)`) is reached through the iterator it
-    is serving from."""
+    is serving from. Every loader's new arguments are checked before the first stand-in is
+    built: where one is refused, none is switched, and each runs on as it did."""
     live = recorder.live_loaders
     wanted_sites = set(overrides.loaders)
     found = {info.created_at for info in recorder.loaders} & wanted_sites
     if wanted_sites - found:
         return f"no DataLoader was built at {', '.join(sorted(wanted_sites - found))} in this run"
-    reached: set[str] = set()
+    planned: list[tuple[LoaderInfo, dict[str, Any]]] = []
     for info in recorder.loaders:
         wanted = info.created_at in wanted_sites
         if info.index >= len(live.args) or (not wanted and info.index not in live.switched):
             continue  # never switched: it runs as the script built it
-        problem = _stand_in(recorder, info, overrides.loaders.get(info.created_at, {}))
-        if problem is not None:
-            return problem
-        if wanted and info.index in live.switched:
-            reached.add(info.created_at)
+        if _gone(recorder, info):
+            live.switched.discard(info.index)
+            continue  # nothing of it will run again
+        args = dict(live.args[info.index])
+        checked = LoaderInfo(**{**info.__dict__, "overrides_applied": {}})
+        loaders.apply(args, dict(overrides.loaders.get(info.created_at, {})), checked)
+        if checked.override_refused:
+            return checked.override_refused
+        planned.append((info, args))
+    reached = {info.created_at for info, _ in planned} & wanted_sites
     if wanted_sites - reached:
         return f"the DataLoader built at {', '.join(sorted(wanted_sites - reached))} is no longer in use"
+    for info, args in planned:
+        _stand_in(recorder, info, args)
     return None
 
 
-def _stand_in(recorder: Recorder, info: LoaderInfo, wanted: dict[str, Any]) -> str | None:
+def _gone(recorder: Recorder, info: LoaderInfo) -> bool:
+    """Whether neither the loader nor an iterator serving from it is left."""
+    live = recorder.live_loaders
+    serving_ref = live.serving.get(info.index)
+    return live.refs[info.index]() is None and (serving_ref is None or serving_ref() is None)
+
+
+def _stand_in(recorder: Recorder, info: LoaderInfo, args: dict[str, Any]) -> None:
+    """The loader of `info`, and the iterator serving from it, continue on a stand-in built
+    with `args`."""
     live = recorder.live_loaders
     loader = live.refs[info.index]()
     serving_ref = live.serving.get(info.index)
     serving = serving_ref() if serving_ref is not None else None
-    if loader is None and serving is None:
-        live.switched.discard(info.index)
-        return None  # gone: nothing of it will run again
-    args = dict(live.args[info.index])
-    checked = LoaderInfo(**{**info.__dict__, "overrides_applied": {}})
-    loaders.apply(args, dict(wanted), checked)
-    if checked.override_refused:
-        return checked.override_refused
     shadow = loaders.DataLoader.__new__(loaders.DataLoader)
     assert live.build is not None
     live.build(shadow, **args)
@@ -211,7 +220,6 @@ def _stand_in(recorder: Recorder, info: LoaderInfo, wanted: dict[str, Any]) -> s
         # epoch's end, with its validation or checkpoint, would fall into a window)
         serving._trainadvisor_again = lambda: iter(shadow)  # type: ignore[attr-defined]
         _shut_down(previous)
-    return None
 
 
 def _shut_down(iterator: Any) -> None:

@@ -351,6 +351,27 @@ def test_pinned_memory_a_rank_would_pin_on_another_gpu_is_refused_and_nothing_sw
     assert recorder.loaders[0].override_refused is None  # the run's own record of the loader stays
 
 
+def test_where_one_loader_is_refused_no_loader_is_switched(
+    recorder: hooks.Recorder, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two loaders, the second's pinning refused (local rank 1 on GPU 0): the first, whose
+    setting could be applied, is not switched either, and both run on as the script built them."""
+    first = _build(_Items(4, clock), batch_size=2)
+    second = DataLoader(_Items(4, clock), batch_size=2)  # built at another line
+    other_site = recorder.loaders[1].created_at
+    assert other_site != SITE
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    wanted = Overrides(loaders={SITE: {"batch_size": 4}, other_site: {"pin_memory": True}})
+    assert switch_loaders(recorder, wanted).startswith("local rank 1 has not called torch.cuda.set_device(1)")
+    assert recorder.live_loaders.switched == set()
+    assert not hasattr(first, "_trainadvisor_shadow") and not hasattr(second, "_trainadvisor_shadow")
+    assert [[int(v) for v in b] for b in first] == [[0, 1], [2, 3]]
+
+
 def test_window_patches_route_the_loss_transform_and_steps_through_the_recorder(
     recorder: hooks.Recorder,
 ) -> None:
