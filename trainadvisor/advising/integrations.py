@@ -15,6 +15,7 @@ wait."""
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,12 @@ from trainadvisor.measure.settle import MAX_WARMUP_S, MIN_TIME_S
 
 
 def _base_class(places: tuple[tuple[str, str], ...], missing: str) -> type:
-    """The framework's callback class, from the first module that has it; `missing` (what to
+    """The framework's callback class, from the first module that has it, those the script has
+    already imported first (with both `lightning` and `pytorch_lightning` installed, a script of
+    the old name trains with its Trainer, which takes only its own Callbacks); `missing` (what to
     install) when none does."""
-    for module, name in places:
+    imported = [place for place in places if place[0] in sys.modules]
+    for module, name in [*imported, *places]:
         try:
             return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
         except ImportError:
@@ -35,16 +39,17 @@ def _base_class(places: tuple[tuple[str, str], ...], missing: str) -> type:
     raise MissingDependencyError(missing)
 
 
-_classes: dict[str, type] = {}  # each callback class, built once from its framework's base
+_classes: dict[tuple[str, type], type] = {}  # each callback class, built once from its base
 
 
 def _callback_class(name: str, base: type, methods: dict[str, Any]) -> type:
-    """One class per framework for the whole process (isinstance sees one type), registered in
-    this module under `name`, where pickle looks for it."""
-    if name not in _classes:
+    """One class per framework base for the whole process (isinstance sees one type), the first
+    registered in this module under `name`, where pickle looks for it."""
+    if (name, base) not in _classes:
         cls = type(name, (base,), {**methods, "__module__": __name__, "__qualname__": name})
-        _classes[name] = globals()[name] = cls
-    return _classes[name]
+        _classes[(name, base)] = cls
+        globals().setdefault(name, cls)
+    return _classes[(name, base)]
 
 
 def _set_up(callback: Any, factory: Any, options: tuple[Any, ...]) -> None:

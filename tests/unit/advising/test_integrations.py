@@ -293,3 +293,33 @@ def test_without_transformers_installed_the_factory_says_what_to_install() -> No
     with pytest.raises(MissingDependencyError) as missing:
         HuggingFaceAdvisor()
     assert str(missing.value) == TRANSFORMERS_MISSING
+
+
+def test_the_callback_subclasses_the_framework_the_script_imported(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Both package names installed (here two stand-in modules): the new name's Callback unless
+    the script imported only the old one; each base gets its own class, built once."""
+    from trainadvisor.advising import integrations
+
+    modules = ("fake_new_framework", "fake_old_framework")
+    for module in modules:
+        (tmp_path / f"{module}.py").write_text("class Callback:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(integrations, "_classes", {})
+    places = ((modules[0], "Callback"), (modules[1], "Callback"))
+    try:
+        old = importlib.import_module(modules[1]).Callback
+        assert integrations._base_class(places, "install one") is old  # the script's framework
+        sys.modules.pop(modules[1])
+        new = integrations._base_class(places, "install one")
+        assert new.__module__ == modules[0]
+        on_new = integrations._callback_class("FakeAdvisorCallback", new, {})
+        on_old = integrations._callback_class("FakeAdvisorCallback", old, {})
+        assert on_new is not on_old and issubclass(on_new, new) and issubclass(on_old, old)
+        assert integrations._callback_class("FakeAdvisorCallback", old, {}) is on_old
+        assert integrations.__dict__["FakeAdvisorCallback"] is on_new  # where pickle looks
+    finally:
+        integrations.__dict__.pop("FakeAdvisorCallback", None)
+        for module in modules:
+            sys.modules.pop(module, None)
