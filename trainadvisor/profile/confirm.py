@@ -12,7 +12,6 @@ from typing import Any, cast
 
 from trainadvisor import fixes
 from trainadvisor.compute.mfu import with_baseline_flops
-from trainadvisor.frameworks.change import fix_change
 from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
@@ -223,6 +222,8 @@ def _final(
         status, reason = verdicts[outcome.fix]
         outcome = replace(outcome, status=status, reason=reason)
     if outcome.status in CHANGED:
+        from trainadvisor.frameworks.change import fix_change  # libcst: only where a change is written
+
         change = fix_change(options.script, outcome.fix, outcome.settings, raw)
         outcome = replace(outcome, diff=change.diff, setting_change=change.setting)
     return outcome

@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainadvisor.fixes.common import cuda_memory, trial_peak
-from trainadvisor.frameworks.change import fix_change
 from trainadvisor.memory.oom import summary_text
 from trainadvisor.records import FixOutcome, RawRun, Trial
 
@@ -57,6 +56,8 @@ def rescued(outcome: FixOutcome, script: Path, baseline: RawRun) -> FixOutcome:
         gain=None,
         gain_low=None,
     )
+    from trainadvisor.frameworks.change import fix_change  # libcst: only where a change is written
+
     change = fix_change(script, outcome.fix, outcome.settings, baseline)
     return replace(outcome, diff=change.diff, setting_change=change.setting)
 

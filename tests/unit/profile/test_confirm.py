@@ -17,6 +17,7 @@ import pytest
 from support.race import _run, _windows_at
 
 from trainadvisor.analyze.run.summary import summarize
+from trainadvisor.frameworks import change as framework_change
 from trainadvisor.frameworks.change import Change
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile import confirm as confirming
@@ -159,7 +160,7 @@ def test_a_kept_or_recommended_fix_gets_its_code_change_and_others_do_not(
         asked.append((script, fix, settings, raw))
         return Change(f"diff of {fix}", f"setting of {fix}")
 
-    monkeypatch.setattr(confirming, "fix_change", fix_change)
+    monkeypatch.setattr(framework_change, "fix_change", fix_change)
     raw = _windows_at(10.0).raw
     verdicts: dict[str, tuple[FixStatus, str]] = {
         "tf32": ("kept", "measured 2.00x"),
@@ -327,7 +328,8 @@ class FreshRun:
 
 def _stage(monkeypatch: pytest.MonkeyPatch, fresh: FreshRun) -> list[str]:
     monkeypatch.setattr(confirming, "measure_fitted", fresh)
-    monkeypatch.setattr(confirming, "fix_change", lambda script, fix, settings, raw: Change(f"diff of {fix}"))
+    diff_of = lambda script, fix, settings, raw: Change(f"diff of {fix}")  # noqa: E731
+    monkeypatch.setattr(framework_change, "fix_change", diff_of)
     return []
 
 
