@@ -13,9 +13,6 @@ to enter or leave the mode is recorded as the reason nothing was counted."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -250,7 +247,7 @@ class StepFlops:
 # matmuls, and a process that closes several windows (in-process trials, `@advise`) runs it once
 _MEASURED_NOW: dict[tuple[str, int], Any] = {}
 # where the runs of one `profile` keep what the first of them measured (`share_cpu_peak`)
-_SHARED_FILE: list[Path] = []
+_shared_file: Path | None = None
 
 
 def share_cpu_peak(path: str | None) -> None:
@@ -258,31 +255,8 @@ def share_cpu_peak(path: str | None) -> None:
     dtype and torch threads), and write it there where this run measures it: its trials and its
     confirmation run are not given half a second of matmuls each, and their MFU has the
     baseline's denominator. None: this process measures its own."""
-    _SHARED_FILE[:] = [Path(path)] if path else []
-
-
-def _shared_peak(once: tuple[str, int]) -> Any:
-    from trainadvisor.compute.peaks import Peak
-
-    if not _SHARED_FILE:
-        return None
-    try:
-        known = json.loads(_SHARED_FILE[0].read_text()).get(f"{once[0]} | {once[1]} threads")
-        return Peak(**known) if isinstance(known, dict) else None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None  # none yet, or a file that cannot be read: measured here
-
-
-def _share(once: tuple[str, int], peak: Any) -> None:
-    if not _SHARED_FILE:
-        return
-    path = _SHARED_FILE[0]
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        temporary.write_text(json.dumps({f"{once[0]} | {once[1]} threads": dataclasses.asdict(peak)}))
-        os.replace(temporary, path)
-    except OSError:
-        pass  # the next run measures its own
+    global _shared_file
+    _shared_file = Path(path) if path else None
 
 
 def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
@@ -290,7 +264,7 @@ def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
     a CPU has no datasheet figure this tool could trust), as the run records it. Measured once a
     process for each dtype and thread count: later windows of the process are given the first
     one's figure, not half a second more of matmuls in the user's process."""
-    from trainadvisor.compute.peaks import best_cpu_peak, measure_cpu_peak
+    from trainadvisor.compute.peaks import best_cpu_peak, measure_cpu_peak, share_peak, shared_peak
 
     by_dtype: dict[str, float] = {}
     for key, flops in flops_by_dtype.items():  # a convolution's FLOPs count for its dtype too
@@ -300,11 +274,13 @@ def measure_cpu_peak_facts(flops_by_dtype: dict[str, float]) -> dict[str, Any]:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
     once = (str(dtype), torch.get_num_threads())
+    shared = _shared_file
     try:
-        peak = _MEASURED_NOW.get(once) or _shared_peak(once)
+        peak = _MEASURED_NOW.get(once) or (shared_peak(shared, *once) if shared else None)
         if peak is None:
             peak = measure_cpu_peak(dtype)
-            _share(once, peak)
+            if shared:
+                share_peak(shared, *once, peak)
     except Exception as exc:  # a dtype this CPU cannot multiply: no peak, no MFU
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}
     _MEASURED_NOW[once] = peak

@@ -4,6 +4,7 @@ matmul rate. A device or dtype the table does not know has no peak: never a gues
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -189,6 +190,42 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def _kept(path: Path) -> dict[str, Any]:
+    """A JSON file of figures by key; {} where it is missing, unreadable or not an object."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _keep(path: Path, known: dict[str, Any]) -> None:
+    """`known` written over `path` whole (a temporary file of this process, then a rename); a
+    file that cannot be written only loses what it would have kept."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(known))
+        os.replace(temporary, path)
+    except OSError:
+        pass
+
+
+def shared_peak(path: Path, dtype: str, threads: int) -> Peak | None:
+    """The peak an earlier run of this profile measured for `dtype` on `threads` torch threads
+    and kept in `path` (`share_peak`), or None."""
+    known = _kept(path).get(f"{dtype} | {threads} threads")
+    try:
+        return Peak(**known) if isinstance(known, dict) else None
+    except TypeError:  # not a peak's fields
+        return None
+
+
+def share_peak(path: Path, dtype: str, threads: int, peak: Peak) -> None:
+    """Keep `peak` in `path` for the profile's later runs, beside the other dtypes' peaks."""
+    _keep(path, {**_kept(path), f"{dtype} | {threads} threads": dataclasses.asdict(peak)})
+
+
 def best_cpu_peak(measured: Peak, path: Path | None = None) -> Peak:
     """The best of `measured` and the best this machine measured before (same CPU model, torch
     threads and dtype): the one used for MFU, its source saying which and what was measured now.
@@ -197,21 +234,11 @@ def best_cpu_peak(measured: Peak, path: Path | None = None) -> Peak:
 
     path = path or cpu_peaks_file()
     key = f"{_cpu_model()} | {torch.get_num_threads()} threads | {measured.dtype}"
-    try:
-        known = json.loads(path.read_text())
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
+    known = _kept(path)
     stored = known.get(key)
     best_before = float(stored) if isinstance(stored, (int, float)) and math.isfinite(stored) else 0.0
     if measured.flops_per_s > best_before:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(f".{path.name}.{os.getpid()}")
-            temporary.write_text(json.dumps({**known, key: measured.flops_per_s}))
-            os.replace(temporary, path)
-        except OSError:
-            pass
+        _keep(path, {**known, key: measured.flops_per_s})
         return measured
     now = measured.flops_per_s
     busy = " (the CPU was busy: under half of it)" if now < CONTENDED * best_before else ""

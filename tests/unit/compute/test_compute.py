@@ -5,6 +5,7 @@ child process with inductor's cache, `test_compile_fix_end_to_end`)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -317,11 +318,10 @@ def test_attention_on_a_cpu_is_counted_as_torch_counts_flash_attention() -> None
     assert flops.facts()["flops_by_dtype"] == {"torch.float32": 229376.0}
 
 
-def test_a_process_measures_its_cpu_peak_once_for_each_dtype_and_thread_count(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Every window of a process (in-process trials, `@advise`) records the CPU peak: the half
-    second of matmuls runs for the first only, and a new dtype or thread count measures again."""
+@pytest.fixture
+def measured_peaks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[torch.dtype]:
+    """The dtypes the CPU's peak is measured in, each measurement a stand-in (1, 2, 3 ...
+    GFLOP/s in turn); the machine's best peaks kept in tmp_path; this process has measured none."""
     from trainadvisor.compute import flops as flops_module
     from trainadvisor.compute import peaks
     from trainadvisor.compute.peaks import Peak
@@ -335,9 +335,19 @@ def test_a_process_measures_its_cpu_peak_once_for_each_dtype_and_thread_count(
         return Peak(1e9 * len(measured), "fp32", "CPU (test)", "measured by the test", "measured")
 
     monkeypatch.setattr(peaks, "measure_cpu_peak", fake_measure)
+    return measured
+
+
+def test_a_process_measures_its_cpu_peak_once_for_each_dtype_and_thread_count(
+    measured_peaks: list[torch.dtype],
+) -> None:
+    """Every window of a process (in-process trials, `@advise`) records the CPU peak: the half
+    second of matmuls runs for the first only, and a new dtype or thread count measures again."""
+    from trainadvisor.compute import flops as flops_module
+
     first = flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
     again = flops_module.measure_cpu_peak_facts({"torch.float32": 20.0})
-    assert measured == [torch.float32]
+    assert measured_peaks == [torch.float32]
     assert first["measured_now_flops_per_s"] == again["measured_now_flops_per_s"] == 1e9
     flops_module.measure_cpu_peak_facts({"torch.bfloat16": 10.0})
     threads = torch.get_num_threads()
@@ -346,27 +356,18 @@ def test_a_process_measures_its_cpu_peak_once_for_each_dtype_and_thread_count(
         more = flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
     finally:
         torch.set_num_threads(threads)
-    assert measured == [torch.float32, torch.bfloat16, torch.float32]
+    assert measured_peaks == [torch.float32, torch.bfloat16, torch.float32]
     assert more["measured_now_flops_per_s"] == 3e9
 
 
 def test_the_runs_of_one_profile_share_the_cpu_peak_the_first_measured(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, measured_peaks: list[torch.dtype]
 ) -> None:
     """A profile's later runs (trials, the confirmation run: each a new process) read the peak
-    its first run wrote beside them; a damaged file, or other torch threads, is measured anew."""
+    its first run wrote beside them, whatever other dtypes were kept there since; a damaged
+    file, or other torch threads, is measured anew."""
     from trainadvisor.compute import flops as flops_module
-    from trainadvisor.compute import peaks
-    from trainadvisor.compute.peaks import Peak
 
-    monkeypatch.setenv(peaks.CPU_PEAKS_ENV, str(tmp_path / "cpu-peaks.json"))
-    measured: list[torch.dtype] = []
-
-    def fake_measure(dtype: torch.dtype) -> Peak:
-        measured.append(dtype)
-        return Peak(1e9 * len(measured), "fp32", "CPU (test)", "measured by the test", "measured")
-
-    monkeypatch.setattr(peaks, "measure_cpu_peak", fake_measure)
     shared = tmp_path / "stage" / "cpu-peak.json"
     shared.parent.mkdir()
     try:
@@ -375,10 +376,14 @@ def test_the_runs_of_one_profile_share_the_cpu_peak_the_first_measured(
             monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
             facts = flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
             assert facts["measured_now_flops_per_s"] == 1e9
-        assert measured == [torch.float32] and shared.is_file()
+        monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
+        flops_module.measure_cpu_peak_facts({"torch.bfloat16": 10.0})  # a trial under autocast
+        monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
+        assert flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})["measured_now_flops_per_s"] == 1e9
+        assert measured_peaks == [torch.float32, torch.bfloat16] and shared.is_file()
         shared.write_text("{not json")
         monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
-        assert flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})["measured_now_flops_per_s"] == 2e9
+        assert flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})["measured_now_flops_per_s"] == 3e9
         monkeypatch.setattr(flops_module, "_MEASURED_NOW", {})
         threads = torch.get_num_threads()
         torch.set_num_threads(threads + 1)
@@ -386,6 +391,10 @@ def test_the_runs_of_one_profile_share_the_cpu_peak_the_first_measured(
             flops_module.measure_cpu_peak_facts({"torch.float32": 10.0})
         finally:
             torch.set_num_threads(threads)
-        assert measured == [torch.float32] * 3
+        assert measured_peaks == [torch.float32, torch.bfloat16, torch.float32, torch.float32]
+        # the damaged file's entries are gone; what was measured since is kept side by side
+        assert set(json.loads(shared.read_text())) == {
+            f"torch.float32 | {threads} threads", f"torch.float32 | {threads + 1} threads",
+        }  # fmt: skip
     finally:
         flops_module.share_cpu_peak(None)
