@@ -131,6 +131,24 @@ def test_a_command_that_failed_or_wrote_no_report_is_refused_with_its_last_line(
         _awaited(_reported, ["profile", "--out", "r", "x.py"], "r", str(tmp_path), None)
 
 
+@needs_sdk
+def test_a_report_the_command_left_damaged_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The command exited 0 but its report.json cannot be read (a disk that filled as it was
+    written): the agent is told which file and why, as `explain` and the CLI tell it."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "report.json").write_text("{not json")
+    monkeypatch.setattr(server, "_run", Child(0, writes=damaged))
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(UsageError) as refused:
+        _awaited(_reported, ["profile", "--out", "r", "x.py"], "r", str(work), None)
+    report_json = work / "r" / "report.json"
+    assert str(refused.value).startswith(f"{report_json}: not a report this version can read (")
+
+
 class Process:
     """What `_stop` asks of anyio's process: its exit code, signals, and waits that end only once
     told to (`ends`), else never."""

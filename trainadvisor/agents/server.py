@@ -25,7 +25,6 @@ from trainadvisor._serial import to_plain
 from trainadvisor.agents.digest import SUMMARY_MAX_BYTES, summary
 from trainadvisor.errors import MissingDependencyError, TrainAdvisorError, UsageError
 from trainadvisor.records import fix_outcomes_of
-from trainadvisor.report.render import load_report
 from trainadvisor.report.saved import saved_report
 
 STOP_GRACE_S = 30.0  # a cancelled run's time to stop its script and workers before it is killed
@@ -142,7 +141,7 @@ async def _reported(command: list[str], out: str, cwd: str | None, ctx: Any) -> 
     folder = Path(cwd or ".") / out
     if code not in (0, 3) or not (folder / "report.json").is_file():  # 3: the script failed, reported
         raise UsageError(_last_line(err))
-    return summary(load_report(folder), Path(out))
+    return summary(saved_report(folder), Path(out))
 
 
 def explained(report: str, rule: str) -> dict[str, Any]:
