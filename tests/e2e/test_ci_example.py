@@ -66,7 +66,7 @@ def test_the_ci_script_gates_a_slower_commit_against_baseline_main(tmp_path: Pat
     env = {
         **os.environ,
         "TRAIN_SCRIPT": "train.py",
-        "TRAIN_ARGS": "--samples 6400",
+        "TRAIN_ARGS": "--samples 6400 --batch-size 16",  # steps of 20-50 ms: 4 profiles run
         "TRAINADVISOR": f"{sys.executable} -m trainadvisor",
         "TRAINADVISOR_BASELINES": str(tmp_path / "baselines"),
         "BASE_SHA": base_sha,
