@@ -211,14 +211,16 @@ def test_an_fsdp2_job_is_said_in_one_line(fsdp2_run: tuple[subprocess.CompletedP
 def test_a_rank_slow_in_its_data_or_its_compute_is_named_with_its_cause(
     tmp_path: Path, where: str, phase: str
 ) -> None:
-    """Four gloo ranks; rank 2 spends 15 ms more per step in its DataLoader (its storage) or in
+    """Four gloo ranks; rank 2 spends 30 ms more per step in its DataLoader (its storage) or in
     its forward pass (matrix products): the critical path names it, the phase and the cause."""
-    result, out = _torchrun(tmp_path, DDP, "--slow-rank", "2", "--slow-ms", "15", "--slow-in", where, ranks=4)
+    # 30 ms, not 15: four ranks on 2 cores beside a busy core and another test's run are
+    # descheduled for that long at random, and 15 ms more in compute gated 5 of 10 steps there
+    result, out = _torchrun(tmp_path, DDP, "--slow-rank", "2", "--slow-ms", "30", "--slow-in", where, ranks=4)
     assert result.returncode == 0, result.stderr
     report = load_report(out)
     path = report["baseline"]["critical_path"]
     assert (path["gating_rank"], path["cause"], path["phase"], path["by"]) == (2, where, phase, "collectives")
-    # most steps (7 of 10 with another process keeping a core busy, 8 or more on a quiet machine)
+    # most steps: 6 of 10 at least, the share the straggler rule asks for (records.across_ranks.MOST)
     assert 2 * path["gated_steps"] > path["steps"] and path["excess_ms"][where] > 10
     [straggler] = [f for f in report["findings"] if f["rule"] == "straggler"]
     evidence = {e["measurement"]: e["value"] for e in straggler["evidence"]}
