@@ -94,9 +94,11 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
         "under torchrun every rank would have to switch its setting at the same step",
     )
     assert report["trial_windows"] == []
-    assert outcome["fix"] == "dataloader-workers" and outcome["status"] in ("kept", "inconclusive")
-    if outcome["status"] == "inconclusive":  # CI's other worker loads the 2 cores: said, not kept
-        assert "not a reliable gain" in outcome["reason"] and report["speedup"] is None
+    assert outcome["fix"] == "dataloader-workers" and outcome["status"] in ("kept", "inconclusive", "no_gain")
+    if outcome["status"] != "kept":  # CI's other worker and a busy core load the 2 cores: the 2x
+        # gain shrank below the keep bar or its spread (no_gain once, beside a busy core): said, not kept
+        reasons = ("not a reliable gain", "no candidate was at least 5% faster")
+        assert any(r in outcome["reason"] for r in reasons) and not outcome["diff"], outcome["reason"]
         return
     # kept means: 5% faster or more, the slow windows after beat the fast ones before
     assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
