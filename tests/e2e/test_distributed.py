@@ -99,6 +99,7 @@ def test_fixes_are_measured_under_torchrun_too(tmp_path: Path) -> None:
         # gain shrank below the keep bar or its spread (no_gain once, beside a busy core): said, not kept
         reasons = ("not a reliable gain", "no candidate was at least 5% faster")
         assert any(r in outcome["reason"] for r in reasons) and not outcome["diff"], outcome["reason"]
+        assert report["speedup"] is None  # the headline is a kept fix's alone (`profile.command`)
         return
     # kept means: 5% faster or more, the slow windows after beat the fast ones before
     assert report["speedup"] >= KEEP_MIN_SPEEDUP and report["comparison"]["speedup_low"] > 1.0
