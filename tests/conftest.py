@@ -23,9 +23,9 @@ import pytest
 # tested through the fakes (tests/fakes) and on the recorded GPU traces and reports in ../shared;
 # on a GPU, scripts/gpu_check.py is the acceptance run.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
-# One torch thread per process: the suite runs a test per core (pytest -n auto), and each test's
-# runs would otherwise start a thread per core too, every core oversubscribed and every timing
-# the noisier for it.
+# One torch thread per process: the suite runs a test per core and one more (scripts/test.sh), and
+# each test's runs would otherwise start a thread per core too, every core oversubscribed and every
+# timing the noisier for it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The best CPU peak measured on this machine is kept between runs (`compute.peaks.best_cpu_peak`):
 # the suite keeps its own, not the user's cache.
