@@ -20,5 +20,5 @@ if [ "${1:-}" = "--fast" ]; then
     done
     exec "$root/.venv/bin/python" -m pytest -n auto --dist loadgroup "$@" tests/unit tests/integration
 fi
-workers=$(( $("$root/.venv/bin/python" -c "import os; print(len(os.sched_getaffinity(0)))") + 1 ))
+workers=$(( $(nproc) + 1 ))  # the cores this process may use, as pytest -n auto counts them here
 exec "$root/.venv/bin/python" -m pytest -n "$workers" --dist loadgroup "$@"
