@@ -152,27 +152,6 @@ def test_a_short_script_keeps_the_gain_its_trials_measured(tmp_path: Path) -> No
     assert report["after"]["raw"]["steps_seen"] <= 200 and report["speedup"] > KEEP_MIN_SPEEDUP
 
 
-@pytest.mark.long_run
-def test_restart_mode_when_asked(tmp_path: Path) -> None:
-    # each restart waits out its own warm-up: a second is plenty for what is tested (the mode)
-    report = _profile(
-        tmp_path,
-        "--trials",
-        "restart",
-        "--max-warmup",
-        "1s",
-        "--max-workers",
-        "2",  # each candidate a fresh run: two are enough to show the mode
-        EXAMPLES / "slow_input_mnist.py",
-        "--samples",
-        "20000",
-    )
-    outcome = _outcome(report, "dataloader-workers")
-    assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
-    assert report["trial_windows"] == [] and outcome["status"] == "kept"
-    assert report["command"][report["command"].index("--trials") + 1] == "restart"
-
-
 def test_a_spent_budget_lists_the_fix_with_the_command_that_measures_it(tmp_path: Path) -> None:
     report = _profile(tmp_path, "--budget", "1s", EXAMPLES / "slow_input_mnist.py", "--samples", "20000")
     outcome = _outcome(report, "dataloader-workers")
@@ -207,17 +186,22 @@ def test_an_unknown_fix_is_refused_with_the_known_ones(tmp_path: Path) -> None:
 
 @pytest.mark.long_run
 def test_fresh_runs_on_a_machine_that_sped_up_since_the_baseline_are_inconclusive(tmp_path: Path) -> None:
-    """Every read takes twice as long in the script's first run (the baseline) as in the later
-    ones, and no DataLoader setting helps on a steady machine (reads serialised by one lock).
-    Compared with that baseline alone, the workers' fresh runs measured about 2x and were kept
-    with a diff; the script's own setting measured next to the confirmation run shows the
-    machine sped up, and the fix is inconclusive: not kept, no change given."""
+    """`--trials restart`: every read takes twice as long in the script's first run (the
+    baseline) as in the later ones, and no DataLoader setting helps on a steady machine (reads
+    serialised by one lock). Compared with that baseline alone, the workers' fresh runs measured
+    about 2x and were kept with a diff; the script's own setting measured next to the
+    confirmation run shows the machine sped up, and the fix is inconclusive: not kept, no change
+    given."""
     launches = tmp_path / "launches"
     report = _profile(
         tmp_path, "--trials", "restart", "--max-warmup", "2s", "--max-workers", "2",
         SCRIPTS / "machine_speeds_up.py", "--launches", launches,
     )  # fmt: skip
     outcome = _outcome(report, "dataloader-workers")
+    # each candidate a fresh run because it was asked for, and the command says so
+    assert (outcome["mode"], outcome["mode_reason"]) == ("restart", "--trials restart was given")
+    assert report["trial_windows"] == []
+    assert report["command"][report["command"].index("--trials") + 1] == "restart"
     assert outcome["status"] == "inconclusive", outcome
     assert "the machine's speed changed between runs: the script's own setting measured" in outcome["reason"]
     assert not outcome["diff"] and report["applied_fixes"] == []
