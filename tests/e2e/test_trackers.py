@@ -79,6 +79,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.wait(timeout=30)
 
 
+@pytest.mark.xdist_group("mlflow_server")  # one server for both, on one worker
 def test_export_to_mlflow_lands_metrics_tags_and_files_in_a_run(tmp_path: Path, mlflow_server: str) -> None:
     done = _cli(tmp_path, _env(MLFLOW_TRACKING_URI=mlflow_server), "export", SAVED, "--to", "mlflow")
     assert done.returncode == 0, done.stderr
@@ -94,6 +95,7 @@ def test_export_to_mlflow_lands_metrics_tags_and_files_in_a_run(tmp_path: Path, 
     assert files == ["trainadvisor/findings.json", "trainadvisor/report.html", "trainadvisor/report.json"]
 
 
+@pytest.mark.xdist_group("mlflow_server")  # one server for both, on one worker
 def test_export_joins_the_mlflow_run_the_training_named(tmp_path: Path, mlflow_server: str) -> None:
     client = MlflowClient(mlflow_server)
     training = client.create_run("0", run_name="the training")
