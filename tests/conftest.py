@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -252,6 +253,14 @@ def _shared_profile(
     out = work / "report"
     command = ("profile", "--warmup", "3", "--steps", "10", *SHORT, *WORKER_CAP, "--out", out, *args)
     return run_cli(*command, cwd=work), out
+
+
+def require(package: str, reason: str) -> None:
+    """Skip the calling test module where `package` is not installed, without importing it: each
+    pytest worker collects every module, and most never run the tests that need the package
+    (MLflow, W&B and the MCP SDK took 2 s of each worker's collection to import)."""
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(reason, allow_module_level=True)
 
 
 @pytest.fixture

@@ -9,23 +9,26 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import psutil
-import pytest
-from conftest import EXAMPLES, run_cli
+from conftest import EXAMPLES, require, run_cli
 
-pytest.importorskip("mcp", reason="the MCP tests need the SDK: pip install -e '.[dev]'")
-import anyio  # noqa: E402
-from mcp.client.session import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from trainadvisor.agents.digest import SUMMARY_MAX_BYTES
 
-from trainadvisor.agents.digest import SUMMARY_MAX_BYTES  # noqa: E402
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+
+require("mcp", "the MCP tests need the SDK: pip install -e '.[dev]'")
 
 ARGS = ["--samples", "6400", "--latency-ms", "1"]
 
 
 async def _session_run(cwd: Path, body: Any) -> Any:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     params = StdioServerParameters(command=sys.executable, args=["-m", "trainadvisor", "mcp"], cwd=str(cwd))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()

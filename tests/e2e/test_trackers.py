@@ -17,16 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, EXAMPLES, SCRIPTS, run_cli
+from conftest import DATA, EXAMPLES, SCRIPTS, require, run_cli
 
-pytest.importorskip("wandb", reason="the tracker tests need wandb: pip install -e '.[dev]'")
-
-
-pytest.importorskip("tensorboard", reason="the tracker tests need tensorboard: pip install -e '.[dev]'")
-
-
-from mlflow.tracking import MlflowClient  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+require("wandb", "the tracker tests need wandb: pip install -e '.[dev]'")
+require("tensorboard", "the tracker tests need tensorboard: pip install -e '.[dev]'")
 
 # trainadvisor's CLI in a Python where importing `package` fails, as where it is not installed
 BLOCKED = "import sys; sys.modules[{package!r}] = None; from trainadvisor.cli import main; main()"
@@ -81,6 +75,8 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.mark.xdist_group("mlflow_server")  # one server for both, on one worker
 def test_export_to_mlflow_lands_metrics_tags_and_files_in_a_run(tmp_path: Path, mlflow_server: str) -> None:
+    from mlflow.tracking import MlflowClient
+
     done = _cli(tmp_path, _env(MLFLOW_TRACKING_URI=mlflow_server), "export", SAVED, "--to", "mlflow")
     assert done.returncode == 0, done.stderr
     assert f"trainadvisor: mlflow: logged to {mlflow_server} (run " in done.stderr
@@ -97,6 +93,8 @@ def test_export_to_mlflow_lands_metrics_tags_and_files_in_a_run(tmp_path: Path, 
 
 @pytest.mark.xdist_group("mlflow_server")  # one server for both, on one worker
 def test_export_joins_the_mlflow_run_the_training_named(tmp_path: Path, mlflow_server: str) -> None:
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(mlflow_server)
     training = client.create_run("0", run_name="the training")
     env = _env(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_RUN_ID=training.info.run_id)
@@ -146,6 +144,8 @@ def test_export_to_wandb_offline_writes_the_summary_the_tables_and_the_report(tm
 
 
 def test_export_to_tensorboard_is_read_back_by_tensorboard(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     logdir = tmp_path / "runs"
     done = _cli(
         tmp_path, _env(TRAINADVISOR_TENSORBOARD_DIR=str(logdir)), "export", SAVED, "--to", "tensorboard"
