@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, load_report, published, run_cli, shared_trace
+from conftest import DATA, load_report, published, require, run_cli, shared_trace
 
-pytest.importorskip("s3fs", reason="the object-storage tests need s3fs: pip install -e '.[dev]'")
+require("s3fs", "the object-storage tests need s3fs: pip install -e '.[dev]'")
 
 
 moto_server = pytest.importorskip(

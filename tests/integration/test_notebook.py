@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from conftest import DATA
+from conftest import DATA, require
 
-pytest.importorskip("ipykernel", reason="the notebook test runs an ipykernel kernel: pip install -e '.[dev]'")
+require("ipykernel", "the notebook test runs an ipykernel kernel: pip install -e '.[dev]'")
 
 
 from trainadvisor.report.notebook import ReportView, in_notebook, load_report  # noqa: E402

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from conftest import require
 
-pytest.importorskip("s3fs", reason="the object-storage tests need s3fs: pip install -e '.[dev]'")
+require("s3fs", "the object-storage tests need s3fs: pip install -e '.[dev]'")
 
 
 from trainadvisor.analyze.read import sources  # noqa: E402
