@@ -25,6 +25,7 @@ from trainadvisor.fixes.common import (
     NO_GPU,
     Fix,
     Setting,
+    baseline_peak,
     cuda_memory,
     overrides,
     trial_peak,
@@ -76,6 +77,19 @@ class BatchSize(Fix):
         return Setting(
             f"batch_size={size}", overrides({values["dataloader_call_site"]: {"batch_size": size}})
         )
+
+    def expected_trials(self, values: dict[str, Any]) -> int:
+        """Memory-aware (a budget: on a GPU, always), the search doubles while each size fits,
+        whatever its speed: every doubling up to `MAX_FACTOR` whose peak, were it to grow as
+        fast as the batch, would fit (at least one); else one, as it stops at the first doubling
+        that does not pay."""
+        doublings = int(math.log2(MAX_FACTOR))
+        budget, peak = values.get("memory_budget_bytes"), baseline_peak(values)
+        if budget is None:
+            return 1
+        if not peak:
+            return doublings
+        return min(doublings, max(1, int(math.log2(max(budget / peak, 1.0)))))
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         base = int(values["batch_size"])

@@ -88,6 +88,11 @@ class Fix:
         """Why the search over candidates stopped where it did (for the report), or None."""
         return None
 
+    def measured_figures(self, trials: list[Trial]) -> dict[str, Any]:
+        """Figures of the outcome's own fields that its trials measured whatever the verdict
+        (a compile time where compiling did not pay), for the outcome to carry."""
+        return {}
+
     def not_applicable(self, values: dict[str, Any]) -> str | None:
         """Why the fix cannot be tried on this run, or None."""
         raise NotImplementedError

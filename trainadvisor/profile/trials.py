@@ -298,6 +298,9 @@ def decide(
     else:
         outcome = FixOutcome(planned.fix, planned.rule, "no_gain", fix.no_gain, Overrides(), trials)
     outcome.search = note or ""
+    for key, value in fix.measured_figures(trials).items():  # what a verdict did not set
+        if getattr(outcome, key, None) is None:
+            setattr(outcome, key, value)
     return outcome
 
 

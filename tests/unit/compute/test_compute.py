@@ -18,6 +18,7 @@ from trainadvisor.compute.flops import StepFlops
 from trainadvisor.compute.mfu import utilization, with_baseline_flops
 from trainadvisor.compute.peaks import matmul_dtype
 from trainadvisor.fixes.compile import Compile, compile_change
+from trainadvisor.records import Overrides, Trial
 from trainadvisor.training.window import Window, WindowPlan
 
 
@@ -213,6 +214,29 @@ def test_without_dynamos_record_the_compile_time_is_the_warmup_beyond_its_settle
     from trainadvisor.fixes.compile import compile_seconds
 
     assert compile_seconds(_trial(125.0, None)) == pytest.approx(12.0 - 40 / 125.0)
+
+
+def test_a_compile_that_did_not_pay_still_carries_the_compile_time_it_measured() -> None:
+    """On an H200, compiling took 9.6 s and then ran at 75 steps/s against 168 eager: no gain, and
+    the outcome keeps the 9.6 s (no break-even: it never paid)."""
+    from trainadvisor.profile.trials import decide
+    from trainadvisor.records import PlannedFix
+
+    planned = PlannedFix("compile", "host-bound", True, "")
+    outcome = decide(planned, [_trial(75.0, 9.6)], {"steps_per_s": 168.0, "optimizer": "AdamW"}, [])
+    assert (outcome.status, outcome.compile_s, outcome.break_even_steps) == ("no_gain", 9.6, None)
+    assert outcome.search == (
+        "torch.compile(model): compiling took 9.6 s, then 75.0 steps/s against 168.0 eager"
+    )
+    waited = _trial(75.0, 9.6)
+    assert waited.raw is not None
+    waited.raw.runtime["compile"]["pool_start_wait_s"] = 12.04
+    assert Compile().search_note([waited], {"steps_per_s": 168.0}) == (
+        "torch.compile(model): compiling took 9.6 s (and 12.0 s of steps beside torch's starting compile "
+        "workers, left untimed), then 75.0 steps/s against 168.0 eager"
+    )
+    refused = Trial("torch.compile(model)", Overrides(runtime={"compile": "default"}), "failed", None, "boom")
+    assert decide(planned, [refused], {"steps_per_s": 168.0}, []).compile_s is None
 
 
 def test_compile_is_not_tried_on_a_loop_that_waits_on_data_or_already_compiles() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
+import types
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +267,50 @@ def test_a_cold_compile_in_the_counted_warmup_leaves_the_loop_its_whole_time_to_
     while window.phase == "warmup":
         _steps(window, clock, [2.0])
     assert window.shape.warmup_end == "settled" and round(window.shape.warmup_s, 6) == 90.032
+
+
+def _starting_pool(monkeypatch: pytest.MonkeyPatch) -> Future[str]:
+    """torch's AsyncCompile as inductor leaves it at a first compile: its pool's first job pending."""
+    first: Future[str] = Future()
+    compiler = type("AsyncCompile", (), {"_ready_future": first})
+    module = types.SimpleNamespace(AsyncCompile=compiler)
+    monkeypatch.setitem(sys.modules, "torch._inductor.async_compile", module)
+    return first
+
+
+def test_steps_beside_inductors_starting_compile_pool_stay_out_of_the_warmup_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled loop runs 12 ms steps while torch's compile pool starts beside it (its sidecar
+    forking workers on a core the loop's threads need), 2 ms once the pool is up: three blocks of
+    12 ms would have settled; the warm-up leaves them out and settles on the 2 ms steps."""
+    first = _starting_pool(monkeypatch)
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=2, steps=2, settle=SETTLE), clock.clock())
+    _steps(window, clock, [500.0, 2.0])  # the compile, in the counted steps
+    _steps(window, clock, [12.0] * 20)
+    assert window.phase == "warmup" and window.blocks is not None and window.blocks.block_ms == []
+    first.set_result("ready")
+    _steps(window, clock, [2.0] * 15)
+    assert window.phase == "timed" and window.shape.warmup_end == "settled"
+    assert [round(ms, 6) for ms in window.shape.block_ms] == [2.0, 2.0, 2.0]
+    assert (window.shape.warmup_steps, round(window.pool_wait_s, 6)) == (37, 0.24)
+
+
+def test_a_compile_pool_that_never_starts_holds_the_warmup_back_for_its_time_cap_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool's first job never answers: after the warm-up's cap (1 s here) from the end of the
+    counted steps, the 12 ms steps count and settle."""
+    _starting_pool(monkeypatch)
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=2, steps=2, settle=SETTLE), clock.clock())
+    _steps(window, clock, [500.0, 2.0])
+    while window.phase == "warmup":
+        _steps(window, clock, [12.0])
+    assert window.shape.warmup_end == "settled"
+    assert [round(ms, 6) for ms in window.shape.block_ms] == [12.0, 12.0, 12.0]
+    assert round(window.pool_wait_s, 6) == 0.996 and window.shape.warmup_steps == 2 + 83 + 15  # 83 x 12 ms
 
 
 def test_where_the_script_has_few_steps_left_the_window_ends_with_them() -> None:
