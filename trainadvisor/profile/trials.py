@@ -301,7 +301,22 @@ def decide(
     for key, value in fix.measured_figures(trials).items():  # what a verdict did not set
         if getattr(outcome, key, None) is None:
             setattr(outcome, key, value)
+    if outcome.status == "no_gain" and planned.rule != "data-stall":
+        outcome.reason += _input_ceiling(fix, values)
     return outcome
+
+
+def _input_ceiling(fix: fixes.Fix, values: dict[str, Any]) -> str:
+    """Where the loop waited on its input for half of each step or more, what a fix that leaves
+    the input as it is could gain at most (the step's rest made instant): words for a no-gain
+    reason, '' otherwise (a fix of the loader, or one measured per sample, is not bounded so)."""
+    wait = float(values.get("data_wait_pct") or 0.0) / 100.0
+    if wait < 0.5 or fix.switches_loaders or fix.metric != "steps_per_s":
+        return ""
+    return (
+        f"; the loop waited on its input for {100 * wait:.0f}% of each step, so a fix of the rest "
+        f"could gain at most {1 / wait:.2f}x until the input is faster"
+    )
 
 
 def _chosen(

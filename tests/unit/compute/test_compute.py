@@ -239,6 +239,30 @@ def test_a_compile_that_did_not_pay_still_carries_the_compile_time_it_measured()
     assert decide(planned, [refused], {"steps_per_s": 168.0}, []).compile_s is None
 
 
+def test_a_fix_measured_on_a_loop_that_waits_on_its_input_says_how_little_it_could_gain() -> None:
+    """On an H200 the slow-input example waited on its input for 96% of each step: amp measured no
+    gain, as it must (making the other 4% instant gains 1.04x); the reason says so. A fix of the
+    loader, or a loop that waits less than half of each step, gets no such words."""
+    from trainadvisor.profile.trials import decide
+    from trainadvisor.records import PlannedFix
+
+    amp = Trial("torch.autocast(dtype=torch.bfloat16)", Overrides(), "measured", 12.7, None, _raw({}, 78.7))
+    values = {"steps_per_s": 12.48, "data_wait_pct": 96.2, "cuda_used": True}
+    outcome = decide(PlannedFix("amp", "no-mixed-precision", True, ""), [amp], values, [])
+    assert outcome.status == "no_gain"
+    assert outcome.reason == (
+        "no candidate was at least 5% faster than the baseline; the loop waited on its input for 96% of "
+        "each step, so a fix of the rest could gain at most 1.04x until the input is faster"
+    )
+    quieter = decide(
+        PlannedFix("amp", "no-mixed-precision", True, ""), [amp], {**values, "data_wait_pct": 40.0}, []
+    )
+    assert quieter.reason == "no candidate was at least 5% faster than the baseline"
+    pinned = Trial("pin_memory=True", Overrides(), "measured", 12.4, None, _raw({}, 80.6))
+    loader = decide(PlannedFix("pin-memory", "pageable-h2d-copy", True, ""), [pinned], values, [])
+    assert loader.reason == "no candidate was at least 5% faster than the baseline"
+
+
 def test_compile_is_not_tried_on_a_loop_that_waits_on_data_or_already_compiles() -> None:
     fix = Compile()
     base = {"optimizer": "SGD", "data_wait_pct": 1.0}
