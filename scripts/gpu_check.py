@@ -168,7 +168,9 @@ class Check:
     options: list[str] = field(default_factory=list)  # trainadvisor profile options
     min_gpus: int = 1
     group: str = ""  # checks run together as one command of a few minutes (`--group`)
-    minutes: float = 2.0  # about what it takes on an H100 or H200 (measured on an H200 where known)
+    # about what it takes on an H100 or H200; on an H200 (2026-11-30) fp32-matmul took 111 s and
+    # compile-fix 60-75 s, and slow-input and host-tensors ran past 185 s and 120 s (estimated)
+    minutes: float = 2.0
 
 
 GPU = ["--device", "cuda"]

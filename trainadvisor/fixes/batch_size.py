@@ -81,15 +81,15 @@ class BatchSize(Fix):
     def expected_trials(self, values: dict[str, Any]) -> int:
         """Memory-aware (a budget: on a GPU, always), the search doubles while each size fits,
         whatever its speed: every doubling up to `MAX_FACTOR` whose peak, were it to grow as
-        fast as the batch, would fit (at least one); else one, as it stops at the first doubling
-        that does not pay."""
+        fast as the batch, would fit, and the first that would not (it is run to find that out);
+        else one, as it stops at the first doubling that does not pay."""
         doublings = int(math.log2(MAX_FACTOR))
         budget, peak = values.get("memory_budget_bytes"), baseline_peak(values)
         if budget is None:
             return 1
         if not peak:
             return doublings
-        return min(doublings, max(1, int(math.log2(max(budget / peak, 1.0)))))
+        return min(doublings, int(math.log2(max(budget / peak, 1.0))) + 1)
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         base = int(values["batch_size"])

@@ -78,10 +78,14 @@ class Compile(Fix):
         figures: dict[str, Any] = {"compile_s": compile_s}
         if saved_s <= 0:
             return None
-        break_even = math.ceil(compile_s / saved_s)
+        pool_s = pool_start_cost_s(trial)  # a one-time cost too: the compile workers' start-up
+        break_even = math.ceil((compile_s + pool_s) / saved_s)
         figures["break_even_steps"] = break_even
+        slowed = (
+            f" (and the compile workers' start-up slowed its first steps by {pool_s:.1f} s)" if pool_s else ""
+        )
         said = (
-            f"compiling took {compile_s:.1f} s{_warm_caches(trial)} and saves "
+            f"compiling took {compile_s:.1f} s{slowed}{_warm_caches(trial)} and saves "
             f"{1e3 * saved_s:.2f} ms a step: it pays after {break_even} steps"
         )
         total, seen = values.get("run_total_steps"), values.get("run_seen_steps") or 0
@@ -140,7 +144,26 @@ def _pool_wait(trial: Trial) -> str:
     waited = facts.get("pool_start_wait_s")
     if not waited:
         return ""
-    return f" (and {waited:.1f} s of steps beside torch's starting compile workers, left untimed)"
+    if facts.get("pool_starting_when_timed"):
+        return (
+            f" (torch's compile workers were still starting when its steps were timed, after {waited:.1f} s "
+            "of warm-up beside them: the figure holds their start-up)"
+        )
+    return (
+        f" (and {waited:.1f} s of steps beside torch's starting compile workers, left out of the measurement)"
+    )
+
+
+def pool_start_cost_s(trial: Trial) -> float:
+    """What the compile workers' start-up cost the trial's first steps beyond its measured pace:
+    the steps left out of its warm-up, less what they take at that pace. 0 where none were left
+    out, or where dynamo recorded no compile time (`compile_seconds` then counts the whole warm-up
+    beyond its settled steps, the start-up in it)."""
+    facts = (trial.raw.runtime.get("compile") or {}) if trial.raw is not None else {}
+    if not facts.get("compile_s") or not trial.steps_per_s:
+        return 0.0
+    waited, steps = float(facts.get("pool_start_wait_s") or 0.0), int(facts.get("pool_start_steps") or 0)
+    return max(waited - steps / trial.steps_per_s, 0.0)
 
 
 def _warm_caches(trial: Trial) -> str:

@@ -298,24 +298,24 @@ def decide(
     else:
         outcome = FixOutcome(planned.fix, planned.rule, "no_gain", fix.no_gain, Overrides(), trials)
     outcome.search = note or ""
-    for key, value in fix.measured_figures(trials).items():  # what a verdict did not set
-        if getattr(outcome, key, None) is None:
-            setattr(outcome, key, value)
+    unset = {k: v for k, v in fix.measured_figures(trials).items() if getattr(outcome, k) is None}
+    outcome = replace(outcome, **unset) if unset else outcome  # a field's name misspelt raises
     if outcome.status == "no_gain" and planned.rule != "data-stall":
         outcome.reason += _input_ceiling(fix, values)
     return outcome
 
 
 def _input_ceiling(fix: fixes.Fix, values: dict[str, Any]) -> str:
-    """Where the loop waited on its input for half of each step or more, what a fix that leaves
-    the input as it is could gain at most (the step's rest made instant): words for a no-gain
-    reason, '' otherwise (a fix of the loader, or one measured per sample, is not bounded so)."""
+    """Where a GPU loop waited on its input for half of each step or more, what a fix that leaves
+    the input as it is could gain at most (the step's rest made instant, the input as slow):
+    words for a no-gain reason, '' otherwise (a fix of the loader, or one measured per sample, is
+    not bounded so; on a CPU the input and the step share the cores, and the bound is not one)."""
     wait = float(values.get("data_wait_pct") or 0.0) / 100.0
-    if wait < 0.5 or fix.switches_loaders or fix.metric != "steps_per_s":
+    if wait < 0.5 or not values.get("cuda_used") or fix.switches_loaders or fix.metric != "steps_per_s":
         return ""
     return (
         f"; the loop waited on its input for {100 * wait:.0f}% of each step, so a fix of the rest "
-        f"could gain at most {1 / wait:.2f}x until the input is faster"
+        f"could gain at most {1 / wait:.2f}x while the input stays as slow"
     )
 
 

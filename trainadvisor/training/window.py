@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainadvisor.compute.compilepool import pool_starting
+from trainadvisor.compute.compilepool import PoolWait
 from trainadvisor.compute.dynamo import compile_facts
 from trainadvisor.compute.flops import StepFlops, compiled_frames, measure_cpu_peak_facts
 from trainadvisor.fixes import switches
@@ -141,11 +141,11 @@ class Window:
         self.last_mark = self.opened_at = self.clock.perf_s()
         self.blocks = Blocks(plan.settle) if plan.settle is not None else None
         self.blocks_since: float | None = self.opened_at if plan.warmup == 0 else None
+        self.blocks_from = self.blocks_since  # and the blocks, after any start-up of torch's compile pool
         self.shape = WindowShape(0, 0.0, "count", min_time_s=plan.min_time_s)
         self.shape_timed_steps = 0
         self.slides = 0
-        self.counted_end: float | None = None  # when the counted warm-up steps ended
-        self.pool_wait_s = 0.0  # warm-up steps left out while inductor's compile pool started
+        self.pool = PoolWait()  # warm-up steps left out while torch's compile pool started
         self.flops: StepFlops | None = None  # the FLOPs of one traced step
         self.memory: StepMemory | None = None  # and what fills its memory
         self.switched_at_open: dict[str, int] | None = None  # the switches' counts when timing began
@@ -223,22 +223,16 @@ class Window:
     def _warmed(self, now: float) -> None:
         """A warm-up step ended: open the timed steps once the warm-up is complete."""
         if self.blocks is not None and self.steps_done > self.plan.warmup:
-            if self._pool_starting(now):  # a one-time start-up beside the loop: not its pace
-                self.pool_wait_s += now - self.last_mark
-                self.blocks_since = now
+            since = self.blocks_since if self.blocks_since is not None else self.opened_at
+            if self.pool.leaves_out(now - self.last_mark, now - since, self.blocks.settling.max_s):
+                self.blocks_from = now  # a start-up beside the loop: the blocks and their cap come after
             else:
                 self.blocks.add(now - self.last_mark)  # the first `warmup` steps stay out of the blocks
         elif self.steps_done == self.plan.warmup:
-            self.blocks_since = self.counted_end = now
+            self.blocks_since = self.blocks_from = now
         end = self._warmup_end(now)
         if end is not None:
             self._open(now, end)
-
-    def _pool_starting(self, now: float) -> bool:
-        """Whether inductor's compile pool is still starting (`compute.compilepool`), for at most
-        the warm-up's time cap after the counted steps."""
-        since = self.counted_end if self.counted_end is not None else self.opened_at
-        return self.blocks is not None and now - since < self.blocks.settling.max_s and pool_starting()
 
     def _warmup_end(self, now: float) -> str | None:
         """Why the warm-up ends at this step, or None while it goes on."""
@@ -259,8 +253,8 @@ class Window:
         blocks_max_s = self.blocks.settling.blocks_max_s
         if (
             blocks_max_s is not None
-            and self.blocks_since is not None
-            and now - self.blocks_since >= blocks_max_s
+            and self.blocks_from is not None
+            and now - self.blocks_from >= blocks_max_s
         ):
             return "settle cap"
         if cap is not None and self.steps_done >= cap:
@@ -408,8 +402,9 @@ class Window:
     def _open(self, now: float, end: str) -> None:
         block_ms = list(self.blocks.block_ms) if self.blocks is not None else []
         settle_s = (
-            now - self.blocks_since if self.blocks is not None and self.blocks_since is not None else None
+            now - self.blocks_from if self.blocks is not None and self.blocks_from is not None else None
         )
+        self.pool.opened()
         self.shape = WindowShape(
             self.steps_done,
             now - self.opened_at,
@@ -485,8 +480,7 @@ class Window:
             runtime["cpu_peak"] = measure_cpu_peak_facts(runtime.get("flops_by_dtype", {}))
         compiled = compile_facts()  # torch.compile's own records ({} where it never ran)
         if compiled:
-            waited = {"pool_start_wait_s": round(self.pool_wait_s, 3)} if self.pool_wait_s else {}
-            runtime["compile"] = compiled | waited
+            runtime["compile"] = compiled | self.pool.facts()
         return [*([None] * self.first_index), *values]
 
 

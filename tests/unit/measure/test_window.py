@@ -6,6 +6,7 @@ import math
 import sys
 import types
 from concurrent.futures import Future
+from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 from typing import Any
 
@@ -283,7 +284,8 @@ def test_steps_beside_inductors_starting_compile_pool_stay_out_of_the_warmup_blo
 ) -> None:
     """A compiled loop runs 12 ms steps while torch's compile pool starts beside it (its sidecar
     forking workers on a core the loop's threads need), 2 ms once the pool is up: three blocks of
-    12 ms would have settled; the warm-up leaves them out and settles on the 2 ms steps."""
+    12 ms would have settled; the warm-up leaves them out and settles on the 2 ms steps, its
+    settling counted from the pool's end."""
     first = _starting_pool(monkeypatch)
     clock = FakeClock()
     window = Window(WindowPlan(warmup=2, steps=2, settle=SETTLE), clock.clock())
@@ -294,23 +296,64 @@ def test_steps_beside_inductors_starting_compile_pool_stay_out_of_the_warmup_blo
     _steps(window, clock, [2.0] * 15)
     assert window.phase == "timed" and window.shape.warmup_end == "settled"
     assert [round(ms, 6) for ms in window.shape.block_ms] == [2.0, 2.0, 2.0]
-    assert (window.shape.warmup_steps, round(window.pool_wait_s, 6)) == (37, 0.24)
+    assert (window.shape.warmup_steps, round(window.shape.settle_s or 0, 6)) == (37, 0.030)
+    assert window.pool.facts() == {"pool_start_wait_s": 0.24, "pool_start_steps": 20}
 
 
-def test_a_compile_pool_that_never_starts_holds_the_warmup_back_for_its_time_cap_only(
+def test_a_compile_pool_that_never_starts_holds_the_warmup_within_its_time_cap_and_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The pool's first job never answers: after the warm-up's cap (1 s here) from the end of the
-    counted steps, the 12 ms steps count and settle."""
+    """The pool's first job never answers: the warm-up's cap (1 s here) still counts from the end
+    of the counted steps, so timing begins there, and the facts say the pool was still starting."""
     _starting_pool(monkeypatch)
     clock = FakeClock()
     window = Window(WindowPlan(warmup=2, steps=2, settle=SETTLE), clock.clock())
     _steps(window, clock, [500.0, 2.0])
     while window.phase == "warmup":
         _steps(window, clock, [12.0])
-    assert window.shape.warmup_end == "settled"
-    assert [round(ms, 6) for ms in window.shape.block_ms] == [12.0, 12.0, 12.0]
-    assert round(window.pool_wait_s, 6) == 0.996 and window.shape.warmup_steps == 2 + 83 + 15  # 83 x 12 ms
+    assert (window.shape.warmup_end, window.shape.warmup_steps) == ("time cap", 2 + 84)  # 84 x 12 ms
+    assert window.pool.facts() == {
+        "pool_start_wait_s": 0.996,  # 83 steps: the 84th ends past the cap
+        "pool_start_steps": 83,
+        "pool_starting_when_timed": True,
+    }
+
+
+def test_the_settle_cap_counts_from_the_pools_start_up_and_the_step_cap_from_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trial's settle cap (50 ms of blocks) begins once the pool is up: 240 ms of start-up do
+    not use it. The step cap of a script with 90 steps to spare (a third: 30 warm-up steps) counts
+    every step, the left-out ones too, and may open the timed steps mid-start-up: the facts say so."""
+    first = _starting_pool(monkeypatch)
+    clock = FakeClock()
+    capped = dataclasses_replace(SETTLE, blocks_max_s=0.050)
+    window = Window(WindowPlan(warmup=2, steps=2, settle=capped), clock.clock())
+    _steps(window, clock, [500.0, 2.0])
+    _steps(window, clock, [12.0] * 20)
+    first.set_result("ready")
+    while window.phase == "warmup":
+        _steps(window, clock, [2.0, 6.0])  # never three blocks alike within 10%
+    assert window.shape.warmup_end == "settle cap" and round(window.shape.settle_s or 0, 6) == 0.056
+    _starting_pool(monkeypatch)
+    short = Window(WindowPlan(warmup=2, steps=2, settle=SETTLE, max_steps=90), clock.clock())
+    _steps(short, clock, [500.0, 2.0])
+    while short.phase == "warmup":
+        _steps(short, clock, [12.0])
+    assert (short.shape.warmup_end, short.shape.warmup_steps) == ("step cap", 30)
+    assert short.pool.facts()["pool_starting_when_timed"] is True
+
+
+def test_a_window_without_counted_steps_leaves_the_pools_start_up_out_from_its_opening(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = _starting_pool(monkeypatch)
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=0, steps=2, settle=SETTLE), clock.clock())
+    _steps(window, clock, [12.0] * 10)
+    first.set_result("ready")
+    _steps(window, clock, [2.0] * 15)
+    assert window.shape.warmup_end == "settled" and window.pool.facts()["pool_start_steps"] == 10
 
 
 def test_where_the_script_has_few_steps_left_the_window_ends_with_them() -> None:

@@ -210,3 +210,28 @@ def test_a_larger_batch_is_an_opportunity_measured_in_samples_per_second_never_a
         "No bottleneck found by the rules in the profiled window; opportunity: 4.57x samples/s with "
         "batch_size=256 (from 16), which changes training (batch-size)"
     )
+
+
+def test_a_fix_measured_on_a_loop_that_waits_on_its_input_says_how_little_it_could_gain() -> None:
+    """On an H200 the slow-input example waited on its input for 96% of each step (tests/data/own/
+    h200-2026-11-30/slow_input): amp measured no gain, as it must (making the other 4% instant
+    gains 1.04x); the reason says so. A fix of the loader, a loop that waits less than half of
+    each step, or one on a CPU (where the input and the step share the cores) gets no such words."""
+    amp = _trial(_paced([78.7] * 30, label="torch.autocast(dtype=torch.bfloat16)"), Overrides())
+    values = {"steps_per_s": 12.48, "data_wait_pct": 96.1, "cuda_used": True}
+    outcome = decide(PlannedFix("amp", "no-mixed-precision", True, ""), [amp], values, [])
+    assert outcome.status == "no_gain"
+    assert outcome.reason == (
+        "no candidate was at least 5% faster than the baseline; the loop waited on its input for 96% of "
+        "each step, so a fix of the rest could gain at most 1.04x while the input stays as slow"
+    )
+    quieter = decide(
+        PlannedFix("amp", "no-mixed-precision", True, ""), [amp], {**values, "data_wait_pct": 40.0}, []
+    )
+    assert quieter.reason == "no candidate was at least 5% faster than the baseline"
+    pinned = _trial(_paced([80.6] * 30, label="pin_memory=True"), Overrides())
+    loader = decide(PlannedFix("pin-memory", "pageable-h2d-copy", True, ""), [pinned], values, [])
+    assert loader.reason == "no candidate was at least 5% faster than the baseline"
+    on_a_cpu = {**values, "cuda_used": False}  # the input and the step share the cores: no bound
+    cpu = decide(PlannedFix("amp", "no-mixed-precision", True, ""), [amp], on_a_cpu, [])
+    assert cpu.reason == "no candidate was at least 5% faster than the baseline"
