@@ -63,8 +63,7 @@ class Compile(Fix):
         return Setting(words, overrides(compile=mode))
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
-        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
-        best = max(measured, key=lambda t: t.steps_per_s or 0.0, default=None)
+        best = _fastest(trials)
         return best if best is not None and _faster(best, values) else None
 
     def verdict(self, trial: Trial, values: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
@@ -100,8 +99,7 @@ class Compile(Fix):
 
     def measured_figures(self, trials: list[Trial]) -> dict[str, Any]:
         """The compile time of the fastest measured trial, where compiling was not kept too."""
-        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
-        best = max(measured, key=lambda t: t.steps_per_s or 0.0, default=None)
+        best = _fastest(trials)
         compile_s = compile_seconds(best) if best is not None else None
         return {"compile_s": compile_s} if compile_s is not None else {}
 
@@ -137,10 +135,21 @@ def _faster(trial: Trial, values: dict[str, Any]) -> bool:
     return trial.status == "measured" and (trial.steps_per_s or 0.0) >= KEEP_MIN_SPEEDUP * base
 
 
+def _fastest(trials: list[Trial]) -> Trial | None:
+    """The measured trial with the most steps/s, or None."""
+    measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+    return max(measured, key=lambda t: t.steps_per_s or 0.0, default=None)
+
+
+def _facts(trial: Trial) -> dict[str, Any]:
+    """What torch.compile recorded in the trial's run (`compute.dynamo`; {} where nothing)."""
+    return (trial.raw.runtime.get("compile") or {}) if trial.raw is not None else {}
+
+
 def _pool_wait(trial: Trial) -> str:
     """Words for the warm-up steps left out while torch's compile workers started (see
     `compute.compilepool`); '' where there were none."""
-    facts = (trial.raw.runtime.get("compile") or {}) if trial.raw is not None else {}
+    facts = _facts(trial)
     waited = facts.get("pool_start_wait_s")
     if not waited:
         return ""
@@ -159,7 +168,7 @@ def pool_start_cost_s(trial: Trial) -> float:
     the steps left out of its warm-up, less what they take at that pace. 0 where none were left
     out, or where dynamo recorded no compile time (`compile_seconds` then counts the whole warm-up
     beyond its settled steps, the start-up in it)."""
-    facts = (trial.raw.runtime.get("compile") or {}) if trial.raw is not None else {}
+    facts = _facts(trial)
     if not facts.get("compile_s") or not trial.steps_per_s:
         return 0.0
     waited, steps = float(facts.get("pool_start_wait_s") or 0.0), int(facts.get("pool_start_steps") or 0)
@@ -170,7 +179,7 @@ def _warm_caches(trial: Trial) -> str:
     """Where the trial's graphs came from torch's on-disk caches (an earlier compile of the same
     model on this machine), words that say its compile time is a warm one; '' where it compiled
     them all."""
-    facts = (trial.raw.runtime.get("compile") or {}) if trial.raw is not None else {}
+    facts = _facts(trial)
     hits, misses = int(facts.get("compile_cache_hits") or 0), int(facts.get("compile_cache_misses") or 0)
     if not hits:
         return ""
@@ -187,7 +196,7 @@ def compile_seconds(trial: Trial) -> float | None:
     raw = trial.raw
     if raw is None:
         return None
-    recorded = (raw.runtime.get("compile") or {}).get("compile_s")
+    recorded = _facts(trial).get("compile_s")
     if recorded:
         return float(recorded)
     shape = raw.shape
