@@ -223,8 +223,9 @@ class Window:
     def _warmed(self, now: float) -> None:
         """A warm-up step ended: open the timed steps once the warm-up is complete."""
         if self.blocks is not None and self.steps_done > self.plan.warmup:
-            since = self.blocks_since if self.blocks_since is not None else self.opened_at
-            if self.pool.leaves_out(now - self.last_mark, now - since, self.blocks.settling.max_s):
+            if self.pool.leaves_out(
+                now - self.last_mark, now - self._capped_from(), self.blocks.settling.max_s
+            ):
                 self.blocks_from = now  # a start-up beside the loop: the blocks and their cap come after
             else:
                 self.blocks.add(now - self.last_mark)  # the first `warmup` steps stay out of the blocks
@@ -233,6 +234,12 @@ class Window:
         end = self._warmup_end(now)
         if end is not None:
             self._open(now, end)
+
+    def _capped_from(self) -> float:
+        """Where the warm-up's time cap counts from: the end of the counted warm-up steps (a cold
+        compile of a real model, a minute and more in the first step, leaves the loop its whole
+        time to settle), the window's opening where there are none."""
+        return self.blocks_since if self.blocks_since is not None else self.opened_at
 
     def _warmup_end(self, now: float) -> str | None:
         """Why the warm-up ends at this step, or None while it goes on."""
@@ -245,10 +252,7 @@ class Window:
             return "settled"
         if self.plan.race_below is not None and lost_in_warmup(self.blocks, self.plan.race_below):
             return "raced"
-        # the cap counts from the end of the counted warm-up steps: a cold compile of a real
-        # model (a minute and more, in the first step) leaves the loop its whole time to settle
-        since = self.blocks_since if self.blocks_since is not None else self.opened_at
-        if now - since >= self.blocks.settling.max_s:
+        if now - self._capped_from() >= self.blocks.settling.max_s:
             return "time cap"
         blocks_max_s = self.blocks.settling.blocks_max_s
         if (
