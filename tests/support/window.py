@@ -1,8 +1,25 @@
-"""What unit/compute/test_compute.py, unit/measure/test_window.py and unit/profile/test_race.py share."""
+"""What unit/compute/test_compute.py, unit/compute/test_compilepool.py, unit/measure/test_window.py
+and unit/profile/test_race.py share."""
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
+import pytest
+
 from trainadvisor.training.window import Clock
+
+
+def fake_async_compile(monkeypatch: pytest.MonkeyPatch, ready: Any) -> None:
+    """torch's `torch._inductor.async_compile` as torch 2.11-2.13 keep it, for `compute.compilepool`:
+    `AsyncCompile._ready_future` None until a compile asks for the pool, then the future of its
+    first job (a real Future, which the test completes when the pool is "up")."""
+    compiler = type("AsyncCompile", (), {"_ready_future": ready})
+    monkeypatch.setitem(
+        sys.modules, "torch._inductor.async_compile", types.SimpleNamespace(AsyncCompile=compiler)
+    )
 
 
 class FakeClock:

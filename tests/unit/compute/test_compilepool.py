@@ -7,24 +7,18 @@ from __future__ import annotations
 import sys
 import types
 from concurrent.futures import Future
-from typing import Any
 
 import pytest
+from support.window import fake_async_compile
 
 from trainadvisor.compute.compilepool import pool_starting
-
-
-def _inductor(monkeypatch: pytest.MonkeyPatch, ready: Any) -> None:
-    compiler = type("AsyncCompile", (), {"_ready_future": ready})
-    module = types.SimpleNamespace(AsyncCompile=compiler)
-    monkeypatch.setitem(sys.modules, "torch._inductor.async_compile", module)
 
 
 def test_a_pool_is_starting_from_its_first_job_until_that_job_is_done(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     first: Future[str] = Future()
-    _inductor(monkeypatch, first)
+    fake_async_compile(monkeypatch, first)
     assert pool_starting()
     first.set_result("ready")
     assert not pool_starting()
@@ -35,7 +29,7 @@ def test_no_compile_no_pool_asked_for_or_another_torch_is_never_taken_for_a_star
 ) -> None:
     monkeypatch.delitem(sys.modules, "torch._inductor.async_compile", raising=False)
     assert not pool_starting()
-    _inductor(monkeypatch, None)  # inductor imported, the pool never asked for (one compile thread)
+    fake_async_compile(monkeypatch, None)  # inductor imported, the pool never asked for (one compile thread)
     assert not pool_starting()
     monkeypatch.setitem(sys.modules, "torch._inductor.async_compile", types.SimpleNamespace())
     assert not pool_starting()  # no AsyncCompile: a torch this was not written against

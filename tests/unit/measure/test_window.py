@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import types
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import replace as dataclasses_replace
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.window import FakeClock, FakeProfiler
+from support.window import FakeClock, FakeProfiler, fake_async_compile
 
 from trainadvisor.advising.advisor import Advisor
 from trainadvisor.measure.config import ChildConfig
@@ -274,9 +273,7 @@ def test_a_cold_compile_in_the_counted_warmup_leaves_the_loop_its_whole_time_to_
 def _starting_pool(monkeypatch: pytest.MonkeyPatch) -> Future[str]:
     """torch's AsyncCompile as inductor leaves it at a first compile: its pool's first job pending."""
     first: Future[str] = Future()
-    compiler = type("AsyncCompile", (), {"_ready_future": first})
-    module = types.SimpleNamespace(AsyncCompile=compiler)
-    monkeypatch.setitem(sys.modules, "torch._inductor.async_compile", module)
+    fake_async_compile(monkeypatch, first)
     return first
 
 
