@@ -138,9 +138,10 @@ def test_tf32_is_read_and_switched_in_the_api_the_script_uses() -> None:
 
 
 def test_a_script_on_the_new_tf32_api_is_profiled_unharmed(tmp_path: Path) -> None:
+    # steps enough for the window and its traced steps: one run, not a second fitted into them
     result = run_cli(
-        "profile", "--warmup", "2", "--steps", "5", "--no-fix", "--out", tmp_path / "r",
-        SCRIPTS / "scheduled_clipped.py", "--tf32-new-api", "--steps", "20", cwd=tmp_path,
+        "profile", "--warmup", "2", "--steps", "5", "--min-time", "0", "--no-fix", "--out", tmp_path / "r",
+        SCRIPTS / "scheduled_clipped.py", "--tf32-new-api", "--steps", "40", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     runtime = load_report(tmp_path / "r")["baseline"]["raw"]["runtime"]

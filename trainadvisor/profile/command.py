@@ -13,6 +13,7 @@ import psutil
 
 from trainadvisor import fixes, rulebook
 from trainadvisor.analyze.run.disturbance import disturbance_notes
+from trainadvisor.analyze.run.length import run_length
 from trainadvisor.analyze.run.shapes import baseline_note, window_notes
 from trainadvisor.analyze.run.summary import attach_trace, input_note, named_measurements
 from trainadvisor.errors import Terminated, UsageError
@@ -39,6 +40,7 @@ from trainadvisor.records import (
     PlannedFix,
     ProfileReport,
     Run,
+    RunLength,
 )
 from trainadvisor.records.identity import file_digest, run_id
 from trainadvisor.redact import mask_arguments, masked_note
@@ -80,6 +82,9 @@ class _Diagnosed:
     notes: list[str]
     details: list[str] = field(default_factory=list)  # how it was measured (report files only)
     content: str = ""  # the digest of the script the baseline ran (`records.identity`)
+    # the script's length as far as its runs told it: a baseline the script's end cut short told
+    # it, where the fitted one measured again in its place may not have reached the end
+    length: RunLength | None = None
 
 
 @dataclass(frozen=True)
@@ -135,13 +140,14 @@ def _profile(job: _Job) -> ProfileReport:
             live = LiveRun(replace(spec, session_dir=spec.out_dir / ".work" / "session"))
         baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
         fitted = fitted_baseline(options, spec, baseline, echo) if too_short(baseline.raw) else None
+        cut = baseline.raw
         if fitted is not None:
             if live is not None:
                 live.close()
                 live = None
             baseline, why_restart = fitted
         check_steps(baseline.raw, options)
-        diagnosed = _diagnose_baseline(options, job.rules, baseline)
+        diagnosed = replace(_diagnose_baseline(options, job.rules, baseline), length=run_length(cut))
         blocked = _why_no_fixes(options, baseline)
         if blocked is None and options.apply_fixes and rescue.died_of_oom(baseline.raw):
             if live is not None:  # it died: nothing is left to measure in its process
@@ -255,6 +261,7 @@ def _tuning(
         values["worker_cap"] = options.max_workers  # --max-workers
     plan = diagnosed.plan
     tuning = Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
+    tuning.length = diagnosed.length
     tuning.learn(diagnosed.baseline.raw)
     return tuning
 

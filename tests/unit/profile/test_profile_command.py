@@ -33,7 +33,7 @@ from trainadvisor.profile.command import (
     profile,
 )
 from trainadvisor.profile.runs import ProfileOptions
-from trainadvisor.records import FixOutcome, Overrides, PlannedFix, ProfileReport, Run
+from trainadvisor.records import FixOutcome, Overrides, PlannedFix, ProfileReport, Run, RunLength
 from trainadvisor.report.render import load_report
 
 OPTIONS = ProfileOptions(Path("train.py"), [], Path("out"))
@@ -244,6 +244,23 @@ def test_the_fixes_search_counts_the_memory_free_less_a_run_started_ahead(
         "num_workers": 0, "cpu_count": 2, "memory_available_bytes": 0, "worker_cap": 8, **seen,
     }  # fmt: skip
     assert diagnosed.diagnosis.values == {"num_workers": 0, "cpu_count": 2}  # not written into
+
+
+def test_the_length_a_baseline_cut_short_told_reaches_the_trials() -> None:
+    """A baseline the script's end cut short told the script's length (32 steps); the fitted one
+    measured in its place stopped after its window (25 steps seen, the end not reached): the
+    trials are fitted into the 32 steps, not into a script of unknown length (where a restart
+    trial would run into the script's end and be measured once more)."""
+    plan = [PlannedFix("dataloader-workers", "data-stall", True, "")]
+    told = RunLength(32, "a run of the script ended after 32 steps", 32)
+    diagnosed = replace(_diagnosed(plan, {"num_workers": 0}), length=told)
+    assert diagnosed.baseline.raw.status == "window_complete" and diagnosed.baseline.raw.steps_seen == 25
+    tuning = _tuning(OPTIONS, diagnosed, lambda line: None, 0.0)
+    assert tuning.length == RunLength(32, "a run of the script ended after 32 steps", 32)
+    assert (tuning.values["run_total_steps"], tuning.values["run_seen_steps"]) == (32, 32)
+    unknown = _tuning(OPTIONS, _diagnosed(plan, {"num_workers": 0}), lambda line: None, 0.0)
+    assert unknown.length is not None and unknown.length.total_steps is None
+    assert "run_total_steps" not in unknown.values
 
 
 def test_an_interrupted_profile_saves_its_last_report_again_saying_so(
