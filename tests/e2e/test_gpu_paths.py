@@ -138,10 +138,12 @@ def test_tf32_is_read_and_switched_in_the_api_the_script_uses() -> None:
 
 
 def test_a_script_on_the_new_tf32_api_is_profiled_unharmed(tmp_path: Path) -> None:
-    # steps enough for the window and its traced steps: one run, not a second fitted into them
+    # a window of exactly its steps, which the script's 40 hold with its traced ones: one run,
+    # not a second fitted into them (its tiny steps never settled within 400)
     result = run_cli(
-        "profile", "--warmup", "2", "--steps", "5", "--min-time", "0", "--no-fix", "--out", tmp_path / "r",
-        SCRIPTS / "scheduled_clipped.py", "--tf32-new-api", "--steps", "40", cwd=tmp_path,
+        "profile", "--warmup", "2", "--steps", "5", "--min-time", "0", "--max-warmup", "0", "--no-fix",
+        "--out", tmp_path / "r", SCRIPTS / "scheduled_clipped.py", "--tf32-new-api", "--steps", "40",
+        cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     runtime = load_report(tmp_path / "r")["baseline"]["raw"]["runtime"]

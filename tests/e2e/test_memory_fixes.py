@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.memory_fixes import EXAMPLE
 
-DEEP_ARGS = ("--epochs", "5", "--samples", "4096", "--batch-size", "256", "--width", "64", "--depth", "6")
+DEEP_ARGS = ("--epochs", "10", "--samples", "4096", "--batch-size", "256", "--width", "64", "--depth", "6")
 
 
 FAST = ("--min-time", "0.3s", "--max-warmup", "5s")

@@ -303,6 +303,7 @@ best_practice = "fast()"
         "2",
         "--steps",
         "4",
+        *EXACT,  # 30 steps of microseconds: a window that fits them (one run, not a second fitted)
         "--out",
         out,
         SCRIPTS / "manual_steps.py",

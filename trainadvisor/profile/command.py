@@ -125,13 +125,26 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Pr
             raise
 
 
+def _window_words(options: ProfileOptions) -> str:
+    """The baseline's window as it will be measured: under torchrun, or with --max-warmup 0
+    and --min-time 0, a count of steps (`runs.size_for`)."""
+    counted = bool(options.torchrun)
+    warmup = (
+        f"a warm-up of {options.warmup} steps"
+        if counted or options.max_warmup_s == 0
+        else f"warm-up until step time settles, at least {options.warmup} steps"
+    )
+    timed = (
+        f"timing {options.steps} steps"
+        if counted or options.min_time_s == 0
+        else f"timing at least {options.steps} steps and {options.min_time_s:g} s"
+    )
+    return f"{warmup}; {timed}; then tracing {PROFILE_STEPS} with torch.profiler"
+
+
 def _profile(job: _Job) -> ProfileReport:
     options, echo = job.options, job.echo
-    echo(
-        f"trainadvisor: running {options.script} (warm-up until step time settles, at least "
-        f"{options.warmup} steps; timing at least {options.steps} steps and {options.min_time_s:g} s; "
-        f"then tracing {PROFILE_STEPS} with torch.profiler)"
-    )
+    echo(f"trainadvisor: running {options.script} ({_window_words(options)})")
     why_restart = _why_restart(options)
     spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
     live, prestarted = None, None
