@@ -125,28 +125,27 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Pr
             raise
 
 
-def _window_words(options: ProfileOptions) -> str:
-    """The baseline's window as it will be measured: under torchrun, or with --max-warmup 0
-    and --min-time 0, a count of steps (`runs.size_for`)."""
-    counted = bool(options.torchrun)
+def _window_words(options: ProfileOptions, size: WindowSize) -> str:
+    """The baseline's window as `size` will measure it: a count of steps where it has no
+    steadiness test or no time floor (under torchrun, or --max-warmup 0 / --min-time 0)."""
     warmup = (
-        f"a warm-up of {options.warmup} steps"
-        if counted or options.max_warmup_s == 0
-        else f"warm-up until step time settles, at least {options.warmup} steps"
+        f"warm-up until step time settles, at least {options.warmup} steps"
+        if size.settle is not None
+        else f"a warm-up of {options.warmup} steps"
     )
     timed = (
-        f"timing {options.steps} steps"
-        if counted or options.min_time_s == 0
-        else f"timing at least {options.steps} steps and {options.min_time_s:g} s"
+        f"timing at least {options.steps} steps and {size.min_time_s:g} s"
+        if size.min_time_s
+        else f"timing {options.steps} steps"
     )
     return f"{warmup}; {timed}; then tracing {PROFILE_STEPS} with torch.profiler"
 
 
 def _profile(job: _Job) -> ProfileReport:
     options, echo = job.options, job.echo
-    echo(f"trainadvisor: running {options.script} ({_window_words(options)})")
-    why_restart = _why_restart(options)
     spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
+    echo(f"trainadvisor: running {options.script} ({_window_words(options, spec.size)})")
+    why_restart = _why_restart(options)
     live, prestarted = None, None
     try:
         if why_restart is None:  # kept alive after its window, for trial windows
@@ -273,8 +272,9 @@ def _tuning(
     if options.max_workers is not None:
         values["worker_cap"] = options.max_workers  # --max-workers
     plan = diagnosed.plan
-    tuning = Tuning(options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan))
-    tuning.length = diagnosed.length
+    tuning = Tuning(
+        options, plan, values, diagnosed.baseline, echo, started, _not_tried(plan), length=diagnosed.length
+    )
     tuning.learn(diagnosed.baseline.raw)
     return tuning
 

@@ -33,7 +33,7 @@ from trainadvisor.profile.command import (
     _window_words,
     profile,
 )
-from trainadvisor.profile.runs import ProfileOptions
+from trainadvisor.profile.runs import ProfileOptions, size_for
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, ProfileReport, Run, RunLength
 from trainadvisor.report.render import load_report
 
@@ -247,19 +247,21 @@ def test_the_fixes_search_counts_the_memory_free_less_a_run_started_ahead(
     assert diagnosed.diagnosis.values == {"num_workers": 0, "cpu_count": 2}  # not written into
 
 
+def _words(options: ProfileOptions) -> str:
+    return _window_words(options, size_for(options, Overrides()))
+
+
 def test_the_first_line_says_the_window_as_it_will_be_measured() -> None:
-    assert _window_words(OPTIONS) == (
+    assert _words(OPTIONS) == (
         "warm-up until step time settles, at least 5 steps; timing at least 20 steps and 1 s; "
         "then tracing 10 with torch.profiler"
     )
     exact = replace(OPTIONS, warmup=2, steps=6, max_warmup_s=0.0, min_time_s=0.0)
-    assert _window_words(exact) == "a warm-up of 2 steps; timing 6 steps; then tracing 10 with torch.profiler"
+    assert _words(exact) == "a warm-up of 2 steps; timing 6 steps; then tracing 10 with torch.profiler"
     counted = replace(OPTIONS, torchrun=TWO_RANKS, steps=30)  # under torchrun a window is a count
-    assert (
-        _window_words(counted) == "a warm-up of 5 steps; timing 30 steps; then tracing 10 with torch.profiler"
-    )
+    assert _words(counted) == "a warm-up of 5 steps; timing 30 steps; then tracing 10 with torch.profiler"
     floor_only = replace(OPTIONS, max_warmup_s=0.0, min_time_s=0.3)
-    assert _window_words(floor_only).startswith("a warm-up of 5 steps; timing at least 20 steps and 0.3 s;")
+    assert _words(floor_only).startswith("a warm-up of 5 steps; timing at least 20 steps and 0.3 s;")
 
 
 def test_the_length_a_baseline_cut_short_told_reaches_the_trials() -> None:
