@@ -133,8 +133,8 @@ def test_ddp_with_a_needless_search_tiny_buckets_and_no_no_sync_has_its_settings
     """DDP(find_unused_parameters=True, bucket_cap_mb=0.01) where every parameter is used, in a
     loop of four micro-batches per optimizer step all-reduced after each: both rules name the line
     that builds it, each candidate is a torchrun trial, the first sets the arguments and skips the
-    all-reduce on three micro-steps of four, and a kept one is a diff at that line plus the loop's
-    change (about 3x on this machine: one all-reduce an optimizer step instead of hundreds a
+    all-reduce on three micro-steps of four (no larger buckets: one of 25 MiB holds the model's
+    gradients), and a kept one is a diff at that line plus the loop's change (about 3x on this machine: one all-reduce an optimizer step instead of hundreds a
     micro-step, and no graph search). Windows of 30 steps: under torchrun a window is a count of
     steps. (One run for both faults: each candidate restarts two ranks, a minute of this machine.)"""
     result, out = _profile(
@@ -160,7 +160,7 @@ def test_ddp_with_a_needless_search_tiny_buckets_and_no_no_sync_has_its_settings
     assert no_sync["severity"] == "medium" and "each of the 4 backward() calls" in no_sync["message"]
     assert f"(built at {DDP}:{built_at}) across 2 processes all-reduces" in no_sync["message"]
     [outcome] = [o for o in report["fix_outcomes"] if o["fix"] == "ddp-settings"]
-    first = outcome["trials"][0]
+    [first] = outcome["trials"]  # its 1.52 MiB of gradients fit in one 25 MiB bucket: no larger
     assert outcome["mode"] == "restart" and first["status"] == "measured"
     assert first["label"] == (
         "find_unused_parameters=False, gradient_as_bucket_view=True, bucket_cap_mb=25, "
@@ -174,6 +174,10 @@ def test_ddp_with_a_needless_search_tiny_buckets_and_no_no_sync_has_its_settings
         assert any(reason in outcome["reason"] for reason in reasons), outcome["reason"]
         return
     assert first["steps_per_s"] >= KEEP_MIN_SPEEDUP * baseline_steps_per_s  # its trial
+    assert outcome["search"] == (
+        "no larger bucket tried: the model's 1.52 MiB of gradients fit in one of 25 MiB, so a larger "
+        "size changes nothing"
+    )
     assert report["comparison"]["loss_check"]["equivalent"] is True
     assert report["comparison"]["loss_check"]["ranks_compared"] == 2
     assert "+        find_unused_parameters=False," in outcome["diff"]

@@ -4,7 +4,9 @@ parameter go unused (with it on, DDP walks the autograd graph after every forwar
 `gradient_as_bucket_view=True` (gradients live in the all-reduce buckets: one copy less per
 step), and buckets of at least DDP's default 25 MiB (a tiny `bucket_cap_mb` splits the gradients
 into many small all-reduces, each paying the collective's latency); then larger buckets, which
-start fewer, longer all-reduces; with gradient accumulation (several backward() calls per
+start fewer, longer all-reduces, while the last size tried did not already hold all the
+model's gradients (the parameters' bytes measured at the step's peak: a larger bucket then
+changes nothing, and its torchrun trial is not run); with gradient accumulation (several backward() calls per
 optimizer step, and no `no_sync()` of the script's own), the first candidate also skips the
 gradient all-reduce on each micro-step but the last, as `model.no_sync()` does (the gradients
 accumulate locally and are all-reduced once, summed); last, `static_graph=True` where the
@@ -26,6 +28,7 @@ from trainadvisor.records import Overrides, Trial
 DEFAULT_BUCKET_CAP_MB = 25.0  # DDP's own default
 LARGER = 4  # the next candidate's buckets, times the last size tried
 MAX_BUCKETS = 3  # bucket sizes tried at most: 25, 100, 400 MiB from a tiny one
+MIB = 2**20  # DDP's bucket_cap_mb counts MiB
 NAMES = {"DistributedDataParallel", "DDP"}
 
 
@@ -58,7 +61,9 @@ class DdpSettings(Fix):
 
     def expected_trials(self, values: dict[str, Any]) -> int:
         first = bool(self._changes(values) or _micro_steps(values))  # at most: every size gains
-        return (MAX_BUCKETS if first else 0) + (1 if _static_possible(values) else 0)
+        return (_bucket_sizes(self._first_cap_mb(values), values) if first else 0) + (
+            1 if _static_possible(values) else 0
+        )
 
     def next_candidate(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
         first, micro = self._changes(values), _micro_steps(values)
@@ -84,13 +89,16 @@ class DdpSettings(Fix):
         ):
             return None  # the last step up did not pay: larger still will not either
         first = self._changes(values)
-        cap = float(
-            _ddp(sized[-1]).get("bucket_cap_mb")
-            or first.get("bucket_cap_mb")
-            or values.get("ddp_bucket_cap_mb")
-            or DEFAULT_BUCKET_CAP_MB
-        )
+        cap = float(_ddp(sized[-1]).get("bucket_cap_mb") or self._first_cap_mb(values))
+        if _holds_all(cap, values):
+            return None  # one bucket of the last size held every gradient: a larger one is the same
         return _setting({**first, "bucket_cap_mb": cap * LARGER}, _micro_steps(values))
+
+    def _first_cap_mb(self, values: dict[str, Any]) -> float:
+        """The first candidate's bucket size: the one it sets, else the script's own."""
+        return float(
+            self._changes(values).get("bucket_cap_mb") or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB
+        )
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         faster = [t for t in trials if _gained(t, values)]
@@ -102,6 +110,13 @@ class DdpSettings(Fix):
             return (
                 f"find_unused_parameters stays on: {unused} bytes of parameters went unused in a step "
                 "(DDP would wait for their gradients forever without it)"
+            )
+        sized = [t for t in trials if not _ddp(t).get("static_graph") and t.status == "measured"]
+        cap = float(_ddp(sized[-1]).get("bucket_cap_mb") or 0.0) if sized else 0.0
+        if cap and _holds_all(cap, values) and len(sized) < MAX_BUCKETS and _gained(sized[-1], values):
+            return (
+                f"no larger bucket tried: the model's {_gradient_bytes(values) / MIB:.3g} MiB of "
+                f"gradients fit in one of {cap:g} MiB, so a larger size changes nothing"
             )
         return None
 
@@ -181,6 +196,28 @@ def _static_possible(values: dict[str, Any]) -> bool:
     if int(values.get("backwards_per_step") or 0) >= 2:  # syncs that differ by micro-step
         return False  # (DDP's reducer asserts on a static graph with no_sync)
     return not values.get("ddp_find_unused_parameters") or values.get("ddp_unused_parameter_bytes") == 0
+
+
+def _gradient_bytes(values: dict[str, Any]) -> float | None:
+    """The most the gradients DDP buckets can take: the parameters' bytes (or the gradients',
+    where larger) at the step's peak; None where the memory of a step was not measured."""
+    held = [float(values[k]) for k in ("parameters_bytes", "gradients_bytes") if values.get(k)]
+    return max(held) if held else None
+
+
+def _holds_all(cap_mb: float, values: dict[str, Any]) -> bool:
+    """One bucket of `cap_mb` holds every gradient (the search's larger sizes change nothing)."""
+    held = _gradient_bytes(values)
+    return held is not None and cap_mb * MIB >= held
+
+
+def _bucket_sizes(first_mb: float, values: dict[str, Any]) -> int:
+    """The bucket sizes the search tries at most from `first_mb`: LARGER times each, up to
+    MAX_BUCKETS, and none past the first that holds every gradient."""
+    sizes, cap = 1, first_mb
+    while sizes < MAX_BUCKETS and not _holds_all(cap, values):
+        sizes, cap = sizes + 1, cap * LARGER
+    return sizes
 
 
 def _ddp(trial: Trial) -> dict[str, Any]:

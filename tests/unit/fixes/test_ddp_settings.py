@@ -288,3 +288,36 @@ def test_buckets_grow_while_each_size_gains_up_to_three_sizes() -> None:
     assert fix.choose(sizes, VALUES) is sizes[2]
     flat = [sizes[0], Trial(larger.label, larger.overrides, "measured", 61.0, None)]
     assert fix.next_candidate(VALUES, flat) is None  # 100 MiB gained under 5% on 25: no 400
+
+
+@pytest.mark.parametrize(
+    ("parameters_bytes", "sizes_mb", "expected"),
+    [
+        (273_448, [25.0], 1),  # the DDP example's 0.26 MiB: 25 MiB holds it, no 100
+        (60 * 2**20, [25.0, 100.0], 2),  # 60 MiB: 100 holds it, no 400
+        (25 * 2**20, [25.0], 1),  # exactly one bucket of 25 MiB
+        (900 * 2**20, [25.0, 100.0, 400.0], 3),  # larger than every size: three, as before
+        (None, [25.0, 100.0, 400.0], 3),  # no memory measured: three, as before
+    ],
+)
+def test_no_larger_bucket_is_tried_once_one_bucket_holds_every_gradient(
+    parameters_bytes: int | None, sizes_mb: list[float], expected: int
+) -> None:
+    """Each size gains 17% on the one before, and the model's parameters (the gradients DDP
+    buckets) fit in one bucket of the last size tried: a larger size would change nothing."""
+    fix = DdpSettings()
+    values = {**VALUES, "parameters_bytes": parameters_bytes}
+    assert fix.expected_trials(values) == expected
+    tried: list[Trial] = []
+    while (candidate := fix.next_candidate(values, tried)) is not None:
+        tried.append(Trial(candidate.label, candidate.overrides, "measured", 60.0 * 1.17 ** len(tried), None))
+    assert [t.overrides.runtime["ddp"]["bucket_cap_mb"] for t in tried] == sizes_mb
+    note = fix.search_note(tried, values)
+    if len(sizes_mb) < 3:
+        held = f"{parameters_bytes / 2**20:.3g}" if parameters_bytes else ""
+        assert note == (
+            f"no larger bucket tried: the model's {held} MiB of gradients fit in one of "
+            f"{sizes_mb[-1]:g} MiB, so a larger size changes nothing"
+        )
+    else:
+        assert note is None
