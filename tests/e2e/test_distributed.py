@@ -134,9 +134,10 @@ def test_ddp_with_a_needless_search_tiny_buckets_and_no_no_sync_has_its_settings
     loop of four micro-batches per optimizer step all-reduced after each: both rules name the line
     that builds it, each candidate is a torchrun trial, the first sets the arguments and skips the
     all-reduce on three micro-steps of four (no larger buckets: one of 25 MiB holds the model's
-    gradients), and a kept one is a diff at that line plus the loop's change (about 3x on this machine: one all-reduce an optimizer step instead of hundreds a
-    micro-step, and no graph search). Windows of 30 steps: under torchrun a window is a count of
-    steps. (One run for both faults: each candidate restarts two ranks, a minute of this machine.)"""
+    gradients), and a kept one is a diff at that line plus the loop's change (about 3x on this
+    machine: one all-reduce an optimizer step instead of hundreds a micro-step, and no graph
+    search). Windows of 30 steps: under torchrun a window is a count of steps. (One run for both
+    faults: each candidate restarts two ranks.)"""
     result, out = _profile(
         tmp_path, "--find-unused", "--bucket-cap-mb", "0.01", "--depth", "6", "--accumulate", "4",
         options=("--steps", "30", "--fix", "ddp-settings"),

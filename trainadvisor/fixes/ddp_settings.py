@@ -96,9 +96,8 @@ class DdpSettings(Fix):
 
     def _first_cap_mb(self, values: dict[str, Any]) -> float:
         """The first candidate's bucket size: the one it sets, else the script's own."""
-        return float(
-            self._changes(values).get("bucket_cap_mb") or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB
-        )
+        first = self._changes(values).get("bucket_cap_mb")
+        return float(first or values.get("ddp_bucket_cap_mb") or DEFAULT_BUCKET_CAP_MB)
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         faster = [t for t in trials if _gained(t, values)]
@@ -113,12 +112,15 @@ class DdpSettings(Fix):
             )
         sized = [t for t in trials if not _ddp(t).get("static_graph") and t.status == "measured"]
         cap = float(_ddp(sized[-1]).get("bucket_cap_mb") or 0.0) if sized else 0.0
-        if cap and _holds_all(cap, values) and len(sized) < MAX_BUCKETS and _gained(sized[-1], values):
-            return (
-                f"no larger bucket tried: the model's {_gradient_bytes(values) / MIB:.3g} MiB of "
-                f"gradients fit in one of {cap:g} MiB, so a larger size changes nothing"
-            )
-        return None
+        held = _gradient_bytes(values)
+        if not cap or held is None or cap * MIB < held or len(sized) >= MAX_BUCKETS:
+            return None
+        if not _gained(sized[-1], values):
+            return None  # the search stopped on the size's own figure, not on the model's size
+        return (
+            f"no larger bucket tried: the model's {held / MIB:.3g} MiB of gradients fit in one of "
+            f"{cap:g} MiB, so a larger size changes nothing"
+        )
 
     def install(self, recorder: Any, overrides: Overrides) -> None:
         """Build every DistributedDataParallel with the candidate's settings; with
