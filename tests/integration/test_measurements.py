@@ -231,6 +231,41 @@ def test_the_next_worker_count_comes_from_what_the_last_window_showed() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("busy_pct", "other_pct", "then"),
+    [
+        (10.0, 0.0, "num_workers=8, prefetch_factor=4"),  # 50 + 80 of 200%: cores left idle
+        (17.0, 0.0, None),  # 50 + 136 of 200%: 93% of the cores busy
+        (5.0, 100.0, None),  # 50 + 40, and another process's 100: 95%
+        (5.0, 80.0, "num_workers=8, prefetch_factor=4"),  # 50 + 40 + 80: 85%, under 90%
+    ],
+)
+def test_no_deeper_prefetch_where_the_best_counts_window_kept_the_cores_busy(
+    busy_pct: float, other_pct: float, then: str | None
+) -> None:
+    """After 2, 4 and 8 workers (8 gained under 10% on 4), the fastest count gets a deeper
+    prefetch only where its window left cores idle: the training process (50% of a core), its
+    workers and every other process sampled together under 90% of the 2 cores. A deeper queue
+    lets idle workers load ahead; with no core idle, it has nothing to run on."""
+    fix = DataLoaderWorkers()
+    values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 2, "steps_per_s": 10.0}
+    done = [_sampled(2, 50.0, 40.0, 5.0, 20.0), _sampled(4, 30.0, 20.0, 5.0, 35.0)]
+    best = _sampled(8, 28.0, 18.0, busy_pct, 36.0)
+    assert best.raw is not None
+    best.raw.host_samples = [dataclasses.replace(h, other_cpu_pct=other_pct) for h in best.raw.host_samples]
+    deeper = fix.next_candidate(values, [*done, best])
+    assert (deeper.label if deeper is not None else None) == then
+    stopped = "stopped at 8 workers: they gained less than 10% over the best before them"
+    if then is None:
+        busy = round((50.0 + 8 * busy_pct + other_pct) / 2)
+        assert fix.search_note([*done, best], values) == (
+            f"{stopped}; no deeper prefetch tried: {best.label}'s window kept {busy}% of the 2 cores "
+            "busy, none idle for workers to load ahead"
+        )
+    else:
+        assert fix.search_note([*done, best], values) == stopped
+
+
 def test_the_first_worker_count_comes_from_what_the_baseline_showed() -> None:
     """The baseline's loop waited 87% of each step on loading in its own process, which used 56%
     of a core: at most 56% - 13% x 2 cores of it went to loading, 34% of a core over the wait,

@@ -20,8 +20,10 @@ less than `LITTLE_WAIT`, no count can gain more than that and the search stops. 
 what was tried and why the search stopped. Every candidate with workers keeps them alive across epochs
 (`persistent_workers=True`); the best count (when it has workers) is then tried with
 `prefetch_factor=4`, unless its loop waited less than `LITTLE_WAIT` (a deeper queue hides waits,
-and there were none left to hide). On a CUDA run every candidate also pins memory and makes the host-to-device
-copies of pinned batches non-blocking."""
+and there were none left to hide) or its window kept the machine's cores busy (`BUSY_CORES` of
+them, the training process, its workers and every other process sampled together: a deeper
+queue lets idle workers load ahead, and no core was idle to do it). On a CUDA run every
+candidate also pins memory and makes the host-to-device copies of pinned batches non-blocking."""
 
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
 # workers to hide (at most 1 / (1 - share) faster): the search stops there.
 LITTLE_WAIT = 0.05
 MAX_LEAP = 4  # the most the count grows from one trial to the next
+# The share of the cores a window kept busy (training process, workers, every other process) at
+# or above which no core was left idle for workers to load ahead: no deeper prefetch is tried.
+BUSY_CORES = 0.9
 # A worker count in a rule's snippet that is an example, and says so ("num_workers=8,  # an
 # example: ..."; "--dataloader_num_workers 8 ... (8: an example)"): the count and the comment
 # are what `practice` replaces with the count a run measured fastest.
@@ -70,6 +75,29 @@ def _worker_load(trial: Trial) -> tuple[float, float] | None:
     busy = sum(h.workers_cpu_pct / 100.0 / h.workers for h in samples) / len(samples)
     rss = sum(h.workers_rss_bytes / h.workers for h in samples) / len(samples)
     return busy, rss
+
+
+def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:
+    """The share of the cores the training process may use that were busy in the trial's
+    window: its own CPU, its workers' and every other process's, as sampled (None: no samples)."""
+    samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.t_ms >= 0]
+    cores = int(values.get("cpu_count") or 0)
+    if not samples or cores <= 0:
+        return None
+    busy_pct = sum(h.main_cpu_pct + h.workers_cpu_pct + h.other_cpu_pct for h in samples) / len(samples)
+    return busy_pct / 100.0 / cores
+
+
+def _cores_full(best: Trial, values: dict[str, Any]) -> str:
+    """Why the fastest count's window leaves a deeper prefetch nothing to gain ("" where it
+    may): it kept BUSY_CORES of the cores busy, and workers load ahead only on idle ones."""
+    busy = cores_busy(best, values)
+    if busy is None or busy < BUSY_CORES:
+        return ""
+    return (
+        f"no deeper prefetch tried: {best.label}'s window kept {100 * busy:.0f}% of the "
+        f"{int(values['cpu_count'])} cores busy, none idle for workers to load ahead"
+    )
 
 
 def wait_share(trial: Trial) -> float | None:
@@ -249,10 +277,12 @@ class DataLoaderWorkers(LoaderSetting):
         if not measured:
             return None
         best = max(measured, key=lambda t: t.steps_per_s or 0.0)
-        workers = self._workers(best)
         wait = wait_share(best)
         if wait is not None and wait < LITTLE_WAIT:
             return None  # a deeper queue hides waits, and the loop hardly waited there
+        if _cores_full(best, values):
+            return None
+        workers = self._workers(best)
         return self._setting(values, workers, PREFETCH) if workers else None
 
     def _fewer_won(self, values: dict[str, Any], trials: list[Trial]) -> bool:
@@ -301,6 +331,11 @@ class DataLoaderWorkers(LoaderSetting):
             parts.append("more were not tried: fewer gained over the script's own count")
         elif len(plain) == len(below) and first_more(current) > worker_cap(values)[0]:
             parts.append(f"more were not tried: {first_more(current)} is past {worker_cap(values)[1]}")
+        measured = [t for t in plain if t.status == "measured" and t.steps_per_s]
+        best = max(measured, key=lambda t: t.steps_per_s or 0.0) if measured else None
+        if best is not None and len(plain) == len(trials) and self._workers(best):  # no deeper prefetch
+            wait = wait_share(best)
+            parts.append("" if wait is not None and wait < LITTLE_WAIT else _cores_full(best, values))
         return "; ".join(part for part in parts if part) or None
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
