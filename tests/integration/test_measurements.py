@@ -266,6 +266,29 @@ def test_no_deeper_prefetch_where_the_best_counts_window_kept_the_cores_busy(
         assert fix.search_note([*done, best], values) == stopped
 
 
+@pytest.mark.parametrize(
+    ("values", "likely", "most"),
+    [
+        ({"cpu_count": 2}, 2, 4),  # 2 (a core each), 4 finds no gain; at most 8 and a deeper prefetch
+        ({"cpu_count": 16}, 5, 6),  # 2, 4, 8, 16, then 32; at most a deeper prefetch too
+        ({"cpu_count": 2, "num_workers": 4}, 3, 4),  # 2 and 0 below, 8 (four a core: the most)
+        ({"cpu_count": 2, "worker_cap": 2}, 1, 2),  # --max-workers 2: 2 alone; at most its prefetch
+        # loading that waited (6% of a core busy, the loop waiting 87%): the leap to 8 would hide
+        # it, 16 finds no gain; at most 32 and a deeper prefetch
+        ({"cpu_count": 2, "data_wait_pct": 87.0, "main_process_cpu_pct": 100.0 - 13.0 * 2 + 6.0}, 2, 4),
+    ],
+)
+def test_the_estimate_counts_the_worker_counts_a_search_usually_measures(
+    values: dict[str, Any], likely: int, most: int
+) -> None:
+    """The progress line counts the counts the search usually tries (up to the core count, where
+    loading bound by latency starts from the count that would hide the wait, then one doubling
+    more that stops it), where the steps shared among windows count the most it may try."""
+    fix = DataLoaderWorkers()
+    values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "steps_per_s": 10.0, **values}
+    assert (fix.likely_trials(values), fix.expected_trials(values)) == (likely, most)
+
+
 def test_the_first_worker_count_comes_from_what_the_baseline_showed() -> None:
     """The baseline's loop waited 87% of each step on loading in its own process, which used 56%
     of a core: at most 56% - 13% x 2 cores of it went to loading, 34% of a core over the wait,

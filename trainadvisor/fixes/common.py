@@ -84,6 +84,11 @@ class Fix:
         """About how many candidates the fix will try (to share a short run's steps among them)."""
         return 1
 
+    def likely_trials(self, values: dict[str, Any]) -> int:
+        """How many candidates the search usually measures, for the progress line's estimate
+        of what is left (`expected_trials` is the most it may try)."""
+        return self.expected_trials(values)
+
     def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
         """Why the search over candidates stopped where it did (for the report), or None."""
         return None

@@ -221,14 +221,33 @@ class DataLoaderWorkers(LoaderSetting):
         first count where the baseline's loading waited: the search goes past the cores there),
         and the deeper prefetch."""
         current = int(values.get("num_workers") or 0)
-        workers = first_count(values, current)
-        ceiling = min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0])
-        if workers > first_more(current):  # loading bound by latency
-            ceiling = min(max(ceiling, MAX_LEAP * workers), worker_cap(values)[0])
+        workers, ceiling = first_count(values, current), self._ceiling(values, current)
         count = len(fewer(current)) + 1
         while workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
         return count + 1
+
+    def likely_trials(self, values: dict[str, Any]) -> int:
+        """The fewer counts, the first count above the script's, doublings up to the core count
+        (loading bound by CPU gains little past it; the first count of loading bound by latency
+        is already the one that would hide the baseline's wait), and one doubling more that finds
+        no gain and stops the search. No deeper prefetch: it follows only where the fastest
+        count's window left cores idle, which the baseline cannot tell."""
+        current = int(values.get("num_workers") or 0)
+        workers, ceiling = first_count(values, current), self._ceiling(values, current)
+        target, count = max(workers, int(values.get("cpu_count") or 1)), len(fewer(current)) + 1
+        while workers < target and workers * 2 <= ceiling:
+            workers, count = workers * 2, count + 1
+        return min(count + (1 if workers * 2 <= ceiling else 0), self.expected_trials(values))
+
+    @staticmethod
+    def _ceiling(values: dict[str, Any], current: int) -> int:
+        """The most workers the search goes to from the script's `current` count."""
+        ceiling = min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0])
+        workers = first_count(values, current)
+        if workers > first_more(current):  # loading bound by latency
+            ceiling = min(max(ceiling, MAX_LEAP * workers), worker_cap(values)[0])
+        return ceiling
 
     def _setting(self, values: dict[str, Any], workers: int, prefetch: int | None) -> Setting:
         cuda = bool(values.get("cuda_used"))

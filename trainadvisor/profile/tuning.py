@@ -141,9 +141,10 @@ class Tuning:
         return budget is None or self.elapsed_s() + estimate_s <= budget
 
     def remaining_s(self, live: bool) -> float:
-        """About how long the rest takes: each fix not yet tried (its expected candidates, each a
-        window of the live run where it can switch there, else a fresh run), the pair of windows
-        that checks a choice made in windows, and the confirmation run with its adjacent baseline."""
+        """About how long the rest takes: each fix not yet tried (the candidates its search
+        usually measures, each a window of the live run where it can switch there, else a fresh
+        run), the pair of windows that checks a choice made in windows, and the confirmation run
+        with its adjacent baseline."""
         total, beside = 0.0, self.cost_s("fresh")
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
@@ -153,7 +154,7 @@ class Tuning:
             in_window = live and fix.in_process_problem(self.values) is None
             expected, speedup = fix.expected_trials(self.values), gain_bound(planned, self.values)
             window_s = self.cost_s("window", speedup)
-            total += expected * (window_s if in_window else self.cost_s("fresh"))
+            total += fix.likely_trials(self.values) * (window_s if in_window else self.cost_s("fresh"))
             if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
                 # own trial window where it was the only candidate and so the last)
                 beside = self.cost_s("pair") + (
