@@ -140,6 +140,7 @@ def test_ddp_with_a_needless_search_tiny_buckets_and_no_no_sync_has_its_settings
     faults: each candidate restarts two ranks.)"""
     result, out = _profile(
         tmp_path, "--find-unused", "--bucket-cap-mb", "0.01", "--depth", "6", "--accumulate", "4",
+        "--epochs", "4",  # 64 steps hold the window's 43 in one run (two epochs' 32 ended it: a second run)
         options=("--steps", "30", "--fix", "ddp-settings"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
