@@ -78,8 +78,10 @@ def _worker_load(trial: Trial) -> tuple[float, float] | None:
 
 
 def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:
-    """The share of the cores the training process may use that were busy in the trial's
-    window: its own CPU, its workers' and every other process's, as sampled (None: no samples)."""
+    """The share of the machine's cores (`cpu_count`) busy in the trial's window: the training
+    process's sampled CPU, its workers' and every other process's (the baseline's `cpu_busy_pct`,
+    for a trial's window; None where nothing was sampled). Where the process may use fewer cores
+    than the machine has, this reads low: a deeper prefetch is then tried, never wrongly skipped."""
     samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.t_ms >= 0]
     cores = int(values.get("cpu_count") or 0)
     if not samples or cores <= 0:
