@@ -90,12 +90,16 @@ def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:
     return busy_pct / 100.0 / cores
 
 
-def _cores_full(best: Trial, values: dict[str, Any]) -> str:
-    """Why the fastest count's window leaves a deeper prefetch nothing to gain ("" where it
-    may): it kept BUSY_CORES of the cores busy, and workers load ahead only on idle ones."""
+def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
+    """Why the fastest count gets no deeper prefetch, None where it does: the loop hardly
+    waited there ("": the doubling's stop says so), or its window kept BUSY_CORES of the cores
+    busy (workers load ahead only on idle ones)."""
+    wait = wait_share(best)
+    if wait is not None and wait < LITTLE_WAIT:  # a deeper queue hides waits, and none were left
+        return ""
     busy = cores_busy(best, values)
     if busy is None or busy < BUSY_CORES:
-        return ""
+        return None
     return (
         f"no deeper prefetch tried: {best.label}'s window kept {100 * busy:.0f}% of the "
         f"{int(values['cpu_count'])} cores busy, none idle for workers to load ahead"
@@ -223,7 +227,8 @@ class DataLoaderWorkers(LoaderSetting):
         first count where the baseline's loading waited: the search goes past the cores there),
         and the deeper prefetch."""
         current = int(values.get("num_workers") or 0)
-        workers, ceiling = first_count(values, current), self._ceiling(values, current)
+        workers = first_count(values, current)
+        ceiling = self._ceiling(values, current, workers)
         count = len(fewer(current)) + 1
         while workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
@@ -236,19 +241,20 @@ class DataLoaderWorkers(LoaderSetting):
         no gain and stops the search. No deeper prefetch: it follows only where the fastest
         count's window left cores idle, which the baseline cannot tell."""
         current = int(values.get("num_workers") or 0)
-        workers, ceiling = first_count(values, current), self._ceiling(values, current)
+        workers = first_count(values, current)
+        ceiling = self._ceiling(values, current, workers)
         target, count = max(workers, int(values.get("cpu_count") or 1)), len(fewer(current)) + 1
         while workers < target and workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
         return min(count + (1 if workers * 2 <= ceiling else 0), self.expected_trials(values))
 
     @staticmethod
-    def _ceiling(values: dict[str, Any], current: int) -> int:
-        """The most workers the search goes to from the script's `current` count."""
+    def _ceiling(values: dict[str, Any], current: int, first: int) -> int:
+        """The most workers the search goes to from the script's `current` count, its first
+        count above it being `first`."""
         ceiling = min(max_workers(int(values.get("cpu_count") or 1)), worker_cap(values)[0])
-        workers = first_count(values, current)
-        if workers > first_more(current):  # loading bound by latency
-            ceiling = min(max(ceiling, MAX_LEAP * workers), worker_cap(values)[0])
+        if first > first_more(current):  # loading bound by latency
+            ceiling = min(max(ceiling, MAX_LEAP * first), worker_cap(values)[0])
         return ceiling
 
     def _setting(self, values: dict[str, Any], workers: int, prefetch: int | None) -> Setting:
@@ -298,13 +304,10 @@ class DataLoaderWorkers(LoaderSetting):
         if not measured:
             return None
         best = max(measured, key=lambda t: t.steps_per_s or 0.0)
-        wait = wait_share(best)
-        if wait is not None and wait < LITTLE_WAIT:
-            return None  # a deeper queue hides waits, and the loop hardly waited there
-        if _cores_full(best, values):
-            return None
         workers = self._workers(best)
-        return self._setting(values, workers, PREFETCH) if workers else None
+        if not workers or _no_deeper(best, values) is not None:
+            return None  # no workers to queue ahead, or nothing a deeper queue could gain
+        return self._setting(values, workers, PREFETCH)
 
     def _fewer_won(self, values: dict[str, Any], trials: list[Trial]) -> bool:
         """Whether a count below the script's gained STEP_GAIN over its own."""
@@ -355,8 +358,7 @@ class DataLoaderWorkers(LoaderSetting):
         measured = [t for t in plain if t.status == "measured" and t.steps_per_s]
         best = max(measured, key=lambda t: t.steps_per_s or 0.0) if measured else None
         if best is not None and len(plain) == len(trials) and self._workers(best):  # no deeper prefetch
-            wait = wait_share(best)
-            parts.append("" if wait is not None and wait < LITTLE_WAIT else _cores_full(best, values))
+            parts.append(_no_deeper(best, values) or "")
         return "; ".join(part for part in parts if part) or None
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:

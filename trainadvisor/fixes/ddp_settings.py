@@ -90,7 +90,7 @@ class DdpSettings(Fix):
             return None  # the last step up did not pay: larger still will not either
         first = self._changes(values)
         cap = float(_ddp(sized[-1]).get("bucket_cap_mb") or self._first_cap_mb(values))
-        if _holds_all(cap, values):
+        if _held_in_one(cap, values) is not None:
             return None  # one bucket of the last size held every gradient: a larger one is the same
         return _setting({**first, "bucket_cap_mb": cap * LARGER}, _micro_steps(values))
 
@@ -112,8 +112,8 @@ class DdpSettings(Fix):
             )
         sized = [t for t in trials if not _ddp(t).get("static_graph") and t.status == "measured"]
         cap = float(_ddp(sized[-1]).get("bucket_cap_mb") or 0.0) if sized else 0.0
-        held = _gradient_bytes(values)
-        if not cap or held is None or cap * MIB < held or len(sized) >= MAX_BUCKETS:
+        held = _held_in_one(cap, values) if cap else None
+        if held is None or len(sized) >= MAX_BUCKETS:
             return None
         if not _gained(sized[-1], values):
             return None  # the search stopped on the size's own figure, not on the model's size
@@ -207,17 +207,18 @@ def _gradient_bytes(values: dict[str, Any]) -> float | None:
     return max(held) if held else None
 
 
-def _holds_all(cap_mb: float, values: dict[str, Any]) -> bool:
-    """One bucket of `cap_mb` holds every gradient (the search's larger sizes change nothing)."""
+def _held_in_one(cap_mb: float, values: dict[str, Any]) -> float | None:
+    """The gradients' bytes where one bucket of `cap_mb` holds them all (the search's larger
+    sizes change nothing), else None."""
     held = _gradient_bytes(values)
-    return held is not None and cap_mb * MIB >= held
+    return held if held is not None and cap_mb * MIB >= held else None
 
 
 def _bucket_sizes(first_mb: float, values: dict[str, Any]) -> int:
     """The bucket sizes the search tries at most from `first_mb`: LARGER times each, up to
     MAX_BUCKETS, and none past the first that holds every gradient."""
     sizes, cap = 1, first_mb
-    while sizes < MAX_BUCKETS and not _holds_all(cap, values):
+    while sizes < MAX_BUCKETS and _held_in_one(cap, values) is None:
         sizes, cap = sizes + 1, cap * LARGER
     return sizes
 
