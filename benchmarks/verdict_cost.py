@@ -85,6 +85,17 @@ def profile(work: Path, *args: str | Path) -> tuple[float, dict[str, Any], str]:
     return wall_s, json.loads((out / "report.json").read_text()), estimate
 
 
+def windows(report: dict[str, Any]) -> str:
+    """Each window in order: its label, setting and steps/s (the pairs' show how many it took)."""
+    shown = [
+        f"{w['label']} {w['setting']} {w['steps_per_s']:.1f}"
+        if w.get("steps_per_s")
+        else f"{w['label']} {w['status']}"
+        for w in report["trial_windows"]
+    ]
+    return "; ".join(shown)
+
+
 def outcome_of(report: dict[str, Any], fix: str) -> str:
     for outcome in report["fix_outcomes"]:
         if outcome["fix"] == fix:
@@ -103,6 +114,7 @@ def slow_start(work: Path) -> None:
     print(f"slow-start: --no-fix {diagnose_s:.1f} s, full verdict {verdict_s:.1f} s: {ratio:.2f}x")
     print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
     print(f"  windows: {len(report['trial_windows'])}; {estimate}")
+    print(f"  {windows(report)}")
 
 
 def ceiling(work: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainadvisor.training.window import Clock
+from trainadvisor.training.window_plan import Clock
 
 
 def fake_async_compile(monkeypatch: pytest.MonkeyPatch, ready: Any) -> None:

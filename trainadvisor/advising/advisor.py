@@ -59,7 +59,8 @@ from trainadvisor.report.paths import published
 from trainadvisor.report.render import terminal_summary, write_report
 from trainadvisor.resources import templates_dir
 from trainadvisor.training import gpu, hooks, loaders
-from trainadvisor.training.window import Clock, Window, WindowPlan, start_profiler
+from trainadvisor.training.window import Window
+from trainadvisor.training.window_plan import Clock, WindowPlan, start_profiler
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -36,7 +36,8 @@ from trainadvisor.records import (
 )
 from trainadvisor.training import gpu, loaders
 from trainadvisor.training.hooks import Patches, window_run
-from trainadvisor.training.window import Window, WindowPlan
+from trainadvisor.training.window import Window
+from trainadvisor.training.window_plan import WindowPlan
 
 MAX_TRIALS_PER_FIX = 8
 

@@ -26,7 +26,7 @@ def traced_whole(steps: list[StepRecord], profile_steps: int) -> int:
 
 @dataclass(frozen=True)
 class WindowSize:
-    """Beyond its minimum step counts, how long a window runs (`training.window.WindowPlan`): its
+    """Beyond its minimum step counts, how long a window runs (`training.window_plan.WindowPlan`): its
     timed steps last at least `min_time_s`, its warm-up until step time settles (`settle`;
     None: the warm-up is a count of steps), and warm-up and timed steps end at `max_steps`
     where the script has only so many left (None: not known to be short)."""

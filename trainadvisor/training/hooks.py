@@ -31,7 +31,8 @@ from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_fi
 from trainadvisor.memory.blocks import find_trained, repeated_blocks
 from trainadvisor.records import DeviceInfo, FrameworkCall, LoaderInfo, RawRun
 from trainadvisor.training import failure, gpu, loaders, parallel
-from trainadvisor.training.window import Clock, Window, WindowPlan
+from trainadvisor.training.window import Window
+from trainadvisor.training.window_plan import Clock, WindowPlan
 
 ACTIVE: Recorder | None = None
 

@@ -19,7 +19,8 @@ from trainadvisor.compute.mfu import utilization, with_baseline_flops
 from trainadvisor.compute.peaks import matmul_dtype
 from trainadvisor.fixes.compile import Compile, compile_change
 from trainadvisor.records import Overrides, Trial
-from trainadvisor.training.window import Window, WindowPlan
+from trainadvisor.training.window import Window
+from trainadvisor.training.window_plan import WindowPlan
 
 
 def _step(model: torch.nn.Module, x: torch.Tensor) -> None:

@@ -18,7 +18,8 @@ from trainadvisor.advising.advisor import Advisor
 from trainadvisor.measure.config import ChildConfig
 from trainadvisor.measure.settle import NOISE_TOLERANCE_MAX, Blocks, Settling, noise_tolerance, relative_se
 from trainadvisor.training import hooks
-from trainadvisor.training.window import Window, WindowPlan
+from trainadvisor.training.window import Window
+from trainadvisor.training.window_plan import WindowPlan
 
 
 def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

@@ -76,7 +76,8 @@ def test_a_window_counts_what_the_switches_did_in_it() -> None:
     autocast in bf16 (on this CPU, autocast's CPU device), counted from the timed steps on."""
     from trainadvisor.fixes import switches
     from trainadvisor.training.hooks import Patches
-    from trainadvisor.training.window import Window, WindowPlan
+    from trainadvisor.training.window import Window
+    from trainadvisor.training.window_plan import WindowPlan
 
     model = torch.nn.Linear(4, 2)
     window = Window(WindowPlan(warmup=1, steps=3), profiler=lambda *_: None)

@@ -11,7 +11,8 @@ from support.window import FakeClock
 from trainadvisor.measure.settle import Settling
 from trainadvisor.profile import pace
 from trainadvisor.records import Overrides, RawRun, Trial, WindowShape
-from trainadvisor.training.window import Window, WindowPlan
+from trainadvisor.training.window import Window
+from trainadvisor.training.window_plan import WindowPlan
 
 # blocks of 5 steps and 10 ms, three alike within 10% settle, at most 1 s of warm-up
 SETTLE = Settling(block_s=0.010, block_steps=5, blocks=3, tolerance=0.10, max_s=1.0)
