@@ -42,6 +42,7 @@ time.sleep({setup_s})  # loading checkpoints, dataset indexes, building the mode
 sys.argv = [{example!r}, *sys.argv[1:]]
 runpy.run_path({example!r}, run_name="__main__")
 """
+CONFIRMING = "confirming the chosen settings"
 LEFT = re.compile(r"about (?:(\d+)m)?(\d+)s left")
 
 
@@ -61,11 +62,12 @@ def busy_core(on: bool) -> Iterator[None]:
 
 def profile(work: Path, *args: str | Path) -> tuple[float, dict[str, Any], str]:
     """(wall seconds, report.json, what the first progress line's estimate said against what the
-    rest took)."""
+    rest took, and how long the diagnosis, the trials with their pairs and the confirmation took)."""
     out = work / f"r{time.monotonic_ns()}"
     command = [sys.executable, "-m", "trainadvisor", "profile", "--out", str(out), *map(str, args)]
     started = time.monotonic()
     first: tuple[float, float] | None = None  # (when, estimate_s)
+    confirming: float | None = None  # when the confirmation run began
     with subprocess.Popen(
         command, cwd=work, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
     ) as proc:
@@ -74,6 +76,8 @@ def profile(work: Path, *args: str | Path) -> tuple[float, dict[str, Any], str]:
             found = LEFT.search(line)
             if found and first is None:
                 first = (time.monotonic(), 60 * int(found[1] or 0) + int(found[2]))
+            if CONFIRMING in line and confirming is None:
+                confirming = time.monotonic()
     wall_s = time.monotonic() - started
     if proc.returncode != 0:  # its figures would be a report saved before it failed
         print(f"  the profile exited {proc.returncode}: {' '.join(map(str, args))}", flush=True)
@@ -82,6 +86,11 @@ def profile(work: Path, *args: str | Path) -> tuple[float, dict[str, Any], str]:
         rest_s = started + wall_s - first[0]
         share = first[1] / max(rest_s, 1e-9)
         estimate = f"first estimate {first[1]:.0f} s left, the rest took {rest_s:.0f} s ({share:.2f}x)"
+        if confirming is not None:  # where the verdict's time went
+            estimate += (
+                f"; diagnosis {first[0] - started:.1f} s, trials and pairs {confirming - first[0]:.1f} s, "
+                f"confirmation and report {started + wall_s - confirming:.1f} s"
+            )
     return wall_s, json.loads((out / "report.json").read_text()), estimate
 
 
