@@ -174,19 +174,6 @@ MAX_PAIRS = 3
 DECISIVE = 1.5
 
 
-def likely_pairs(speedup: float, baseline: Run) -> int:
-    """How many pairs a choice made in windows likely takes, for the estimates: one where the
-    first can decide (`paired`): at the baseline windows' spread (slow over fast: the same spread
-    in both of a pair puts their ratio's low end at about that share of the gain) the most its
-    fix can gain, `speedup`, would reach DECISIVE, or where that gain is not known (1.0); else
-    two, the last two agreeing (a busy core left the baseline's windows 15% apart and a loop
-    that waited on its input a third of each step: one pair could not decide, two or three ran)."""
-    slow, fast = percentile(baseline.window_steps_per_s, 10), percentile(baseline.window_steps_per_s, 90)
-    if speedup <= 1.0 or not slow or not fast:
-        return 1
-    return 1 if speedup * slow / fast >= DECISIVE else 2
-
-
 @dataclass(frozen=True)
 class Paired:
     """What pairs of adjacent windows decided: "gain", "no_gain", or "open" (measure another

@@ -143,8 +143,8 @@ class Tuning:
     def remaining_s(self, live: bool) -> float:
         """About how long the rest takes: each fix not yet tried (the candidates its search
         usually measures, each a window of the live run where it can switch there, else a fresh
-        run), the pairs of windows that check a choice made in windows (`pace.likely_pairs`), and
-        the confirmation run with its adjacent baseline."""
+        run), the pair of windows that checks a choice made in windows, and the confirmation run
+        with its adjacent baseline."""
         total, beside = 0.0, self.cost_s("fresh")
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
@@ -155,13 +155,11 @@ class Tuning:
             expected, speedup = fix.expected_trials(self.values), gain_bound(planned, self.values)
             window_s = self.cost_s("window", speedup)
             total += fix.likely_trials(self.values) * (window_s if in_window else self.cost_s("fresh"))
-            if in_window:  # the pair: the script's setting, and the choice again (`pairs`; the
-                # first pair's is its own trial window where it was the only candidate and so the
-                # last); a second pair where the first likely cannot decide
-                chosen_s = min(window_s, self._pair_window_s(speedup))
-                pair_s = self.cost_s("pair") + chosen_s
-                reused_s = chosen_s if expected == 1 else 0.0
-                beside = pair_s * pace.likely_pairs(speedup, self.baseline) - reused_s
+            if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
+                # own trial window where it was the only candidate and so the last)
+                beside = self.cost_s("pair") + (
+                    0.0 if expected == 1 else min(window_s, self._pair_window_s(speedup))
+                )
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
         # run; fresh runs get the script's own setting measured again after it
         return total + beside + self.confirmation_cost_s()

@@ -8,9 +8,7 @@ confirmation run."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from support.race import _windows_at
 
@@ -27,21 +25,13 @@ VALUES = {
 }  # fmt: skip
 
 
-def _left_s(
-    *fixes_planned: str,
-    live: bool = True,
-    prestarted: bool = False,
-    windows: list[float] | None = None,
-    **values: Any,
-) -> float:
+def _left_s(*fixes_planned: str, live: bool = True, prestarted: bool = False) -> float:
     baseline = _windows_at(100.0)
-    if windows is not None:
-        baseline = replace(baseline, window_steps_per_s=windows)
     baseline.raw.wall_s = 12.0
     baseline.raw.shape = WindowShape(30, 1.0, "settled", timed_s=0.6, min_time_s=1.0, settle_s=0.5)
     plan = [PlannedFix(fix, "rule", True, "") for fix in fixes_planned]
     options = ProfileOptions(Path("train.py"), [], Path("out"))
-    tuning = Tuning(options, plan, {**VALUES, **values}, baseline, lambda line: None, time.monotonic(), [])
+    tuning = Tuning(options, plan, dict(VALUES), baseline, lambda line: None, time.monotonic(), [])
     tuning.prestarted = prestarted
     return tuning.remaining_s(live)
 
@@ -63,15 +53,3 @@ def test_a_search_counts_both_windows_of_its_pair_and_a_run_started_ahead_skips_
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:
     assert round(_left_s("tf32", live=False), 6) == 12.0 + 12.0 + 12.0
-
-
-def test_a_gain_the_first_pair_cannot_decide_beside_a_busy_baseline_counts_a_second_pair() -> None:
-    # the loop waited on its input for 40% of each step (more workers: at most 1.67x) and the
-    # baseline's windows ran 90 to 104 steps/s: a first pair's low end of about 1.48x decides
-    # nothing, and the estimate counts a second pair, the baseline's 1.6 s and the choice's 3.5 s
-    # (2 s settling, the minimum 1 s timed, 0.5 s), beyond what it counts beside windows all alike
-    busy = _left_s("dataloader-workers", windows=[96.0, 104.0, 90.0, 90.0], data_wait_pct=40.0)
-    alike = _left_s("dataloader-workers", data_wait_pct=40.0)
-    assert round(busy - alike, 6) == 1.6 + 3.5
-    # beside the same windows, a loop that waited three quarters of each step (at most 4x): one
-    assert _left_s("dataloader-workers", windows=[96.0, 104.0, 90.0, 90.0]) == _left_s("dataloader-workers")

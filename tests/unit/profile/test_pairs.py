@@ -10,7 +10,6 @@ from dataclasses import replace
 from support.race import _windows_at
 
 from trainadvisor import fixes
-from trainadvisor.profile import pace
 from trainadvisor.profile.pairs import AS_SCRIPT, PAIR_SETTLE_S, pair_choice
 from trainadvisor.profile.trials import Measured
 from trainadvisor.records import FixOutcome, Overrides, Trial
@@ -128,12 +127,3 @@ def test_a_trial_window_that_was_not_the_last_is_measured_again_for_its_pair() -
     calls: Calls = []
     pair_choice(_reusable(3.0), _measurer(3.0, [1.0], calls), lambda s: True, lambda: 1.0, False)
     assert [c[0] for c in calls] == ["baseline-pair-1", "dataloader-workers-pair-1"]
-
-
-def test_the_estimate_counts_a_second_pair_where_the_first_cannot_decide() -> None:
-    # a baseline whose windows ran 4.0 to 4.6 steps/s (a busy core beside it): a gain of at most
-    # 1.5x shows a low end of about 1.5 x 4.0 / 4.6 = 1.3, under DECISIVE: the last two must agree
-    busy = replace(_windows_at(4.3), window_steps_per_s=[4.4, 4.6, 4.0, 4.0])
-    assert [pace.likely_pairs(gain, busy) for gain in (1.0, 1.5, 1.8)] == [1, 2, 1]
-    # the same gains beside a quiet baseline's windows (all alike): one pair decides from 1.5x
-    assert [pace.likely_pairs(gain, _windows_at(4.3)) for gain in (1.0, 1.4, 1.5)] == [1, 2, 1]
