@@ -17,12 +17,16 @@ window showed, not only from doubling: where its workers were waiting and the lo
 on them for a share `w` of each step, about `n / (1 - w)` workers would hide that wait, so the
 search leaps there (a power of two, at most four times the last count); where the loop waited
 less than `LITTLE_WAIT`, no count can gain more than that and the search stops. The report says
-what was tried and why the search stopped. Every candidate with workers keeps them alive across epochs
-(`persistent_workers=True`); the best count (when it has workers) is then tried with
-`prefetch_factor=4`, unless its loop waited less than `LITTLE_WAIT` (a deeper queue hides waits,
-and there were none left to hide) or its window kept the machine's cores busy (`BUSY_CORES` of
-them, the training process, its workers and every other process sampled together: a deeper
-queue lets idle workers load ahead, and no core was idle to do it). On a CUDA run every
+what was tried and why the search stopped. Every candidate with workers keeps them alive
+across epochs (`persistent_workers=True`). The count kept is the fewest that ran within
+`STEP_GAIN` of the fastest: more workers stay only where they brought what a doubling must to
+go on (each is a process, with its own copy of the dataset's state: 32 workers on 2 cores
+summed 8 GB resident, where 16 ran 5% slower); the report says so where the fastest was not
+kept. That count (when it has workers) is then tried with `prefetch_factor=4`, unless its loop
+waited less than `LITTLE_WAIT` (a deeper queue hides waits, and there were none left to hide)
+or its window kept the machine's cores busy (`BUSY_CORES` of them, the training process, its
+workers and every other process sampled together: a deeper queue lets idle workers load ahead,
+and no core was idle to do it). On a CUDA run every
 candidate also pins memory and makes the host-to-device copies of pinned batches non-blocking."""
 
 from __future__ import annotations
@@ -299,15 +303,28 @@ class DataLoaderWorkers(LoaderSetting):
         return self._deeper(values, trials)
 
     def _deeper(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
-        """The fastest count so far with a deeper prefetch (None where it has no workers)."""
-        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
-        if not measured:
+        """The count kept so far (`_kept_count`) with a deeper prefetch (None where it has no
+        workers)."""
+        best = self._kept_count(trials)
+        if best is None:
             return None
-        best = max(measured, key=lambda t: t.steps_per_s or 0.0)
         workers = self._workers(best)
         if not workers or _no_deeper(best, values) is not None:
             return None  # no workers to queue ahead, or nothing a deeper queue could gain
         return self._setting(values, workers, PREFETCH)
+
+    def _kept_count(self, trials: list[Trial], floor_steps_per_s: float = 0.0) -> Trial | None:
+        """Of the counts measured (no deeper prefetch), the one kept: the fewest workers that ran
+        within STEP_GAIN of the fastest, and at `floor_steps_per_s` at least (None where none
+        did). More workers are kept only where they brought what the search asks of a doubling to
+        go on: each is a process, with its own copy of the dataset's state."""
+        plain = [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        if not plain:
+            return None
+        fastest = max(plain, key=lambda t: t.steps_per_s or 0.0)
+        floor = max((fastest.steps_per_s or 0.0) / STEP_GAIN, floor_steps_per_s)
+        close = [t for t in plain if (t.steps_per_s or 0.0) >= floor]
+        return min(close, key=lambda t: (self._workers(t), -(t.steps_per_s or 0.0)), default=None)
 
     def _fewer_won(self, values: dict[str, Any], trials: list[Trial]) -> bool:
         """Whether a count below the script's gained STEP_GAIN over its own."""
@@ -355,26 +372,44 @@ class DataLoaderWorkers(LoaderSetting):
             parts.append("more were not tried: fewer gained over the script's own count")
         elif len(plain) == len(below) and first_more(current) > worker_cap(values)[0]:
             parts.append(f"more were not tried: {first_more(current)} is past {worker_cap(values)[1]}")
-        measured = [t for t in plain if t.status == "measured" and t.steps_per_s]
-        best = max(measured, key=lambda t: t.steps_per_s or 0.0) if measured else None
-        if best is not None and len(plain) == len(trials) and self._workers(best):  # no deeper prefetch
-            parts.append(_no_deeper(best, values) or "")
+        kept = self._kept_count(plain)
+        if kept is not None and len(plain) == len(trials) and self._workers(kept):  # no deeper prefetch
+            parts.append(_no_deeper(kept, values) or "")
+        parts.append(self._fewer_kept(trials, values))
         return "; ".join(part for part in parts if part) or None
 
+    def _fewer_kept(self, trials: list[Trial], values: dict[str, Any]) -> str:
+        """Where the count chosen has fewer workers than the fastest count, why ("" elsewhere)."""
+        chosen = self.choose(trials, values)
+        plain = [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        fastest = max(plain, key=lambda t: t.steps_per_s or 0.0, default=None)
+        if chosen is None or fastest is None or self._workers(chosen) >= self._workers(fastest):
+            return ""
+        share = (fastest.steps_per_s or 0.0) / (chosen.steps_per_s or 1.0)
+        return (
+            f"{chosen.label} kept: {fastest.label} ran {share:.2f}x as fast, under the "
+            f"{100 * (STEP_GAIN - 1):.0f}% more workers must bring"
+        )
+
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        """The count kept (`_kept_count`), or a deeper prefetch of a count where it brought
+        PREFETCH_GAIN over that count's plain trial (and STEP_GAIN over the kept count, where
+        it runs more workers); None where that gains under KEEP_MIN_SPEEDUP over the script."""
         baseline_steps_per_s = float(values.get(self.metric) or 0.0)
-        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
-        if not measured:
+        kept = self._kept_count(trials, KEEP_MIN_SPEEDUP * baseline_steps_per_s)
+        plain = [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        for deeper in (t for t in trials if t.status == "measured" and t.steps_per_s and self._prefetch(t)):
+            same = next((t for t in plain if self._workers(t) == self._workers(deeper)), None)
+            over = STEP_GAIN if kept is not None and self._workers(deeper) > self._workers(kept) else 1.0
+            if (
+                same is not None
+                and (deeper.steps_per_s or 0.0) >= PREFETCH_GAIN * (same.steps_per_s or 0.0)
+                and (deeper.steps_per_s or 0.0) >= over * (kept.steps_per_s or 0.0 if kept else 0.0)
+            ):
+                kept = deeper
+        if kept is None or (kept.steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * baseline_steps_per_s:
             return None
-        best = max(measured, key=lambda t: t.steps_per_s or 0.0)
-        if self._prefetch(best):
-            plain = [t for t in measured if not self._prefetch(t)]
-            same = [t for t in plain if self._workers(t) == self._workers(best)]
-            if same and (best.steps_per_s or 0.0) < PREFETCH_GAIN * (same[0].steps_per_s or 0.0):
-                best = same[0]
-        if (best.steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * baseline_steps_per_s:
-            return None
-        return best
+        return kept
 
     def code_change(self, source: str, script: Path, overrides: Overrides) -> str | None:
         from trainadvisor.fixes import codechange  # libcst: not in the measured run
