@@ -327,6 +327,12 @@ def test_worker_choice_prefers_the_simpler_setting_within_noise() -> None:
     trials[2].steps_per_s = 40.0
     assert fix.choose(trials, baseline) is trials[2]
     assert fix.choose([trial(2, 10.4)], baseline) is None  # < 5% over the baseline
+    # 8 workers ran 3% faster than 4: 4 are kept; 8 with a deeper prefetch, 5% over 8's own, is
+    # kept only where it also brings the 10% more workers must over 4
+    fewer = [trial(4, 35.0), trial(8, 36.0), trial(8, 38.0, prefetch=4)]
+    assert fix.choose(fewer, baseline) is fewer[0]
+    fewer[2].steps_per_s = 38.6
+    assert fix.choose(fewer, baseline) is fewer[2]
     assert fix.describe(trials[2], baseline) == "num_workers=4, persistent_workers=True, prefetch_factor=4"
 
 

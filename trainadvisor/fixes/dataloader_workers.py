@@ -313,12 +313,16 @@ class DataLoaderWorkers(LoaderSetting):
             return None  # no workers to queue ahead, or nothing a deeper queue could gain
         return self._setting(values, workers, PREFETCH)
 
+    def _plain(self, trials: list[Trial]) -> list[Trial]:
+        """The counts measured, without a deeper prefetch."""
+        return [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+
     def _kept_count(self, trials: list[Trial], floor_steps_per_s: float = 0.0) -> Trial | None:
         """Of the counts measured (no deeper prefetch), the one kept: the fewest workers that ran
         within STEP_GAIN of the fastest, and at `floor_steps_per_s` at least (None where none
         did). More workers are kept only where they brought what the search asks of a doubling to
         go on: each is a process, with its own copy of the dataset's state."""
-        plain = [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        plain = self._plain(trials)
         if not plain:
             return None
         fastest = max(plain, key=lambda t: t.steps_per_s or 0.0)
@@ -381,7 +385,7 @@ class DataLoaderWorkers(LoaderSetting):
     def _fewer_kept(self, trials: list[Trial], values: dict[str, Any]) -> str:
         """Where the count chosen has fewer workers than the fastest count, why ("" elsewhere)."""
         chosen = self.choose(trials, values)
-        plain = [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        plain = self._plain(trials)
         fastest = max(plain, key=lambda t: t.steps_per_s or 0.0, default=None)
         if chosen is None or fastest is None or self._workers(chosen) >= self._workers(fastest):
             return ""
@@ -397,7 +401,7 @@ class DataLoaderWorkers(LoaderSetting):
         it runs more workers); None where that gains under KEEP_MIN_SPEEDUP over the script."""
         baseline_steps_per_s = float(values.get(self.metric) or 0.0)
         kept = self._kept_count(trials, KEEP_MIN_SPEEDUP * baseline_steps_per_s)
-        plain = [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        plain = self._plain(trials)
         for deeper in (t for t in trials if t.status == "measured" and t.steps_per_s and self._prefetch(t)):
             same = next((t for t in plain if self._workers(t) == self._workers(deeper)), None)
             over = STEP_GAIN if kept is not None and self._workers(deeper) > self._workers(kept) else 1.0
