@@ -31,6 +31,7 @@ candidate also pins memory and makes the host-to-device copies of pinned batches
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -303,9 +304,9 @@ class DataLoaderWorkers(LoaderSetting):
         return self._deeper(values, trials)
 
     def _deeper(self, values: dict[str, Any], trials: list[Trial]) -> Setting | None:
-        """The count kept so far (`_kept_count`) with a deeper prefetch (None where it has no
+        """The count kept so far (`_base_count`) with a deeper prefetch (None where it has no
         workers)."""
-        best = self._kept_count(trials)
+        best = self._base_count(trials, values)
         if best is None:
             return None
         workers = self._workers(best)
@@ -316,6 +317,12 @@ class DataLoaderWorkers(LoaderSetting):
     def _plain(self, trials: list[Trial]) -> list[Trial]:
         """The counts measured, without a deeper prefetch."""
         return [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+
+    def _base_count(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
+        """The count `choose` starts from: the count kept among those that gained what a fix
+        must over the script, else among all (a deeper prefetch may still bring it there)."""
+        floor = KEEP_MIN_SPEEDUP * float(values.get(self.metric) or 0.0)
+        return self._kept_count(trials, floor) or self._kept_count(trials)
 
     def _kept_count(self, trials: list[Trial], floor_steps_per_s: float = 0.0) -> Trial | None:
         """Of the counts measured (no deeper prefetch), the one kept: the fewest workers that ran
@@ -376,7 +383,7 @@ class DataLoaderWorkers(LoaderSetting):
             parts.append("more were not tried: fewer gained over the script's own count")
         elif len(plain) == len(below) and first_more(current) > worker_cap(values)[0]:
             parts.append(f"more were not tried: {first_more(current)} is past {worker_cap(values)[1]}")
-        kept = self._kept_count(plain)
+        kept = self._base_count(plain, values)
         if kept is not None and len(plain) == len(trials) and self._workers(kept):  # no deeper prefetch
             parts.append(_no_deeper(kept, values) or "")
         parts.append(self._fewer_kept(trials, values))
@@ -389,10 +396,12 @@ class DataLoaderWorkers(LoaderSetting):
         fastest = max(plain, key=lambda t: t.steps_per_s or 0.0, default=None)
         if chosen is None or fastest is None or self._workers(chosen) >= self._workers(fastest):
             return ""
-        share = (fastest.steps_per_s or 0.0) / (chosen.steps_per_s or 1.0)
-        return (
-            f"{chosen.label} kept: {fastest.label} ran {share:.2f}x as fast, under the "
-            f"{100 * (STEP_GAIN - 1):.0f}% more workers must bring"
+        faster_pct = 100.0 * ((fastest.steps_per_s or 0.0) / (chosen.steps_per_s or 1.0) - 1.0)
+        if faster_pct <= 0:
+            return ""
+        return (  # rounded down: a share just under the bar never reads as the bar
+            f"{chosen.label} kept: {fastest.label} ran {math.floor(10 * faster_pct) / 10:.1f}% faster, "
+            f"under the {100 * (STEP_GAIN - 1):.0f}% more workers must bring"
         )
 
     def choose(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
