@@ -96,9 +96,9 @@ def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:
 
 
 def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
-    """Why the fastest count gets no deeper prefetch, None where it does: the loop hardly
-    waited there ("": the doubling's stop says so), or its window kept BUSY_CORES of the cores
-    busy (workers load ahead only on idle ones)."""
+    """Why the count kept (`DataLoaderWorkers._base_count`) gets no deeper prefetch, None where
+    it does: the loop hardly waited there ("": the doubling's stop says so), or its window kept
+    BUSY_CORES of the cores busy (workers load ahead only on idle ones)."""
     wait = wait_share(best)
     if wait is not None and wait < LITTLE_WAIT:  # a deeper queue hides waits, and none were left
         return ""
@@ -314,9 +314,14 @@ class DataLoaderWorkers(LoaderSetting):
             return None  # no workers to queue ahead, or nothing a deeper queue could gain
         return self._setting(values, workers, PREFETCH)
 
+    @staticmethod
+    def _measured(trials: list[Trial]) -> list[Trial]:
+        """The trials that measured a throughput."""
+        return [t for t in trials if t.status == "measured" and t.steps_per_s]
+
     def _plain(self, trials: list[Trial]) -> list[Trial]:
         """The counts measured, without a deeper prefetch."""
-        return [t for t in trials if t.status == "measured" and t.steps_per_s and not self._prefetch(t)]
+        return [t for t in self._measured(trials) if not self._prefetch(t)]
 
     def _base_count(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         """The count `choose` starts from: the count kept among those that gained what a fix
@@ -411,14 +416,15 @@ class DataLoaderWorkers(LoaderSetting):
         baseline_steps_per_s = float(values.get(self.metric) or 0.0)
         kept = self._kept_count(trials, KEEP_MIN_SPEEDUP * baseline_steps_per_s)
         plain = self._plain(trials)
-        for deeper in (t for t in trials if t.status == "measured" and t.steps_per_s and self._prefetch(t)):
+        for deeper in (t for t in self._measured(trials) if self._prefetch(t)):
             same = next((t for t in plain if self._workers(t) == self._workers(deeper)), None)
-            over = STEP_GAIN if kept is not None and self._workers(deeper) > self._workers(kept) else 1.0
-            if (
-                same is not None
-                and (deeper.steps_per_s or 0.0) >= PREFETCH_GAIN * (same.steps_per_s or 0.0)
-                and (deeper.steps_per_s or 0.0) >= over * (kept.steps_per_s or 0.0 if kept else 0.0)
-            ):
+            if same is None:
+                continue
+            bar = PREFETCH_GAIN * (same.steps_per_s or 0.0)
+            if kept is not None:  # more workers than the count kept must bring STEP_GAIN over it
+                over = STEP_GAIN if self._workers(deeper) > self._workers(kept) else 1.0
+                bar = max(bar, over * (kept.steps_per_s or 0.0))
+            if (deeper.steps_per_s or 0.0) >= bar:
                 kept = deeper
         if kept is None or (kept.steps_per_s or 0.0) < KEEP_MIN_SPEEDUP * baseline_steps_per_s:
             return None
