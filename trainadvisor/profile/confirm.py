@@ -12,8 +12,9 @@ from typing import Any, cast
 
 from trainadvisor import fixes
 from trainadvisor.compute.mfu import with_baseline_flops
+from trainadvisor.measure import priority
 from trainadvisor.measure.kept_alive import Prestarted
-from trainadvisor.measure.runner import PROFILE_STEPS
+from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
 from trainadvisor.profile.pace import machine_changed, machine_drift
 from trainadvisor.profile.runs import (
@@ -70,10 +71,7 @@ def confirm(
     elif chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
-        first = measure_run
-        if waiting is not None:  # its set-up ran while the trials did
-            ready = waiting
-            first = lambda spec: run_of(ready.run(spec, PROFILE_STEPS), spec)  # noqa: E731
+        first = measure_run if waiting is None else _ahead_or_fresh(waiting, echo)
         cap = tuning.compared_settle_cap_s
         spec_of = lambda known: confirmation_spec(options, merged, known, cap)  # noqa: E731
         after = with_baseline_flops(
@@ -94,6 +92,25 @@ def confirm(
             verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
     final = [_final(options, _unsure(o, changed), verdicts, baseline.raw) for o in tuning.outcomes]
     return Confirmed(final, after, comparison, _length_note(tuning, comparison))
+
+
+def _ahead_or_fresh(ready: Prestarted, echo: Echo) -> Callable[[RunSpec], Run]:
+    """The run started ahead, its set-up done while the trials ran, measured with `spec`'s
+    settings; measured afresh where a thread of it stayed at the lowered priority (beside a busy
+    core such a thread is starved, and the run would measure slower than the script runs)."""
+
+    def first(spec: RunSpec) -> Run:
+        raw = ready.run(spec, PROFILE_STEPS)
+        lowered = raw.runtime.get(priority.LOWERED)
+        if not lowered:
+            return run_of(raw, spec)
+        echo(
+            f"trainadvisor: {lowered} thread(s) of the run started ahead kept the lowest CPU priority; "
+            "confirming in a fresh run"
+        )
+        return measure_run(spec)
+
+    return first
 
 
 def _adjacent(
@@ -235,12 +252,13 @@ def start_ahead(options: ProfileOptions, plan: list[PlannedFix], values: dict[st
     instead of coming after them: where every fix the diagnosis plans is a DataLoader setting
     (applied when the first loader is built). It runs at the lowest CPU priority, waits at its
     first DataLoader for the settings to confirm, and steps aside (exits) if memory runs short.
+    Not where this user may not raise a lowered priority back (`priority.restorable`).
     Not started before the baseline is diagnosed: a script that fails, or whose diagnosis plans
     other fixes, would pay its set-up twice. Not on a machine with a GPU: a second process there
     would hold GPU memory beside the trials."""
     applicable = [p for p in plan if p.applicable]
     loaders_only = applicable and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
-    if not loaders_only or values.get("cuda_used") or _gpu_here():
+    if not loaders_only or values.get("cuda_used") or _gpu_here() or not priority.restorable():
         return None
     spec = spec_for(options, "after", show_output=False)
     return Prestarted(replace(spec, gate_file=spec.out_dir / ".work" / "after.gate.json"))

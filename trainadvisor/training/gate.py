@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from trainadvisor import _serial
+from trainadvisor.measure import priority
 from trainadvisor.measure.config import WindowCommand
 from trainadvisor.training.hooks import Recorder, WindowComplete
 
@@ -33,11 +34,10 @@ def _step_aside_on_low_memory(opened: threading.Event) -> None:
 
 
 def hold(recorder: Recorder, path: Path) -> None:
-    """Lower this process's priority now; at the script's first gate, wait for `path`."""
-    try:
-        os.nice(19)
-    except OSError:  # not permitted: set-up competes at normal priority
-        pass
+    """Lower this process's priority now; at the script's first gate, wait for `path`, then
+    restore the priority of every thread (`priority.restore`): a thread that stays lowered is
+    recorded with the run (`priority.LOWERED`), whose speed the parent then does not use."""
+    before = priority.lower()
     parent = os.getppid()
     opened = threading.Event()
     threading.Thread(
@@ -53,10 +53,9 @@ def hold(recorder: Recorder, path: Path) -> None:
         command = _serial.load_json(WindowCommand, path)
         if command.stop:
             raise WindowComplete()
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)  # back to normal where permitted (root)
-        except OSError:
-            pass
+        lowered = priority.restore(before) if before is not None else 0
+        if lowered:
+            recorder.held_facts[priority.LOWERED] = lowered
         _apply(recorder, command)
 
     recorder.gate = wait_and_apply

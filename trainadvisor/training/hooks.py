@@ -97,6 +97,7 @@ class Recorder(Patches):
         # A run started ahead of its settings (`training.gate`): called once, at the script's
         # first DataLoader, backward() or step, it waits for them and applies them.
         self.gate: Callable[[], None] | None = None
+        self.held_facts: dict[str, Any] = {}  # what standing by left (`training.gate`)
         self.death_facts: dict[str, Any] = {}  # what an out-of-memory left (`training.failure`)
         self.model_blocks: dict[str, Any] = {}  # the trained model's repeated blocks (`memory.blocks`)
         super().__init__()
@@ -278,7 +279,7 @@ class Recorder(Patches):
                     self.session.ended(self, status, error)
                 self.result.steps_seen = self.steps_seen
                 self.result.exit_code, self.result.error = exit_code, error
-            for key, value in {**self.model_blocks, **self.death_facts}.items():
+            for key, value in {**self.model_blocks, **self.death_facts, **self.held_facts}.items():
                 self.result.runtime.setdefault(key, value)  # the window's own facts stay
             self.result.ended_unix_s = time.time()
             _serial.save_json(self.result, Path(self.config.result_file))

@@ -19,6 +19,7 @@ from support.race import _run, _windows_at
 from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.frameworks import change as framework_change
 from trainadvisor.frameworks.change import Change
+from trainadvisor.measure import priority
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile import confirm as confirming
 from trainadvisor.profile.confirm import (
@@ -451,6 +452,37 @@ def test_a_run_started_ahead_is_handed_the_confirmation_and_its_wall_time_is_not
     ]
 
 
+def test_a_run_started_ahead_whose_threads_stayed_lowered_is_measured_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its speed beside a busy core would be a starved thread's: the confirmation is a fresh run."""
+
+    class Lowered:
+        def waiting(self) -> bool:
+            return True
+
+        def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
+            raw = _windows_at(3.0).raw
+            raw.runtime[priority.LOWERED] = 2
+            return raw
+
+    measured: list[RunSpec] = []
+    monkeypatch.setattr(confirming, "measure_run", lambda spec: measured.append(spec) or _windows_at(25.0))
+    _stage(monkeypatch, FreshRun(None, call_first=True))
+    echoed: list[str] = []
+    baseline = _windows_at(10.0)
+    tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)])
+    done = confirm(OPTIONS, baseline, tuning, None, echoed.append, Lowered())  # type: ignore[arg-type]
+    assert [(spec.label, spec.overrides) for spec in measured] == [("after", WORKERS)]
+    assert echoed[1:] == [
+        "trainadvisor: 2 thread(s) of the run started ahead kept the lowest CPU priority; confirming in a "
+        "fresh run"
+    ]
+    assert [(o.status, o.reason) for o in done.outcomes] == [
+        ("kept", "measured 2.50x steps/s (range 2.50-2.50x)")
+    ]
+
+
 def test_a_run_started_ahead_that_stepped_aside_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     class SteppedAside:
         def waiting(self) -> bool:
@@ -511,10 +543,17 @@ class Started:
         self.specs.append(spec)
 
 
-def _ahead(monkeypatch: pytest.MonkeyPatch, plan: list[PlannedFix], gpu: bool = False, **values: Any) -> Any:
+def _ahead(
+    monkeypatch: pytest.MonkeyPatch,
+    plan: list[PlannedFix],
+    gpu: bool = False,
+    restorable: bool = True,
+    **values: Any,
+) -> Any:
     Started.specs = []
     monkeypatch.setattr(confirming, "Prestarted", Started)
     monkeypatch.setattr(confirming, "_gpu_here", lambda: gpu)
+    monkeypatch.setattr(priority, "restorable", lambda: restorable)
     return start_ahead(replace(OPTIONS, stage_dir=Path("stage")), plan, values)
 
 
@@ -549,6 +588,15 @@ def test_no_confirmation_run_starts_ahead_where_it_would_not_help_or_would_hold_
 ) -> None:
     assert _ahead(monkeypatch, [_planned(fix, ok) for fix, ok in plan], gpu, **values) is None
     assert Started.specs == []
+
+
+def test_no_confirmation_run_starts_ahead_where_its_priority_could_not_be_raised_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user without CAP_SYS_NICE: the run would be measured at the lowest priority."""
+    assert _ahead(monkeypatch, [_planned("dataloader-workers")], restorable=False) is None
+    assert Started.specs == []
+    assert isinstance(_ahead(monkeypatch, [_planned("dataloader-workers")], restorable=True), Started)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from trainadvisor import _serial
+from trainadvisor.measure import priority
 from trainadvisor.measure.config import ChildConfig, WindowCommand, WindowSize
 from trainadvisor.records import Overrides
 from trainadvisor.training import gate
@@ -30,23 +31,38 @@ class _Exited(BaseException):
 
 
 class _Os:
-    """The gate's view of the process: priorities asked for, a parent that may go, an exit."""
+    """The gate's view of the process: its threads' priorities (the main thread, 100, and any
+    started while it stood by), priorities asked for, a parent that may go, an exit. Lowering is
+    permitted unless `nice_allowed` is False; raising a priority back unless `raise_allowed` is."""
 
     PRIO_PROCESS = os.PRIO_PROCESS
+    MAIN = 100
 
     def __init__(self, nice_allowed: bool = True) -> None:
-        self.nice_allowed = nice_allowed
+        self.nice_allowed, self.raise_allowed = nice_allowed, True
         self.calls: list[tuple[Any, ...]] = []
         self.parents = [1000]  # getppid answers these in turn, then the last one on
+        self.nices = {self.MAIN: 0}
 
     def nice(self, increment: int) -> int:
         self.calls.append(("nice", increment))
         if not self.nice_allowed:
             raise PermissionError(1, "Operation not permitted")
-        return increment
+        self.nices[self.MAIN] = min(19, self.nices[self.MAIN] + increment)
+        return self.nices[self.MAIN]
+
+    def getpriority(self, which: int, who: int) -> int:
+        return self.nices[who or self.MAIN]
 
     def setpriority(self, which: int, who: int, priority: int) -> None:
         self.calls.append(("setpriority", which, who, priority))
+        if priority < self.nices[who or self.MAIN] and not self.raise_allowed:
+            raise PermissionError(13, "Permission denied")
+        self.nices[who or self.MAIN] = priority
+
+    def listdir(self, path: Path) -> list[str]:
+        assert path == priority.TASKS
+        return [str(tid) for tid in self.nices]
 
     def getppid(self) -> int:
         return self.parents.pop(0) if len(self.parents) > 1 else self.parents[0]
@@ -91,6 +107,7 @@ def fake_os(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Os]:
     test, whether its gate opened or not."""
     faked = _Os()
     monkeypatch.setattr(gate, "os", faked)
+    monkeypatch.setattr(priority, "os", faked)
     monkeypatch.setattr(gate, "psutil", _Memory(available=50, total=100))
     standing_by: list[tuple[threading.Event, threading.Thread]] = []
     real = gate._step_aside_on_low_memory
@@ -182,7 +199,59 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     assert (plan.warmup, plan.steps, plan.profile_steps) == (2, 7, 3)
     assert (plan.min_time_s, plan.max_steps) == (0.5, 200)
     # lowered at hold, back to normal once the settings came
-    assert fake_os.calls == [("nice", 19), ("setpriority", os.PRIO_PROCESS, 0, 0)]
+    assert fake_os.calls == [("nice", 19), ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 0)]
+    assert recorder.held_facts == {}
+
+
+def _opened(recorder: Recorder, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate opened on a command already there."""
+    _serial.save_json(WindowCommand(index=0, warmup=1, steps=4), path)
+    monkeypatch.setattr(gate, "time", _Time(polls=1))
+    assert recorder.gate is not None
+    recorder.gate()
+
+
+def test_threads_started_while_standing_by_get_their_priority_back_too(
+    fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux keeps a priority per thread, and a thread inherits its creator's: torch's intra-op
+    pool, started while the model was built, stood by at 19 beside the main thread."""
+    fake_os.nices[_Os.MAIN] = 5  # the user ran it under `nice -n 5`
+    recorder = _recorder(tmp_path)
+    gate.hold(recorder, tmp_path / "after.gate.json")
+    fake_os.nices[101] = fake_os.nices[_Os.MAIN]  # started during set-up
+    _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+    assert fake_os.nices == {_Os.MAIN: 5, 101: 5}  # back to the user's own, not above it
+    assert fake_os.calls == [
+        ("nice", 14),
+        ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 5),
+        ("setpriority", os.PRIO_PROCESS, 101, 5),
+    ]
+    assert recorder.held_facts == {}
+
+
+def test_threads_whose_priority_could_not_be_raised_back_are_recorded_with_the_run(
+    fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_os.raise_allowed = False
+    recorder = _recorder(tmp_path)
+    gate.hold(recorder, tmp_path / "after.gate.json")
+    fake_os.nices[101] = 19
+    _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+    assert fake_os.nices == {_Os.MAIN: 19, 101: 19}
+    assert recorder.held_facts == {priority.LOWERED: 2}
+    tried = [call for call in fake_os.calls if call[0] == "setpriority"]
+    assert len(tried) == 6  # each thread, in each of three passes
+
+
+def test_a_run_that_could_not_lower_its_priority_raises_none_back(
+    fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_os.nice_allowed = False
+    recorder = _recorder(tmp_path)
+    gate.hold(recorder, tmp_path / "after.gate.json")
+    _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+    assert fake_os.calls == [("nice", 19)] and recorder.held_facts == {}
 
 
 def test_a_file_already_there_is_read_at_once(
