@@ -16,7 +16,7 @@ from trainadvisor.measure import priority
 from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
-from trainadvisor.profile.pace import machine_changed, machine_drift
+from trainadvisor.profile.pace import MACHINE_DRIFT, machine_changed, machine_drift
 from trainadvisor.profile.runs import (
     ProfileOptions,
     confirmation_spec,
@@ -91,7 +91,11 @@ def confirm(
             why = after.raw.error or _short_run(after.raw)
             verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
     final = [_final(options, _unsure(o, changed), verdicts, baseline.raw) for o in tuning.outcomes]
-    return Confirmed(final, after, comparison, _length_note(tuning, comparison))
+    notes: list[str | None] = [
+        *_length_note(tuning, comparison),
+        _reference_note(baseline, after, comparison),
+    ]
+    return Confirmed(final, after, comparison, [note for note in notes if note])
 
 
 def _ahead_or_fresh(ready: Prestarted, echo: Echo) -> Callable[[RunSpec], Run]:
@@ -217,6 +221,31 @@ def _length_note(tuning: Tuning, comparison: Comparison | None) -> list[str | No
         f"The confirmation run was measured on what fitted: {comparison.cut}{known}; give the "
         "script more steps (more data or epochs) for a longer confirmation."
     ]
+
+
+def _reference_note(baseline: Run, after: Run | None, comparison: Comparison | None) -> str | None:
+    """Where the confirmation was compared with the script's own setting measured again, faster
+    than the baseline window by more than two settled measurements of one loop differ (a busy
+    spell in the baseline's window), the note that says so: the report's before and after
+    columns would otherwise read as a larger gain than the one claimed."""
+    if after is None or comparison is None or not comparison.speedup:
+        return None
+    per_sample = comparison.unit == "samples/s"
+    after_rate = after.samples_per_s if per_sample else after.steps_per_s
+    base_rate = baseline.samples_per_s if per_sample else baseline.steps_per_s
+    if not after_rate or not base_rate:
+        return None
+    reference = after_rate / comparison.speedup  # the speedup is after / the reference used
+    if reference <= (1.0 + MACHINE_DRIFT) * base_rate:
+        return None
+    unit = comparison.unit
+    return (
+        f"The speedup is measured against the script's own setting as measured again later in the "
+        f"profile ({reference:.1f} {unit}), not the baseline window ({base_rate:.1f} {unit}, "
+        f"{reference / base_rate:.1f}x slower, against which the after run reads "
+        f"{after_rate / base_rate:.2f}x): a gain is claimed against the fastest measurement of the "
+        "script's own setting, so that a baseline measured in a slow spell cannot inflate it."
+    )
 
 
 def _short_run(raw: RawRun) -> str:

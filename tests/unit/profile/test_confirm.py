@@ -29,6 +29,7 @@ from trainadvisor.profile.confirm import (
     _gpu_here,
     _length_note,
     _over_budget,
+    _reference_note,
     _scoped,
     _short_run,
     _together,
@@ -200,6 +201,26 @@ def test_the_confirmation_is_compared_with_the_faster_baseline_at_the_loosest_to
     assert round(_comparison(baseline, after, tuning, chosen, None).speedup or 0.0, 9) == 2.0
     beside = _comparison(baseline, after, tuning, chosen, None, [_windows_at(20.0)])
     assert round(beside.speedup or 0.0, 9) == 1.25
+
+
+def test_a_comparison_against_a_faster_measurement_than_the_baseline_window_says_so() -> None:
+    """The report's before and after columns are the baseline window's and the after run's: where
+    the gain was claimed against the script's setting measured again, faster, a note says so."""
+    baseline, after = _windows_at(4.0), _windows_at(128.0)  # a baseline window in a busy spell
+    chosen = [_outcome("dataloader-workers")]
+    tuning = _tuning(baseline, chosen)
+    tuning.again = _windows_at(12.0)
+    comparison = _comparison(baseline, after, tuning, chosen, None)
+    assert _reference_note(baseline, after, comparison) == (
+        "The speedup is measured against the script's own setting as measured again later in the "
+        "profile (12.0 steps/s), not the baseline window (4.0 steps/s, 3.0x slower, against which the "
+        "after run reads 32.00x): a gain is claimed against the fastest measurement of the script's own "
+        "setting, so that a baseline measured in a slow spell cannot inflate it."
+    )
+    for again in (4.4, 3.0, None):  # within the 10% two measurements of one loop differ by; slower
+        tuning.again = _windows_at(again) if again else None
+        assert _reference_note(baseline, after, _comparison(baseline, after, tuning, chosen, None)) is None
+    assert _reference_note(baseline, None, comparison) is None
 
 
 def test_a_larger_batch_is_compared_in_samples_per_second_with_no_loss_bound() -> None:
