@@ -19,6 +19,7 @@ import psutil
 import pytest
 from conftest import SCRIPTS, load_report
 
+from trainadvisor.measure import priority
 from trainadvisor.measure.runner import RunSpec, measure
 
 GONE_WITHIN_S = 5.0
@@ -302,6 +303,11 @@ def _harness(tree: Tree, tmp_path: Path, spin: bool) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+@pytest.mark.skipif(
+    not priority.restorable(),
+    reason="no confirmation run is started ahead where a lowered priority cannot be raised back: no "
+    "Prestarted.cancel to wait for the lock",
+)
 def test_sigterm_inside_code_that_holds_a_lock_is_acted_on_after_it(tmp_path: Path, tree: Tree) -> None:
     """The signal's exception was raised inside the collector's lock, and the clean-up
     (Prestarted.cancel) then waited for that lock forever: now the signal is noted there and

@@ -3,22 +3,20 @@ set-up overlaps the trials, restored on every one of its threads before it is me
 
 Linux keeps a nice value per thread: `setpriority(PRIO_PROCESS, 0, n)` changes the calling thread
 only, and a thread inherits its creator's value. A script whose set-up ran while the process was
-lowered has threads at the lowest priority (torch's intra-op pool, started by the first parallel
-op while the model was built); restoring the main thread alone left them there, and beside a busy
-core every parallel op then waited for a starved thread: the run measured several times slower
-than the same setting in the live process. A user without CAP_SYS_NICE (or an RLIMIT_NICE that
-allows it) may lower a priority but never raise it back: there no run is started ahead."""
+lowered has threads at the lowest priority (torch's intra-op pool, started by a first forward
+pass); restoring the main thread alone left them there, and beside a busy core every parallel op
+then waited for a starved thread: the run measured several times slower than the same setting in
+the live process. A user who may lower a priority but not raise it back (no CAP_SYS_NICE where
+the kernel checks it, an RLIMIT_NICE that forbids it) gets no run started ahead."""
 
 from __future__ import annotations
 
 import os
-import resource
+import threading
 from pathlib import Path
 
 LOWEST = 19
-CAP_SYS_NICE = 23  # its bit in /proc/self/status's CapEff
 TASKS = Path("/proc/self/task")
-STATUS = Path("/proc/self/status")
 # A run's fact: how many of its threads stayed lowered once its settings came (not permitted).
 LOWERED = "threads_left_lowered"
 
@@ -28,27 +26,32 @@ def current() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def restorable(nice: int | None = None) -> bool:
-    """Whether this process, once lowered to LOWEST, may go back to `nice` (its own value now):
-    with CAP_SYS_NICE, or where RLIMIT_NICE's soft limit allows that value (20 - limit <= nice)."""
-    nice = current() if nice is None else nice
+def restorable() -> bool:
+    """Whether a thread of this process, once lowered, may be raised back to the calling thread's
+    nice value: tried on a thread of its own, lowered by one and raised back, so that the kernel
+    decides (CAP_SYS_NICE in the namespace where it counts, RLIMIT_NICE), not capability bits that
+    a user namespace shows in full. False where threads have no priority of their own (not Linux)."""
+    if not hasattr(os, "getpriority") or not TASKS.is_dir():
+        return False
+    nice = current()
     if nice >= LOWEST:
         return True  # lowering changes nothing
-    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
-    if soft == resource.RLIM_INFINITY or 20 - soft <= nice:
-        return True
-    return _capable()
+    raised: list[bool] = []
 
+    def probe() -> None:
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice + 1)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:
+            raised.append(False)
+        else:
+            raised.append(True)
 
-def _capable() -> bool:
-    try:
-        status = STATUS.read_text()
-    except OSError:
-        return os.geteuid() == 0
-    for line in status.splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
-    return os.geteuid() == 0
+    thread = threading.Thread(target=probe, name="trainadvisor-priority-probe", daemon=True)
+    thread.start()
+    thread.join(5.0)
+    return raised == [True]
 
 
 def lower() -> int | None:
@@ -70,10 +73,13 @@ def threads() -> list[int]:
 
 
 def restore(nice: int) -> int:
-    """Every thread of this process back to `nice`, those created while it was lowered too (a
-    pass repeats where a thread started meanwhile is found lowered); how many stay lowered."""
+    """Every thread of this process at LOWEST back to `nice`: those lowered with it and those
+    created while it was (a pass repeats where a thread started meanwhile is found lowered; a
+    thread the script set to another value is left at it); how many stay at LOWEST."""
+    if nice >= LOWEST:
+        return 0
     for _ in range(3):
-        lowered = [tid for tid in threads() if not _at_most(tid, nice)]
+        lowered = [tid for tid in threads() if _nice_of(tid) == LOWEST]
         if not lowered:
             return 0
         for tid in lowered:
@@ -81,11 +87,11 @@ def restore(nice: int) -> int:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
             except OSError:  # it ended, or this is not permitted
                 pass
-    return sum(1 for tid in threads() if not _at_most(tid, nice))
+    return sum(1 for tid in threads() if _nice_of(tid) == LOWEST)
 
 
-def _at_most(tid: int, nice: int) -> bool:
+def _nice_of(tid: int) -> int | None:
     try:
-        return os.getpriority(os.PRIO_PROCESS, tid) <= nice
+        return os.getpriority(os.PRIO_PROCESS, tid)
     except OSError:
-        return True  # ended
+        return None  # ended

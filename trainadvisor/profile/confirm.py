@@ -71,7 +71,7 @@ def confirm(
     elif chosen:
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
-        first = measure_run if waiting is None else _ahead_or_fresh(waiting, echo)
+        first = measure_run if waiting is None else _ahead_or_fresh(waiting, tuning, echo)
         cap = tuning.compared_settle_cap_s
         spec_of = lambda known: confirmation_spec(options, merged, known, cap)  # noqa: E731
         after = with_baseline_flops(
@@ -93,26 +93,31 @@ def confirm(
     final = [_final(options, _unsure(o, changed), verdicts, baseline.raw) for o in tuning.outcomes]
     notes: list[str | None] = [
         *_length_note(tuning, comparison),
-        _reference_note(baseline, after, comparison),
+        _reference_note(baseline, after, comparison) if any(o.status == "kept" for o in final) else None,
     ]
     return Confirmed(final, after, comparison, [note for note in notes if note])
 
 
-def _ahead_or_fresh(ready: Prestarted, echo: Echo) -> Callable[[RunSpec], Run]:
+def _ahead_or_fresh(ready: Prestarted, tuning: Tuning, echo: Echo) -> Callable[[RunSpec], Run]:
     """The run started ahead, its set-up done while the trials ran, measured with `spec`'s
-    settings; measured afresh where a thread of it stayed at the lowered priority (beside a busy
-    core such a thread is starved, and the run would measure slower than the script runs)."""
+    settings. Where a thread of it could not get its priority back, it stopped at its gate (its
+    speed beside a busy core would be a starved thread's): a fresh run is measured instead, where
+    the budget has room for one."""
 
     def first(spec: RunSpec) -> Run:
         raw = ready.run(spec, PROFILE_STEPS)
         lowered = raw.runtime.get(priority.LOWERED)
         if not lowered:
             return run_of(raw, spec)
-        echo(
-            f"trainadvisor: {lowered} thread(s) of the run started ahead kept the lowest CPU priority; "
-            "confirming in a fresh run"
-        )
-        return measure_run(spec)
+        why = f"{lowered} thread(s) of the run started ahead could not get their CPU priority back"
+        estimate_s = tuning.cost_s("fresh")
+        if not tuning.fits(estimate_s):
+            error = f"{why}, and a fresh run (about {estimate_s:.0f} s) would have run past the --budget"
+            return run_of(replace(raw, status="refused", error=error), spec)  # it measured nothing
+        echo(f"trainadvisor: {why}; confirming in a fresh run")
+        run = measure_run(spec)
+        tuning.walls["fresh"].append(run.raw.wall_s)
+        return run
 
     return first
 

@@ -35,8 +35,8 @@ def _step_aside_on_low_memory(opened: threading.Event) -> None:
 
 def hold(recorder: Recorder, path: Path) -> None:
     """Lower this process's priority now; at the script's first gate, wait for `path`, then
-    restore the priority of every thread (`priority.restore`): a thread that stays lowered is
-    recorded with the run (`priority.LOWERED`), whose speed the parent then does not use."""
+    restore the priority of every thread (`priority.restore`). Where a thread stays lowered, the
+    run stops there, recording how many (`priority.LOWERED`): the parent measures a fresh run."""
     before = priority.lower()
     parent = os.getppid()
     opened = threading.Event()
@@ -54,8 +54,9 @@ def hold(recorder: Recorder, path: Path) -> None:
         if command.stop:
             raise WindowComplete()
         lowered = priority.restore(before) if before is not None else 0
-        if lowered:
+        if lowered:  # its speed would be a starved thread's: the parent measures a fresh run
             recorder.held_facts[priority.LOWERED] = lowered
+            raise WindowComplete()
         _apply(recorder, command)
 
     recorder.gate = wait_and_apply

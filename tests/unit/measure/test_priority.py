@@ -1,47 +1,90 @@
-"""The priority of a run started ahead (`measure.priority`): whether this user may raise a lowered
-priority back (CAP_SYS_NICE in /proc/self/status's CapEff, or RLIMIT_NICE). `restore` on a real
-process: `tests/e2e/test_priority.py`."""
+"""The priority of a run started ahead (`measure.priority`), its process's threads faked: whether
+a lowered priority may be raised back (tried on a thread of its own, lowered by one and raised
+back: the kernel decides), and `restore`, which raises what stands at the lowest and leaves what
+the script set. A real process, and one in a user namespace: `tests/e2e/test_priority.py`."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trainadvisor.measure import priority
 
-STATUS = "Name:\tpython\nCapInh:\t0000000000000000\nCapPrm:\t{caps}\nCapEff:\t{caps}\n"
+
+class _Threads:
+    """`os` as `priority` sees it: each thread's nice value; raising one is refused unless
+    `raise_allowed` (CAP_SYS_NICE, or an RLIMIT_NICE that allows it)."""
+
+    PRIO_PROCESS = os.PRIO_PROCESS
+
+    def __init__(self, nices: dict[int, int], raise_allowed: bool) -> None:
+        self.nices, self.raise_allowed = nices, raise_allowed
+        self.calls: list[tuple[int, int]] = []
+
+    def getpriority(self, which: int, who: int) -> int:
+        if who not in self.nices:  # the probe's own thread starts at its creator's value
+            self.nices[who] = self.nices[0]
+        return self.nices[who]
+
+    def setpriority(self, which: int, who: int, nice: int) -> None:
+        self.calls.append((who, nice))
+        if nice < self.getpriority(which, who) and not self.raise_allowed:
+            raise PermissionError(13, "Permission denied")
+        self.nices[who] = nice
+
+    def listdir(self, path: Path) -> list[str]:
+        return [str(tid) for tid in self.nices if tid]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
 
 
-@pytest.mark.parametrize(
-    ("nice", "soft_limit", "caps", "restorable"),
-    [
-        (0, 0, "000001ffffffffff", True),  # root's full set (CAP_SYS_NICE is bit 23)
-        (0, 0, "0000000000800000", True),  # CAP_SYS_NICE alone
-        (0, 0, "00000000a80425fb", False),  # a container's default set, without it
-        (0, 0, "0000000000000000", False),  # a user's
-        (0, 20, "0000000000000000", True),  # RLIMIT_NICE 20: back to nice 0 is allowed
-        (0, 19, "0000000000000000", False),  # ... 19: only to nice 1
-        (1, 19, "0000000000000000", True),
-        (19, 0, "0000000000000000", True),  # already at the lowest: nothing to raise back
-        (0, priority.resource.RLIM_INFINITY, "0000000000000000", True),
-    ],
-)
-def test_a_lowered_priority_may_be_raised_back_with_cap_sys_nice_or_rlimit_nice(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nice: int, soft_limit: int, caps: str, restorable: bool
+def _faked(monkeypatch: pytest.MonkeyPatch, nices: dict[int, int], raise_allowed: bool = True) -> _Threads:
+    threads = _Threads(nices, raise_allowed)
+    monkeypatch.setattr(priority, "os", threads)
+    return threads
+
+
+@pytest.mark.parametrize(("nice", "allowed"), [(0, True), (0, False), (5, True), (5, False)])
+def test_restorable_lowers_a_thread_of_its_own_by_one_and_tries_to_raise_it_back(
+    monkeypatch: pytest.MonkeyPatch, nice: int, allowed: bool
 ) -> None:
-    status = tmp_path / "status"
-    status.write_text(STATUS.format(caps=caps))
-    monkeypatch.setattr(priority, "STATUS", status)
-    monkeypatch.setattr(priority.resource, "getrlimit", lambda which: (soft_limit, soft_limit))
-    assert priority.restorable(nice) is restorable
+    threads = _faked(monkeypatch, {0: nice}, allowed)
+    assert priority.restorable() is allowed
+    [probe] = [tid for tid in threads.nices if tid]
+    assert probe != threading.get_native_id()  # never the calling thread
+    assert threads.calls == [(probe, nice + 1), (probe, nice)]
 
 
-def test_without_proc_only_root_is_taken_to_be_capable(
+def test_at_the_lowest_already_nothing_needs_raising_and_nothing_is_tried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads = _faked(monkeypatch, {0: 19}, raise_allowed=False)
+    assert priority.restorable() is True and threads.calls == []
+
+
+def test_where_threads_have_no_priority_of_their_own_no_run_is_restorable(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(priority, "STATUS", tmp_path / "absent")
-    monkeypatch.setattr(priority.resource, "getrlimit", lambda which: (0, 0))
-    for euid, capable in [(0, True), (1000, False)]:
-        monkeypatch.setattr(priority.os, "geteuid", lambda euid=euid: euid)
-        assert priority.restorable(0) is capable
+    monkeypatch.setattr(priority, "TASKS", tmp_path / "no-proc")
+    assert priority.restorable() is False
+
+
+def test_restore_raises_what_stands_at_the_lowest_and_leaves_what_the_script_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads = _faked(monkeypatch, {0: 19, 10: 19, 11: 19, 12: 10, 13: 2})
+    assert priority.restore(5) == 0
+    assert threads.nices == {0: 19, 10: 5, 11: 5, 12: 10, 13: 2}  # 0: the calling thread's alias
+    assert threads.calls == [(10, 5), (11, 5)]
+
+
+def test_restore_counts_the_threads_it_could_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = _faked(monkeypatch, {0: 19, 10: 19, 11: 19}, raise_allowed=False)
+    assert priority.restore(0) == 2
+    assert threads.calls == [(10, 0), (11, 0)] * 3  # three passes
+    assert priority.restore(19) == 0  # nothing was lowered

@@ -215,31 +215,36 @@ def test_threads_started_while_standing_by_get_their_priority_back_too(
     fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Linux keeps a priority per thread, and a thread inherits its creator's: torch's intra-op
-    pool, started while the model was built, stood by at 19 beside the main thread."""
+    pool, started by a forward pass in the set-up, stood by at 19 beside the main thread."""
     fake_os.nices[_Os.MAIN] = 5  # the user ran it under `nice -n 5`
+    fake_os.nices[102] = 2  # a thread started before, at a priority of its own
     recorder = _recorder(tmp_path)
     gate.hold(recorder, tmp_path / "after.gate.json")
     fake_os.nices[101] = fake_os.nices[_Os.MAIN]  # started during set-up
+    fake_os.nices[103] = 10  # one the script set to 10 during set-up
     _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
-    assert fake_os.nices == {_Os.MAIN: 5, 101: 5}  # back to the user's own, not above it
+    assert fake_os.nices == {_Os.MAIN: 5, 102: 2, 101: 5, 103: 10}  # the user's own, not above it
     assert fake_os.calls == [
         ("nice", 14),
         ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 5),
         ("setpriority", os.PRIO_PROCESS, 101, 5),
     ]
-    assert recorder.held_facts == {}
+    assert recorder.held_facts == {} and recorder.config.steps == 4  # its settings applied
 
 
-def test_threads_whose_priority_could_not_be_raised_back_are_recorded_with_the_run(
+def test_a_run_whose_threads_could_not_get_their_priority_back_stops_at_its_gate(
     fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its speed beside a busy core would be a starved thread's: it says so, and measures nothing."""
     fake_os.raise_allowed = False
     recorder = _recorder(tmp_path)
     gate.hold(recorder, tmp_path / "after.gate.json")
     fake_os.nices[101] = 19
-    _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+    with pytest.raises(WindowComplete):
+        _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
     assert fake_os.nices == {_Os.MAIN: 19, 101: 19}
     assert recorder.held_facts == {priority.LOWERED: 2}
+    assert (recorder.config.warmup, recorder.config.steps) == (3, 10)  # nothing applied
     tried = [call for call in fake_os.calls if call[0] == "setpriority"]
     assert len(tried) == 6  # each thread, in each of three passes
 
