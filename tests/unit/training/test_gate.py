@@ -203,9 +203,16 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     assert recorder.held_facts == {}
 
 
-def _opened(recorder: Recorder, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _held(tmp_path: Path) -> Recorder:
+    """A recorder standing by (`hold`), its command file to come at `after.gate.json`."""
+    recorder = _recorder(tmp_path)
+    gate.hold(recorder, tmp_path / "after.gate.json")
+    return recorder
+
+
+def _opened(recorder: Recorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate opened on a command already there."""
-    _serial.save_json(WindowCommand(index=0, warmup=1, steps=4), path)
+    _serial.save_json(WindowCommand(index=0, warmup=1, steps=4), tmp_path / "after.gate.json")
     monkeypatch.setattr(gate, "time", _Time(polls=1))
     assert recorder.gate is not None
     recorder.gate()
@@ -218,11 +225,10 @@ def test_threads_started_while_standing_by_get_their_priority_back_too(
     pool, started by a forward pass in the set-up, stood by at 19 beside the main thread."""
     fake_os.nices[_Os.MAIN] = 5  # the user ran it under `nice -n 5`
     fake_os.nices[102] = 2  # a thread started before, at a priority of its own
-    recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json")
+    recorder = _held(tmp_path)
     fake_os.nices[101] = fake_os.nices[_Os.MAIN]  # started during set-up
     fake_os.nices[103] = 10  # one the script set to 10 during set-up
-    _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+    _opened(recorder, tmp_path, monkeypatch)
     assert fake_os.nices == {_Os.MAIN: 5, 102: 2, 101: 5, 103: 10}  # the user's own, not above it
     assert fake_os.calls == [
         ("nice", 14),
@@ -237,11 +243,10 @@ def test_a_run_whose_threads_could_not_get_their_priority_back_stops_at_its_gate
 ) -> None:
     """Its speed beside a busy core would be a starved thread's: it says so, and measures nothing."""
     fake_os.raise_allowed = False
-    recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json")
+    recorder = _held(tmp_path)
     fake_os.nices[101] = 19
     with pytest.raises(WindowComplete):
-        _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+        _opened(recorder, tmp_path, monkeypatch)
     assert fake_os.nices == {_Os.MAIN: 19, 101: 19}
     assert recorder.held_facts == {priority.LOWERED: 2}
     assert (recorder.config.warmup, recorder.config.steps) == (3, 10)  # nothing applied
@@ -253,9 +258,8 @@ def test_a_run_that_could_not_lower_its_priority_raises_none_back(
     fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_os.nice_allowed = False
-    recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json")
-    _opened(recorder, tmp_path / "after.gate.json", monkeypatch)
+    recorder = _held(tmp_path)
+    _opened(recorder, tmp_path, monkeypatch)
     assert fake_os.calls == [("nice", 19)] and recorder.held_facts == {}
 
 
