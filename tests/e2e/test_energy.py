@@ -25,7 +25,9 @@ def test_a_fake_gpu_run_reads_the_counter_in_trainadvisors_process(
 ) -> None:
     """End to end: the child believes in a GPU (FAKE_CUDA), the parent's sampler reads the fake
     counter, which grows at 250 W with the wall clock: the run's energy is 250 W over its timed
-    steps, to the microseconds between a tick's time and its reading."""
+    steps, to within the time between a tick's stamp and its reading: microseconds on a quiet
+    machine, 1.4 ms once beside a busy core (247.67 J for 0.992 s, 0.14% short); 2% (20 ms of
+    a 1 s window) allows for that and still fails a window one 0.1 s tick too long or short."""
     a100 = {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "uuid": "2f5e8c3a-0d1b-4b7e-9a55-0c1d2e3f4a5b"}
     nvml.setenv("FAKE_CUDA", json.dumps(a100))
     nvml.setenv("FAKE_NVML", json.dumps({"devices": [_device(f"GPU-{a100['uuid']}", energy_mj="power")]}))
@@ -43,7 +45,7 @@ def test_a_fake_gpu_run_reads_the_counter_in_trainadvisors_process(
     assert raw.status == "window_complete", raw.error
     energy = summarize(raw).energy
     assert energy is not None and energy.method == "energy counter", energy
-    assert energy.timed_s > 0.25 and energy.energy_j == pytest.approx(250.0 * energy.timed_s, rel=1e-3)
+    assert energy.timed_s > 0.25 and energy.energy_j == pytest.approx(250.0 * energy.timed_s, rel=0.02)
 
 
 @pytest.mark.xdist_group("slow_input_report")  # one run of it, on one worker
