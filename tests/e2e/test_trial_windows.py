@@ -3,6 +3,7 @@ order, the pairs that catch drift, and each case that falls back to restarting t
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,39 @@ def test_fresh_runs_on_a_machine_that_sped_up_since_the_baseline_are_inconclusiv
     assert not outcome["diff"] and report["applied_fixes"] == []
     assert len(launches.read_text().split()) >= 4  # baseline, a trial, the confirmation, and beside it
     assert "inconclusive: dataloader-workers" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.long_run
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores: the loop's and its workers'")
+def test_a_gain_that_only_a_process_beside_the_loop_makes_is_not_kept(tmp_path: Path) -> None:
+    """A loop pinned to the first core, its DataLoader workers to the others, each sample 1 ms of
+    CPU under one lock: quietly, workers gain nothing (no_gain). A process busy on that first core
+    halves the loop's own reads and not the workers': they measure about 2x, and were kept with
+    a diff. The loop's waits for a CPU (the kernel's run-queue count) are measured: the gain
+    judged without them is not one, and the fix is not kept."""
+    import subprocess
+    import sys
+
+    spin = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\nwhile True: pass",
+        ]
+    )
+    try:
+        report = _profile(tmp_path, "--max-workers", "2", SCRIPTS / "pinned_reads.py")
+    finally:
+        spin.kill()
+        spin.wait()
+    outcome = _outcome(report, "dataloader-workers")
+    assert outcome["status"] != "kept" and not outcome["diff"] and report["applied_fixes"] == [], outcome
+    waits = [s["main_queued_pct"] for s in report["baseline"]["raw"]["host_samples"] if s["t_ms"] >= 0]
+    read = [pct for pct in waits if pct is not None]
+    assert len(read) >= 3 and sum(read) / len(read) > 20.0, waits  # the loop shares its core
+    if outcome["status"] == "inconclusive":  # else its trials beside the suite's load gained nothing
+        assert "judged without those waits" in outcome["reason"], outcome["reason"]
+        assert outcome["reason"].endswith("a quiet machine would not keep it")
 
 
 @pytest.mark.long_run

@@ -42,6 +42,7 @@ class Sampler:
         self._last_busy: tuple[float, float] | None = None  # (clock s, the machine's busy CPU s)
         self._ours = TreeCpu(os.getpid())  # trainadvisor, the script and everything they started
         self._strangers = Strangers()
+        self._queue = QueueWait(self.pid, self.proc)
         self._thread = threading.Thread(target=self._loop, name="trainadvisor-sampler", daemon=True)
 
     def start(self) -> None:
@@ -108,8 +109,9 @@ class Sampler:
             except psutil.Error:
                 continue
         other_cpu, strangers = self._others(table)
+        queued = self._queue.pct(self.clock())
         return time.time(), HostSample(
-            0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers
+            0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers, queued
         )
 
     def _read_ours(self) -> ProcessTable:
@@ -169,6 +171,31 @@ class TreeCpu:
         grown = sum(spent - self._last.get(pid, 0.0) for pid, spent in now.items())
         self._last = now
         return 0.0 if first else max(0.0, grown - gone)
+
+
+class QueueWait:
+    """The share of wall time a thread spent waiting for a CPU (runnable, not running), tick to
+    tick: the second field of `/proc/<pid>/task/<tid>/schedstat` (nanoseconds spent on a run
+    queue, since the thread started). A loop beside other busy processes waits there: what it
+    waits is the time a quiet machine would not have taken (`profile.quiet`)."""
+
+    def __init__(self, pid: int, proc: Path = PROC, tid: int | None = None) -> None:
+        self.path = proc / str(pid) / "task" / str(tid if tid is not None else pid) / "schedstat"
+        self._last: tuple[float, int] | None = None  # (clock s, queued ns)
+
+    def pct(self, now_s: float) -> float | None:
+        """Percent of the time since the last call spent waiting for a CPU (None at the first
+        call, or where the kernel keeps no such count)."""
+        try:
+            queued_ns = int(self.path.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            self._last = None
+            return None
+        last, self._last = self._last, (now_s, queued_ns)
+        if last is None or now_s <= last[0]:
+            return None
+        share = (queued_ns - last[1]) / 1e9 / (now_s - last[0])
+        return round(min(100.0, max(0.0, 100.0 * share)), 2)
 
 
 class Strangers:

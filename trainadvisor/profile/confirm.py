@@ -15,6 +15,7 @@ from trainadvisor.compute.mfu import with_baseline_flops
 from trainadvisor.measure import priority
 from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
+from trainadvisor.profile import quiet
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
 from trainadvisor.profile.pace import MACHINE_DRIFT, machine_changed, machine_drift
 from trainadvisor.profile.runs import (
@@ -80,13 +81,16 @@ def confirm(
         if waiting is None:  # a run started ahead counts its wait at the gate too: no estimate
             tuning.walls["fresh"].append(after.raw.wall_s)
         if usable(after.raw):
-            comparison = _comparison(baseline, after, tuning, chosen, noise_rel)
-            status, reason = verdict(comparison)
-            if status == "kept" and adjacent is not None:
-                status, reason, comparison, changed = _adjacent(
-                    baseline, after, tuning, chosen, noise_rel, adjacent, (status, reason, comparison)
-                )
-            verdicts = {o.fix: _scoped(o, status, _together(reason, chosen)) for o in chosen}
+            judge = _Judge(baseline, after, tuning, chosen, noise_rel, _once(adjacent))
+            status, reason, comparison, changed = judge()
+            loaded = judge.loaded() if status == "kept" else None
+            if loaded is not None:  # a gain the load made: neither kept nor rejected, no change given
+                changed = loaded
+                verdicts = {
+                    o.fix: ("inconclusive", _together(f"{reason}; but {loaded}", chosen)) for o in chosen
+                }
+            else:
+                verdicts = {o.fix: _scoped(o, status, _together(reason, chosen)) for o in chosen}
         else:
             why = after.raw.error or _short_run(after.raw)
             verdicts = {o.fix: ("unconfirmed", f"{o.reason} ({why})") for o in chosen}
@@ -122,24 +126,90 @@ def _ahead_or_fresh(ready: Prestarted, tuning: Tuning, echo: Echo) -> Callable[[
     return first
 
 
+def _once(measure: Callable[[], Run | None] | None) -> Callable[[], Run | None] | None:
+    """`measure`, measured at its first call only (the run next to the confirmation, which the
+    judgement with and without the CPU waits both read)."""
+    if measure is None:
+        return None
+    measured: list[Run | None] = []
+
+    def once() -> Run | None:
+        if not measured:
+            measured.append(measure())
+        return measured[0]
+
+    return once
+
+
+_Verdict = tuple[str, str, Comparison, str | None]
+
+
+@dataclass
+class _Judge:
+    """The confirmation's verdict against the baselines, as measured (`__call__`) and as a quiet
+    machine would have measured it (`loaded`, `profile.quiet`)."""
+
+    baseline: Run
+    after: Run
+    tuning: Tuning
+    chosen: list[FixOutcome]
+    noise_rel: float | None
+    adjacent: Callable[[], Run | None] | None
+
+    def __call__(
+        self, view: Callable[[Run], Run] = lambda run: run
+    ) -> tuple[str, str, Comparison, str | None]:
+        """(status, reason, comparison, why the machine's figures cannot be compared or None) of
+        the runs as `view` gives them."""
+        baseline, after = view(self.baseline), view(self.after)
+        again: list[Run | None] = [view(self.tuning.again)] if self.tuning.again is not None else []
+        comparison = _comparison(baseline, after, self.chosen, self.noise_rel, again)
+        status, reason = verdict(comparison)
+        if status != "kept" or self.adjacent is None:
+            return status, reason, comparison, None
+        beside = self.adjacent()
+        if beside is None:
+            return status, reason, comparison, None
+        return _adjacent(baseline, after, view(beside), self.chosen, self.noise_rel, again)
+
+    def loaded(self) -> str | None:
+        """Where other processes used CPU during a compared window and the gain does not hold
+        with each run's waits for a CPU taken out of its steps, why, in words; else None."""
+        named = {
+            "in the baseline window": self.baseline,
+            "in the script's own setting measured again after the trials": self.tuning.again,
+            "in the script's own setting measured next to the confirmation run": (
+                self.adjacent() if self.adjacent is not None else None
+            ),
+            "with the fix": self.after,
+        }
+        runs = {label: run for label, run in named.items() if run is not None}
+        cores = quiet.load_cores(list(runs.values()))
+        if cores is None:
+            return None
+        status, reason, _, _ = self(quiet.without_waits)
+        if status == "kept":
+            return None
+        return (
+            f"{quiet.waits(runs, cores)}; judged without those waits (taken out of every step): "
+            f"{reason}; a quiet machine would not keep it"
+        )
+
+
 def _adjacent(
     baseline: Run,
     after: Run,
-    tuning: Tuning,
+    again: Run,
     chosen: list[FixOutcome],
     noise_rel: float | None,
-    adjacent: Callable[[], Run | None],
-    kept: tuple[str, str, Comparison],
-) -> tuple[str, str, Comparison, str | None]:
+    more: list[Run | None],
+) -> _Verdict:
     """A kept confirmation judged again with the script's own setting measured next to it too
-    (the faster of the baselines is what it must beat): (status, reason, comparison, why the
-    machine's figures cannot be compared or None). Where the machine's speed changed between
-    the baselines, a gain whose slow windows still beat the faster baseline's fast ones by more
-    than that change stands; anything less is inconclusive, neither kept nor rejected."""
-    again = adjacent()
-    if again is None:
-        return (*kept, None)
-    comparison = _comparison(baseline, after, tuning, chosen, noise_rel, [again])
+    (`again`; the fastest of the baselines is what it must beat): (status, reason, comparison,
+    why the machine's figures cannot be compared or None). Where the machine's speed changed
+    between the baselines, a gain whose slow windows still beat the faster baseline's fast ones
+    by more than that change stands; anything less is inconclusive, neither kept nor rejected."""
+    comparison = _comparison(baseline, after, chosen, noise_rel, [*more, again])
     status, reason = verdict(comparison)
     figure = f"{again.steps_per_s or 0.0:.1f} steps/s"
     reason = f"{reason}, against the script's own setting measured next to it too ({figure})"
@@ -188,20 +258,20 @@ def _over_budget(
 def _comparison(
     baseline: Run,
     after: Run,
-    tuning: Tuning,
     chosen: list[FixOutcome],
     noise_rel: float | None,
-    more: list[Run] | None = None,
+    more: list[Run | None] | None = None,
 ) -> Comparison:
-    """The after run against the faster of the baseline and its setting measured again after the
-    trial windows, with the loss check at the loosest tolerance of the fixes confirmed."""
+    """The after run against the fastest of the baseline and its setting measured again (`more`:
+    after the trial windows, next to the confirmation run), with the loss check at the loosest
+    tolerance of the fixes confirmed."""
     confirmed = [fixes.REGISTRY[o.fix] for o in chosen]
     comparison = compare(
         baseline,
         after,
         max(tolerance(fix, noise_rel) for fix in confirmed),
         per_sample=any(fix.metric == "samples_per_s" for fix in confirmed),
-        references=[r for r in (baseline, tuning.again, *(more or [])) if r is not None],
+        references=[r for r in (baseline, *(more or [])) if r is not None],
     )
     comparison.contains = [f"{o.fix}: {o.chosen}" if o.chosen else o.fix for o in chosen]
     return comparison

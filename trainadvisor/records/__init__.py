@@ -219,6 +219,10 @@ class HostSample:
     other_cpu_pct: float = 0.0
     # where that was half a core or more: the busiest of those processes, "name (pid N)" -> cores
     other_processes: dict[str, float] = field(default_factory=dict)
+    # of the time since the last tick, the share the script's main thread waited for a CPU
+    # (runnable, not running: the kernel's run-queue wait), in percent; None: not read (the
+    # first tick, no /proc/<pid>/task/<pid>/schedstat, or saved before it was sampled)
+    main_queued_pct: float | None = None
 
 
 @dataclass

@@ -182,6 +182,9 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
     for tick in range(3):
         _World.tick = tick
         _proc_table(proc, children_lists)
+        schedstat = proc / str(_TREE) / "task" / str(_TREE) / "schedstat"
+        schedstat.parent.mkdir(parents=True, exist_ok=True)
+        schedstat.write_text(f"{tick * 700_000_000} {tick * 250_000_000} {tick * 40}\n")
         ticks.append(sampler._host_tick())
     first, second, third = (t[1] for t in ticks if t is not None)
     assert first.other_cpu_pct == 0.0  # the first tick only starts the interval
@@ -194,6 +197,8 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
     assert third.other_cpu_pct == pytest.approx(70.0)
     assert third.other_processes == {"a (busy) job (pid 4242)": 0.7}
     assert (second.workers, third.workers) == (2, 1)  # the script's worker, and the brief one
+    # the script's main thread waited 0.25 s for a CPU in each 1 s between ticks
+    assert (first.main_queued_pct, second.main_queued_pct, third.main_queued_pct) == (None, 25.0, 25.0)
     # to name the others at the second and third ticks; and, without the lists, every tick
     assert len(whole_reads) == (2 if children_lists else 5)
 
@@ -227,3 +232,28 @@ def test_a_stat_line_is_read_after_the_last_parenthesis() -> None:
     line = b"77 (x) (y) z) R 12 77 77 0 -1 0 0 0 0 0 150 50 7 3 20 0 1 0 5 0 0\n"
     assert proctable._parse_stat(line) == ("x) (y) z", 12, 200, 10)
     assert proctable._parse_stat(b"77 (cut short) R 12 77") is None
+
+
+def test_a_threads_wait_for_a_cpu_is_its_run_queue_time_between_readings(tmp_path: Path) -> None:
+    """`/proc/<pid>/task/<tid>/schedstat`: CPU ns, run-queue ns, timeslices. The share of the
+    wall time between two readings spent runnable and not running, in percent; None at the first
+    reading, where the file cannot be read (the next reading starts again), and for a clock that
+    did not move."""
+    path = tmp_path / "7" / "task" / "7" / "schedstat"
+    path.parent.mkdir(parents=True)
+    queue = sampling.QueueWait(7, tmp_path)
+    readings = [(10.0, "5 1000000000 3"), (10.5, "9 1200000000 8"), (11.0, "9 1200000000 9")]
+    shares = []
+    for now_s, line in readings:
+        path.write_text(line + "\n")
+        shares.append(queue.pct(now_s))
+    assert shares == [None, 40.0, 0.0]  # 0.2 s of 0.5 s, then none
+    assert queue.pct(11.0) is None  # the clock did not move
+    path.write_text("garbled\n")
+    assert queue.pct(12.0) is None
+    path.write_text("9 1300000000 9\n")
+    assert queue.pct(12.5) is None  # the count starts again after a reading that failed
+    path.write_text("9 2300000000 9\n")
+    assert queue.pct(13.0) == 100.0  # never more than all the time (a tick late: 1 s in 0.5 s)
+    assert sampling.QueueWait(8, tmp_path).pct(1.0) is None  # no such thread
+    assert sampling.QueueWait(7, tmp_path, tid=9).path == tmp_path / "7" / "task" / "9" / "schedstat"

@@ -27,6 +27,7 @@ from trainadvisor.profile.confirm import (
     _comparison,
     _final,
     _gpu_here,
+    _Judge,
     _length_note,
     _over_budget,
     _reference_note,
@@ -192,14 +193,16 @@ def test_the_confirmation_is_compared_with_the_faster_baseline_at_the_loosest_to
     baseline, after = _windows_at(10.0), _windows_at(25.0)
     chosen = [_outcome("tf32", chosen="TF32 on"), _outcome("dataloader-workers")]
     tuning = _tuning(baseline, chosen)
-    alone = _comparison(baseline, after, tuning, chosen, None)
+    alone = _comparison(baseline, after, chosen, None, [tuning.again])
     assert (round(alone.speedup or 0.0, 9), alone.unit) == (2.5, "steps/s")
     assert alone.contains == ["tf32: TF32 on", "dataloader-workers"]
     assert alone.loss_check.tolerance_rel == 0.01  # tf32's, looser than the workers' 1e-4
-    assert _comparison(baseline, after, tuning, chosen, 0.02).loss_check.tolerance_rel == 0.08  # 4x the noise
+    assert (
+        _comparison(baseline, after, chosen, 0.02, [tuning.again]).loss_check.tolerance_rel == 0.08
+    )  # 4x the noise
     tuning.again = _windows_at(12.5)  # the script's setting, faster after the trial windows
-    assert round(_comparison(baseline, after, tuning, chosen, None).speedup or 0.0, 9) == 2.0
-    beside = _comparison(baseline, after, tuning, chosen, None, [_windows_at(20.0)])
+    assert round(_comparison(baseline, after, chosen, None, [tuning.again]).speedup or 0.0, 9) == 2.0
+    beside = _comparison(baseline, after, chosen, None, [tuning.again, _windows_at(20.0)])
     assert round(beside.speedup or 0.0, 9) == 1.25
 
 
@@ -210,7 +213,7 @@ def test_a_comparison_against_a_faster_measurement_than_the_baseline_window_says
     chosen = [_outcome("dataloader-workers")]
     tuning = _tuning(baseline, chosen)
     tuning.again = _windows_at(12.0)
-    comparison = _comparison(baseline, after, tuning, chosen, None)
+    comparison = _comparison(baseline, after, chosen, None, [tuning.again])
     assert _reference_note(baseline, after, comparison) == (
         "The speedup is measured against the script's own setting as measured again later in the "
         "profile (12.0 steps/s), not the baseline window (4.0 steps/s, 3.0x slower, against which the "
@@ -219,7 +222,10 @@ def test_a_comparison_against_a_faster_measurement_than_the_baseline_window_says
     )
     for again in (4.3, 3.0, None):  # within the 10% two measurements of one loop differ by; slower
         tuning.again = _windows_at(again) if again else None
-        assert _reference_note(baseline, after, _comparison(baseline, after, tuning, chosen, None)) is None
+        assert (
+            _reference_note(baseline, after, _comparison(baseline, after, chosen, None, [tuning.again]))
+            is None
+        )
     assert _reference_note(baseline, None, comparison) is None
 
 
@@ -228,7 +234,7 @@ def test_the_note_on_a_faster_reference_reads_samples_per_second_where_the_batch
     chosen = [_outcome("batch-size", chosen="batch_size=64")]
     tuning = _tuning(baseline, chosen)
     tuning.again = _sampled(12.0, 32)  # 384 samples/s
-    comparison = _comparison(baseline, after, tuning, chosen, None)
+    comparison = _comparison(baseline, after, chosen, None, [tuning.again])
     assert (round(comparison.speedup or 0.0, 9), comparison.unit) == (round(512 / 384, 9), "samples/s")
     note = _reference_note(baseline, after, comparison) or ""
     assert note.startswith(
@@ -252,7 +258,7 @@ def test_the_note_on_a_faster_reference_comes_only_with_a_kept_fix(monkeypatch: 
 def test_a_larger_batch_is_compared_in_samples_per_second_with_no_loss_bound() -> None:
     baseline, after = _sampled(10.0, 32), _sampled(8.0, 64)  # 320 and 512 samples/s
     chosen = [_outcome("batch-size", chosen="batch_size=64")]
-    comparison = _comparison(baseline, after, _tuning(baseline, chosen), chosen, None)
+    comparison = _comparison(baseline, after, chosen, None)
     assert (round(comparison.speedup or 0.0, 9), comparison.unit) == (1.6, "samples/s")
     assert comparison.loss_check.tolerance_rel == math.inf
     assert comparison.contains == ["batch-size: batch_size=64"]
@@ -263,24 +269,16 @@ def _judged_beside(adjacent_steps_per_s: float, losses: tuple[float, float] | No
     if losses:
         _lost(baseline, losses[0])
         _lost(after, losses[1])
-    chosen = [_outcome("tf32")]
-    kept = ("kept", "measured 2.50x", Comparison(2.5, 2.5, 2.5, 6, _check()))
-    return _adjacent(
-        baseline,
-        after,
-        _tuning(baseline, chosen),
-        chosen,
-        None,
-        lambda: _windows_at(adjacent_steps_per_s),
-        kept,
-    )
+    return _adjacent(baseline, after, _windows_at(adjacent_steps_per_s), [_outcome("tf32")], None, [])
 
 
 def test_a_confirmation_with_no_adjacent_measurement_keeps_its_verdict() -> None:
     baseline, after = _windows_at(10.0), _windows_at(25.0)
-    kept = ("kept", "measured 2.50x", Comparison(2.5, 2.5, 2.5, 6, _check()))
-    tuning = _tuning(baseline, [])
-    assert _adjacent(baseline, after, tuning, [_outcome("tf32")], None, lambda: None, kept) == (*kept, None)
+    chosen = [_outcome("tf32")]
+    judge = _Judge(baseline, after, _tuning(baseline, chosen), chosen, None, lambda: None)
+    status, reason, comparison, changed = judge()
+    assert (status, reason, changed) == ("kept", "measured 2.50x steps/s (range 2.50-2.50x)", None)
+    assert judge.loaded() is None  # no host samples: no window was disturbed
 
 
 def test_a_steady_machine_judges_the_confirmation_against_the_faster_of_the_baselines() -> None:
