@@ -234,11 +234,13 @@ def test_a_gain_that_only_a_process_beside_the_loop_makes_is_not_kept(tmp_path: 
         spin.kill()
         spin.wait()
     outcome = _outcome(report, "dataloader-workers")
-    assert outcome["status"] != "kept" and not outcome["diff"] and report["applied_fixes"] == [], outcome
+    # inconclusive; or no_gain, where the suite's other tests beside it slowed the workers too
+    assert outcome["status"] in ("inconclusive", "no_gain"), outcome
+    assert not outcome["diff"] and report["applied_fixes"] == [], outcome
     waits = [s["main_queued_pct"] for s in report["baseline"]["raw"]["host_samples"] if s["t_ms"] >= 0]
     read = [pct for pct in waits if pct is not None]
     assert len(read) >= 3 and sum(read) / len(read) > 20.0, waits  # the loop shares its core
-    if outcome["status"] == "inconclusive":  # else its trials beside the suite's load gained nothing
+    if outcome["status"] == "inconclusive":
         assert "judged without those waits" in outcome["reason"], outcome["reason"]
         assert outcome["reason"].endswith("a quiet machine would not keep it")
 

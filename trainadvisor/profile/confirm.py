@@ -83,9 +83,10 @@ def confirm(
         if usable(after.raw):
             judge = _Judge(baseline, after, tuning, chosen, noise_rel, _once(adjacent))
             status, reason, comparison, changed = judge()
-            loaded = judge.loaded() if status == "kept" else None
-            if loaded is not None:  # a gain the load made: neither kept nor rejected, no change given
-                changed = loaded
+            # a gain the load made, kept or within a change of the machine's speed: neither kept
+            # nor rejected, and no change given (a fix chosen in windows is not left unconfirmed)
+            loaded = judge.loaded() if status in ("kept", "inconclusive") else None
+            if loaded is not None:
                 verdicts = {
                     o.fix: ("inconclusive", _together(f"{reason}; but {loaded}", chosen)) for o in chosen
                 }
@@ -174,7 +175,8 @@ class _Judge:
 
     def loaded(self) -> str | None:
         """Where other processes used CPU during a compared window and the gain does not hold
-        with each run's waits for a CPU taken out of its steps, why, in words; else None."""
+        with each disturbed run's waits for a CPU taken out of its steps, why, in words; else
+        None (also where a disturbed run's waits were not read: judged as measured)."""
         named = {
             "in the baseline window": self.baseline,
             "in the script's own setting measured again after the trials": self.tuning.again,
@@ -185,7 +187,7 @@ class _Judge:
         }
         runs = {label: run for label, run in named.items() if run is not None}
         cores = quiet.load_cores(list(runs.values()))
-        if cores is None:
+        if cores is None or not quiet.readable(list(runs.values())):
             return None
         status, reason, _, _ = self(quiet.without_waits)
         if status == "kept":

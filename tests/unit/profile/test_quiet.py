@@ -55,15 +55,19 @@ def test_a_runs_waits_are_the_mean_of_its_window_samples_and_its_rates_are_divid
     alone = quiet.without_waits(run)
     assert (alone.steps_per_s, alone.window_steps_per_s[0]) == pytest.approx((20.0, 20.0))
     assert run.steps_per_s == pytest.approx(10.0)  # the measured run is left as it was
-    assert quiet.queued_share(_loaded(10.0, 99.0)) == quiet.MAX_SHARE
+    assert quiet.queued_share(_loaded(10.0, 100.0)) == quiet.MAX_SHARE == 0.99  # a tick late
     for unread in (_loaded(10.0, None), _loaded(10.0, 50.0, samples=2)):  # fewer than 3 read
         assert quiet.queued_share(unread) is None
         assert quiet.without_waits(unread) is unread
+    undisturbed = _loaded(10.0, 50.0, other_pct=20.0)  # its waits are the script's own
+    assert quiet.queued_share(undisturbed) == 0.5 and quiet.without_waits(undisturbed) is undisturbed
 
 
 def test_the_load_is_the_busiest_disturbed_window() -> None:
     assert quiet.load_cores([_loaded(10.0, 0.0, 60.0), _loaded(10.0, 0.0, 140.0)]) == pytest.approx(1.4)
-    assert quiet.load_cores([_loaded(10.0, 50.0, 40.0), _windows_at(10.0)]) is None  # 0.4 cores: quiet
+    assert quiet.LOAD_MIN_CORES == 0.25
+    assert quiet.load_cores([_loaded(10.0, 50.0, 24.0), _windows_at(10.0)]) is None  # 0.24 cores: quiet
+    assert quiet.load_cores([_loaded(10.0, 50.0, 25.0)]) == pytest.approx(0.25)
 
 
 def test_a_gain_the_load_made_is_not_kept() -> None:
@@ -84,6 +88,24 @@ def test_a_gain_beyond_the_load_stands() -> None:
     assert _judge(_loaded(10.0, 50.0), _loaded(40.0, 0.0)).loaded() is None  # 2.00x without the waits
     # the script's own threads and workers made it wait, nobody else: its own, not taken out
     assert _judge(_loaded(10.0, 50.0, other_pct=0.0), _loaded(20.0, 0.0, other_pct=0.0)).loaded() is None
+
+
+def test_only_the_runs_other_processes_disturbed_have_their_waits_taken_out() -> None:
+    """A baseline measured quietly that waited half its time behind its own threads, a fix run
+    beside 0.6 cores of others' load: the baseline's waits are the script's, and the 2.00x
+    stands."""
+    judge = _judge(_loaded(10.0, 50.0, other_pct=0.0), _loaded(20.0, 0.0, other_pct=60.0))
+    assert judge()[0] == "kept" and judge.loaded() is None
+
+
+def test_where_a_disturbed_runs_waits_were_not_read_the_runs_are_judged_as_measured() -> None:
+    for baseline in (_loaded(10.0, None), _loaded(10.0, 50.0, samples=2)):
+        judge = _judge(baseline, _loaded(20.0, 40.0))
+        assert judge()[0] == "kept" and judge.loaded() is None
+    assert quiet.readable([_loaded(10.0, 50.0, other_pct=0.0), _loaded(10.0, None, other_pct=0.0)]) is False
+    ranked = _loaded(10.0, 50.0)
+    ranked.raw.ranks = [_loaded(10.0, 50.0).raw]  # torchrun: the launcher was sampled
+    assert quiet.readable([_loaded(10.0, 50.0)]) is True and quiet.readable([ranked]) is False
 
 
 def test_without_the_waits_the_machine_change_decides() -> None:
@@ -123,3 +145,26 @@ def test_the_confirmation_of_a_gain_the_load_made_is_inconclusive_with_no_change
     )
     assert outcome.reason.endswith("a quiet machine would not keep it")
     assert done.comparison is not None and done.comparison.speedup == pytest.approx(2.0)  # as measured
+
+
+def test_a_fix_chosen_in_windows_whose_confirmation_met_a_change_of_the_machine_and_the_load_is_inconclusive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured, the script's setting next to the confirmation ran twice as fast as in the
+    baseline (the machine changed) and the fix 1.20x faster than that, which alone leaves a fix
+    chosen in windows unconfirmed with its change; without the waits the fix is slower:
+    inconclusive, no change given. The run next to the confirmation is measured once, though
+    both judgements read it."""
+    baseline, after = _loaded(10.0, 50.0), _loaded(24.0, 0.0)
+    monkeypatch.setattr(confirming, "measure_fitted", lambda spec_of, length, learn, first: after)
+    diff_of = lambda script, fix, settings, raw: Change(f"diff of {fix}")  # noqa: E731
+    monkeypatch.setattr(framework_change, "fix_change", diff_of)
+    measured: list[Run] = []
+    beside = lambda: measured.append(_loaded(20.0, 50.0)) or measured[-1]  # noqa: E731
+    tuning = Tuning(OPTIONS, [], {}, baseline, lambda line: None, 0.0, [_outcome("in_process")])
+    done = confirm(OPTIONS, baseline, tuning, None, lambda line: None, adjacent=beside)
+    (outcome,) = done.outcomes
+    assert (outcome.status, outcome.diff, len(measured)) == ("inconclusive", "", 1)
+    assert ": not a gain beyond the change, as the machine's speed changed between runs" in outcome.reason
+    assert "; but other processes used 1.5 cores" in outcome.reason
+    assert "judged without those waits (taken out of every step): measured 0.60x" in outcome.reason
