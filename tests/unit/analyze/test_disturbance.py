@@ -10,6 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from trainadvisor.analyze.run.disturbance import (
@@ -57,8 +58,10 @@ def test_a_quiet_window_is_not_disturbed() -> None:
     assert disturbed_cores([]) is None
 
 
-def test_a_saved_sample_without_the_field_loads() -> None:
-    assert HostSample(0.0, 1.0, 2.0, 3, 4, 5).other_cpu_pct == 0.0
+def test_a_saved_sample_without_the_fields_loads() -> None:
+    saved = {"t_ms": 0.0, "main_cpu_pct": 1.0, "workers_cpu_pct": 2.0, "main_rss_bytes": 3}
+    sample = msgspec.convert({**saved, "workers_rss_bytes": 4, "workers": 5}, HostSample)
+    assert (sample.other_cpu_pct, sample.other_processes, sample.main_queued_pct) == (0.0, {}, None)
 
 
 # psutil.cpu_times() as Linux gives it (guest time is counted in user time already)
