@@ -211,7 +211,10 @@ def test_fresh_runs_on_a_machine_that_sped_up_since_the_baseline_are_inconclusiv
 
 
 @pytest.mark.long_run
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores: the loop's and its workers'")
+@pytest.mark.skipif(
+    len(getattr(os, "sched_getaffinity", lambda pid: ())(0)) < 2,
+    reason="needs two cores to pin to (os.sched_getaffinity, Linux): the loop's and its workers'",
+)
 def test_a_gain_that_only_a_process_beside_the_loop_makes_is_not_kept(tmp_path: Path) -> None:
     """A loop pinned to the first core, its DataLoader workers to the others, each sample 1 ms of
     CPU under one lock: quietly, workers gain nothing (no_gain). A process busy on that first core
