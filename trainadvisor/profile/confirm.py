@@ -157,9 +157,7 @@ class _Judge:
     noise_rel: float | None
     adjacent: Callable[[], Run | None] | None
 
-    def __call__(
-        self, view: Callable[[Run], Run] = lambda run: run
-    ) -> tuple[str, str, Comparison, str | None]:
+    def __call__(self, view: Callable[[Run], Run] = lambda run: run) -> _Verdict:
         """(status, reason, comparison, why the machine's figures cannot be compared or None) of
         the runs as `view` gives them."""
         baseline, after = view(self.baseline), view(self.after)
@@ -201,21 +199,21 @@ class _Judge:
 def _adjacent(
     baseline: Run,
     after: Run,
-    again: Run,
+    beside: Run,
     chosen: list[FixOutcome],
     noise_rel: float | None,
     more: list[Run | None],
 ) -> _Verdict:
     """A kept confirmation judged again with the script's own setting measured next to it too
-    (`again`; the fastest of the baselines is what it must beat): (status, reason, comparison,
+    (`beside`; the fastest of the baselines is what it must beat): (status, reason, comparison,
     why the machine's figures cannot be compared or None). Where the machine's speed changed
     between the baselines, a gain whose slow windows still beat the faster baseline's fast ones
     by more than that change stands; anything less is inconclusive, neither kept nor rejected."""
-    comparison = _comparison(baseline, after, chosen, noise_rel, [*more, again])
+    comparison = _comparison(baseline, after, chosen, noise_rel, [*more, beside])
     status, reason = verdict(comparison)
-    figure = f"{again.steps_per_s or 0.0:.1f} steps/s"
+    figure = f"{beside.steps_per_s or 0.0:.1f} steps/s"
     reason = f"{reason}, against the script's own setting measured next to it too ({figure})"
-    changed, drift = machine_changed(baseline, again), machine_drift(baseline, again)
+    changed, drift = machine_changed(baseline, beside), machine_drift(baseline, beside)
     if changed is None:
         return status, reason, comparison, None
     if status == "kept" and (comparison.speedup_low or 0.0) > drift:

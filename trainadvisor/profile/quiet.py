@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from statistics import fmean
 
-from trainadvisor.analyze.run.disturbance import other_cores
+from trainadvisor.analyze.run.disturbance import disturbed_cores
 from trainadvisor.analyze.run.summary import window_samples
 from trainadvisor.records import Run
 
@@ -47,8 +47,7 @@ def queued_share(run: Run) -> float | None:
 
 def load(run: Run) -> float | None:
     """The cores other processes used during the run's window, where LOAD_MIN_CORES or more."""
-    cores = other_cores(window_samples(run.raw, run.raw.host_samples))
-    return cores if cores is not None and cores >= LOAD_MIN_CORES else None
+    return disturbed_cores(window_samples(run.raw, run.raw.host_samples), LOAD_MIN_CORES)
 
 
 def disturbed(run: Run) -> bool:

@@ -25,10 +25,11 @@ def other_cores(samples: list[HostSample]) -> float | None:
     return fmean(s.other_cpu_pct for s in samples) / 100.0 if samples else None
 
 
-def disturbed_cores(samples: list[HostSample]) -> float | None:
-    """Other processes' CPU in cores over a window's samples, when it disturbed the window."""
+def disturbed_cores(samples: list[HostSample], min_cores: float = DISTURBED_MIN_CORES) -> float | None:
+    """Other processes' CPU in cores over a window's samples, where it reached `min_cores` (by
+    default, where it disturbed the window)."""
     cores = other_cores(samples)
-    return cores if cores is not None and cores >= DISTURBED_MIN_CORES else None
+    return cores if cores is not None and cores >= min_cores else None
 
 
 def busiest(samples: list[HostSample], top: int = 3) -> dict[str, float]:
