@@ -242,9 +242,10 @@ def test_a_gain_that_only_a_process_beside_the_loop_makes_is_not_kept(tmp_path: 
     assert not outcome["diff"] and report["applied_fixes"] == [], outcome
     waits = [s["main_queued_pct"] for s in report["baseline"]["raw"]["host_samples"] if s["t_ms"] >= 0]
     read = [pct for pct in waits if pct is not None]
-    assert len(read) >= 3 and sum(read) / len(read) > 20.0, waits  # the loop shares its core
+    # the loop shares its core: its waits were read (19-49% of its time in the runs beside it)
+    assert len(read) >= 3 and sum(read) / len(read) > 5.0, waits
     if outcome["status"] == "inconclusive":
-        assert "judged without those waits" in outcome["reason"], outcome["reason"]
+        assert "judged with those waits taken out of its steps" in outcome["reason"], outcome["reason"]
         assert outcome["reason"].endswith("a quiet machine would not keep it")
 
 

@@ -159,8 +159,8 @@ class _Judge:
 
     def __call__(self, view: Callable[[Run], Run] = lambda run: run) -> _Verdict:
         """(status, reason, comparison, why the machine's figures cannot be compared or None) of
-        the runs as `view` gives them."""
-        baseline, after = view(self.baseline), view(self.after)
+        the script's own setting's runs as `view` gives them, against the fix's run as measured."""
+        baseline, after = view(self.baseline), self.after
         again: list[Run | None] = [view(self.tuning.again)] if self.tuning.again is not None else []
         comparison = _comparison(baseline, after, self.chosen, self.noise_rel, again)
         status, reason = verdict(comparison)
@@ -173,26 +173,28 @@ class _Judge:
 
     def loaded(self) -> str | None:
         """Where other processes used CPU during a compared window and the gain does not hold
-        with each disturbed run's waits for a CPU taken out of its steps, why, in words; else
-        None (also where a disturbed run's waits were not read: judged as measured)."""
+        with the waits for a CPU taken out of the steps of the script's own setting, why, in
+        words; else None (also where a loaded run's waits were not read: judged as measured).
+        The fix's run keeps its waits: where its loop waits on its workers, a wait for a CPU
+        after a batch came is hidden by the batches they load meanwhile, and taking it out
+        would make the fix look faster than any machine runs it."""
         named = {
             "in the baseline window": self.baseline,
             "in the script's own setting measured again after the trials": self.tuning.again,
             "in the script's own setting measured next to the confirmation run": (
                 self.adjacent() if self.adjacent is not None else None
             ),
-            "with the fix": self.after,
         }
-        runs = {label: run for label, run in named.items() if run is not None}
-        cores = quiet.load_cores(list(runs.values()))
-        if cores is None or not quiet.readable(list(runs.values())):
+        own = {label: run for label, run in named.items() if run is not None}
+        cores = quiet.load_cores([*own.values(), self.after])
+        if cores is None or not quiet.readable(list(own.values())):
             return None
         status, reason, _, _ = self(quiet.without_waits)
         if status == "kept":
             return None
         return (
-            f"{quiet.waits(runs, cores)}; judged without those waits (taken out of every step): "
-            f"{reason}; a quiet machine would not keep it"
+            f"{quiet.waits(own, cores)}; judged with those waits taken out of its steps (the fix's "
+            f"run as measured): {reason}; a quiet machine would not keep it"
         )
 
 

@@ -8,14 +8,17 @@ at every wake-up, where DataLoader workers do their waiting outside the step's p
 then gains under the load and not without it. A drift in time cancels in adjacent windows;
 this does not, as it is the load acting on one setting more than on another.
 
-A confirmation is judged a second time on each run's steps less its main thread's waits
-(`without_waits`), taken out only of the runs during whose own window other processes used
-LOAD_MIN_CORES or more: the waits a script's own threads and workers cause in a quiet window
-are the script's. A gain that does not hold there is inconclusive, with the waits
-and the load named. It is an estimate, and it is used in one direction only: it can take a
-kept verdict away, never give one. Where a disturbed run's waits were not read (a window
-shorter than MIN_SAMPLES ticks, no `schedstat`: another OS; under torchrun the sampled process
-is the launcher), the runs are judged as measured, as before the waits were read."""
+A confirmation is judged a second time with the steps of the script's own setting less its
+main thread's waits (`without_waits`), taken out only of the runs during whose own window other
+processes used LOAD_MIN_CORES or more (the waits a script's own threads and workers cause in a
+quiet window are the script's). The fix's run is taken as measured: its waits need not lie on
+its steps' path (a loop fed by workers waits for a CPU after a batch came while they load the
+next), and taking them out kept, beside a test suite's load, a workers fix a quiet machine
+measures no gain for. So the estimate only ever makes a gain smaller, never larger: it can take
+a kept verdict away, never give one. A gain that does not hold there is inconclusive, with the
+waits and the load named. Where a loaded run's waits were not read (a window shorter than
+MIN_SAMPLES ticks, no `schedstat`: another OS; under torchrun the sampled process is the
+launcher), the runs are judged as measured, as before the waits were read."""
 
 from __future__ import annotations
 
@@ -89,8 +92,8 @@ def load_cores(runs: list[Run]) -> float | None:
 
 def waits(named: dict[str, Run], cores: float) -> str:
     """The load and the waits of each run it disturbed, in words: "other processes used 1.6
-    cores, and the training loop waited for a CPU 47% of its time in the baseline window, ...
-    and 2% of its time with the fix"."""
+    cores, and the training loop waited for a CPU 47% of its time in the baseline window and 45%
+    of its time in the script's own setting measured again after the trials"."""
     parts = [
         f"{100 * share:.0f}% of its time {label}"
         for label, run in named.items()
