@@ -27,8 +27,17 @@ class AsScript(fixes.Fix):
     id = ""
 
 
-def as_script(settle_s: float | None = None) -> fixes.Setting:
-    return fixes.Setting(AS_SCRIPT, Overrides(), settle_s=settle_s)
+def as_script(settle_s: float | None = None, race_below: float | None = None) -> fixes.Setting:
+    return fixes.Setting(AS_SCRIPT, Overrides(), race_below=race_below, settle_s=settle_s)
+
+
+def decisive_below(chosen: Run | None) -> float | None:
+    """The steps/s under which a pair's window of the script's own setting stops early
+    (`measure.race`): even RACE_MARGIN faster, it stays under the chosen setting's slow windows
+    (as last measured) divided by DECISIVE, so that the pair decides a gain by itself and the
+    rest of the window would only cost time. None where the chosen setting has no windows."""
+    low = pace.slow_windows(chosen) if chosen is not None else None
+    return low / pace.DECISIVE if low else None
 
 
 @dataclass
@@ -64,6 +73,10 @@ def pair_choice(
     chosen = chosen_trial(outcome)
     reuse = summarize(chosen.raw) if last_window and chosen.raw and not pace.raced(chosen.raw) else None
     reused = reuse is not None  # the first pair's window of the chosen setting is its trial's
+    # what the script's setting's window races (steps/s fixes only): the chosen, as last measured
+    races = fix.metric == "steps_per_s"
+    latest = summarize(chosen.raw) if races and chosen.raw and not pace.raced(chosen.raw) else None
+    cut: list[str] = []
     ratios: list[tuple[float, float, float]] = []
     again: Run | None = None
     stopped = ""
@@ -72,7 +85,10 @@ def pair_choice(
             stopped = "the --budget left no time for another pair"
             break
         k = len(ratios) + 1
-        before = measure(AsScript(), f"baseline-pair-{k}", as_script(PAIR_SETTLE_S))
+        below = decisive_below(latest)
+        before = measure(AsScript(), f"baseline-pair-{k}", as_script(PAIR_SETTLE_S, below))
+        if below is not None and (note := pace.race_note(before.raw, below, _decisive(chosen.label))):
+            cut.append(f"pair {k}'s window of the script's own setting was {note}")
         after_run, reuse = reuse, None
         if after_run is None:
             chosen_setting = fixes.Setting(chosen.label, chosen.overrides, settle_s=PAIR_SETTLE_S)
@@ -80,7 +96,7 @@ def pair_choice(
         if before.run is None or after_run is None or not before.run.steps_per_s:
             stopped = "a window of the pair measured nothing (the script ended?)"
             break
-        again = before.run
+        again, latest = before.run, after_run if races else None
         r = ratio(before.run, after_run, fix.metric == "samples_per_s")
         if r.speedup is None or r.low is None or r.high is None:
             stopped = "a window of the pair had no throughput to compare"
@@ -91,7 +107,13 @@ def pair_choice(
     decided, detail = _decided(outcome, pace.paired(ratios, KEEP_MIN_SPEEDUP), fix.metric, stopped)
     if ratios and reused:
         detail += f" (the first pair's {chosen.label} window was its trial's own, just before)"
+    if cut:
+        detail += f"; {'; '.join(cut)}"
     return PairedOutcome(decided, again, detail)
+
+
+def _decisive(label: str) -> str:
+    return f"{label} over {pace.DECISIVE:g}, where one pair decides a gain"
 
 
 def _decided(outcome: FixOutcome, decision: pace.Paired, metric: str, stopped: str) -> tuple[FixOutcome, str]:

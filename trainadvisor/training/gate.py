@@ -7,6 +7,8 @@ when every fix in question is one)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import threading
 import time
@@ -25,6 +27,13 @@ POLL_S = 0.005
 # Below this share of memory available, a run waiting for its settings exits (the parent then
 # starts the confirmation afresh): standing by must never push the machine into swap or OOM.
 MIN_AVAILABLE_PCT = 15.0
+
+# What training scripts import lazily after their first DataLoader: torch's optimizers import
+# torch._dynamo when first built (about 1 CPU-s on 2 cores, measured after the gate opened, before
+# the confirmation's first step). Imported while the run stands by for its settings (at the lowest
+# priority, while the trials run), the same modules in the same process, only earlier: what the
+# run measures after its gate is the script's own loop.
+IMPORTED_AHEAD = ("torch._dynamo",)
 
 
 def _step_aside_on_low_memory(opened: threading.Event) -> None:
@@ -45,6 +54,8 @@ def hold(recorder: Recorder, path: Path) -> None:
     ).start()
 
     def wait_and_apply() -> None:
+        if not path.exists():  # time to stand by: what the script would import next, now
+            _import_ahead()
         while not path.exists():
             if os.getppid() != parent:
                 raise WindowComplete()  # the parent is gone: nobody will read the result
@@ -60,6 +71,14 @@ def hold(recorder: Recorder, path: Path) -> None:
         _apply(recorder, command)
 
     recorder.gate = wait_and_apply
+
+
+def _import_ahead() -> None:
+    """IMPORTED_AHEAD, each where it imports: one that fails fails again where the script imports
+    it, and says so there."""
+    for name in IMPORTED_AHEAD:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
 
 
 def _apply(recorder: Recorder, command: WindowCommand) -> None:

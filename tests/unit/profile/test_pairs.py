@@ -10,9 +10,12 @@ from dataclasses import replace
 from support.race import _windows_at
 
 from trainadvisor import fixes
+from trainadvisor.measure.race import raised
+from trainadvisor.measure.settle import Settling
+from trainadvisor.profile.pace import DECISIVE
 from trainadvisor.profile.pairs import AS_SCRIPT, PAIR_SETTLE_S, pair_choice
 from trainadvisor.profile.trials import Measured
-from trainadvisor.records import FixOutcome, Overrides, Trial
+from trainadvisor.records import FixOutcome, Overrides, Trial, WindowShape
 
 CHOSEN = Overrides(loaders={"train.py:12": {"num_workers": 4}})
 
@@ -28,6 +31,7 @@ def _outcome(trial_speedup: float) -> FixOutcome:
 
 
 Calls = list[tuple[str, str, float | None]]
+Races = list[tuple[str, float | None]]
 
 
 def _measurer(quiet_speedup: float, load: list[float], calls: Calls) -> Callable[..., Measured]:
@@ -127,3 +131,66 @@ def test_a_trial_window_that_was_not_the_last_is_measured_again_for_its_pair() -
     calls: Calls = []
     pair_choice(_reusable(3.0), _measurer(3.0, [1.0], calls), lambda s: True, lambda: 1.0, False)
     assert [c[0] for c in calls] == ["baseline-pair-1", "dataloader-workers-pair-1"]
+
+
+def _racing(quiet_speedup: float, load: list[float], asked: Races) -> Callable[..., Measured]:
+    """As `_measurer`, each window's race recorded; a window that loses it (even RACE_MARGIN faster,
+    under the steps/s it was given) is cut after its warm-up, as `training.window` cuts it: its
+    timed steps one block's worth."""
+
+    def window(fix: fixes.Fix, label: str, setting: fixes.Setting) -> Measured:
+        pair = int(label.rsplit("-", 1)[1]) - 1
+        asked.append((label, setting.race_below))
+        steps_per_s = 10.0 * (1.0 if setting.label == AS_SCRIPT else quiet_speedup) / load[pair]
+        below = setting.race_below
+        lost = below is not None and raised(steps_per_s, Settling()) < below
+        run = _windows_at(steps_per_s, 5 if lost else 60)
+        if lost:
+            shape = WindowShape(20, 1.5, "raced", [1e3 / steps_per_s] * 3, 0.5, "raced")
+            run = replace(run, raw=replace(run.raw, shape=shape))
+        return Measured(run, run.raw, "measured", None)
+
+    return window
+
+
+def test_the_script_settings_window_stops_once_the_pair_decides_a_gain_by_itself() -> None:
+    """The chosen setting's trial ran at 8x, the last window: the script's setting right after it
+    races 8x over DECISIVE (its slow windows are its steps/s: steps alike), and at 10 steps/s,
+    even 25% faster, it stays under that; cut short, it still decides the gain in one pair."""
+    asked: Races = []
+    paired = pair_choice(_reusable(8.0), _racing(8.0, [1.0], asked), lambda s: True, lambda: 1.0, True)
+    assert asked == [("baseline-pair-1", 80.0 / DECISIVE)]
+    outcome = paired.outcome
+    assert (outcome.status, round(outcome.gain or 0.0, 6)) == ("unconfirmed", 8.0)
+    assert paired.detail == (
+        "dataloader-workers: 8.00x steps/s (range 8.00-8.00x) in 1 pair of adjacent windows with the "
+        "script's own setting (the first pair's num_workers=4 window was its trial's own, just before); "
+        "pair 1's window of the script's own setting was cut in its warm-up after 2.0 s (5 steps timed): "
+        "even 25% faster it stays below 53.3 steps/s, the slow windows of num_workers=4 over 1.5, where "
+        "one pair decides a gain"
+    )
+    assert paired.again is not None and paired.again.steps_per_s == 10.0
+
+
+def test_a_gain_short_of_deciding_in_one_pair_leaves_the_scripts_windows_whole() -> None:
+    """At 1.4x the race's bar (14 steps/s over DECISIVE: 9.3) is under the script's own 10 steps/s
+    raised by RACE_MARGIN: its windows are measured to their end, each racing the chosen setting as
+    last measured (the trial's window, then the first pair's); the chosen's windows race nothing."""
+    asked: Races = []
+    paired = pair_choice(_reusable(1.4), _racing(1.3, [1.0, 1.0], asked), lambda s: True, lambda: 1.0, True)
+    assert asked == [
+        ("baseline-pair-1", 14.0 / DECISIVE),
+        ("baseline-pair-2", 14.0 / DECISIVE),
+        ("dataloader-workers-pair-2", None),
+    ]
+    assert "cut" not in paired.detail
+    assert paired.outcome.status == "unconfirmed" and paired.again is not None
+    assert paired.again.steps_per_s == 10.0
+
+
+def test_a_gain_in_samples_per_second_races_no_window_of_its_pairs() -> None:
+    """A larger batch is slower per step by design: its pairs' steps/s decide nothing alone."""
+    asked: Races = []
+    outcome = replace(_reusable(8.0), fix="batch-size")
+    pair_choice(outcome, _racing(8.0, [1.0], asked), lambda s: True, lambda: 1.0, True)
+    assert asked == [("baseline-pair-1", None)]

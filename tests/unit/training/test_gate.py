@@ -85,6 +85,20 @@ class _Memory:
         return self
 
 
+class _Importer:
+    """The gate's `importlib`: the modules it was asked to import; those in `failing` raise as a
+    broken installation's would."""
+
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+        self.imported: list[str] = []
+        self.failing = failing
+
+    def import_module(self, name: str) -> None:
+        self.imported.append(name)
+        if name in self.failing:
+            raise RuntimeError(f"{name}: a broken installation")
+
+
 class _Time:
     """The gate's `time.sleep`: each poll counted; after `polls` of them, `ready` is set and the
     poll waits until the writer says the file is there."""
@@ -109,6 +123,7 @@ def fake_os(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Os]:
     monkeypatch.setattr(gate, "os", faked)
     monkeypatch.setattr(priority, "os", faked)
     monkeypatch.setattr(gate, "psutil", _Memory(available=50, total=100))
+    monkeypatch.setattr(gate, "importlib", _Importer())
     standing_by: list[tuple[threading.Event, threading.Thread]] = []
     real = gate._step_aside_on_low_memory
 
@@ -201,6 +216,35 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     # lowered at hold, back to normal once the settings came
     assert fake_os.calls == [("nice", 19), ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 0)]
     assert recorder.held_facts == {}
+    assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # while it stood by
+
+
+def test_a_gate_whose_settings_are_there_already_imports_nothing_ahead(
+    fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trials ended before the set-up did: an import now would only delay its first step."""
+    recorder = _held(tmp_path)
+    _opened(recorder, tmp_path, monkeypatch)
+    assert gate.importlib.imported == []  # type: ignore[attr-defined]
+    assert recorder.config.steps == 4
+
+
+def test_an_import_ahead_that_fails_leaves_the_gate_to_open_as_before(
+    fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    importer = _Importer(failing=("torch._dynamo",))
+    monkeypatch.setattr(gate, "importlib", importer)
+    path = tmp_path / "after.gate.json"
+    recorder = _recorder(tmp_path)
+    gate.hold(recorder, path)
+    clock = _Time(polls=1)
+    monkeypatch.setattr(gate, "time", clock)
+    writer = _written_later(path, WindowCommand(index=0, warmup=1, steps=4), clock)
+    assert recorder.gate is not None
+    recorder.gate()
+    writer.join()
+    assert importer.imported == ["torch._dynamo"]
+    assert recorder.config.steps == 4 and recorder.held_facts == {}
 
 
 def _held(tmp_path: Path) -> Recorder:
