@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from trainadvisor.analyze.run.summary import percentile, summarize
 from trainadvisor.measure.race import RACE_MARGIN
-from trainadvisor.measure.settle import TOLERANCE
+from trainadvisor.measure.settle import BLOCK_S, BLOCK_STEPS, TOLERANCE
 from trainadvisor.records import RawRun, Run, Trial
 
 # A trial's warm-up waits for its step time to settle at most this many times as long as the
@@ -143,8 +143,9 @@ def cost_s(
     if shape is None:
         return baseline.wall_s
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
-    if kind == "pair":
-        return min(settled_s, PAIR_SETTLE_S) + shape.timed_s + WINDOW_OVERHEAD_S
+    if kind == "pair":  # cut after its warm-up and one block where its fix can decide in one pair
+        timed_s = min(shape.timed_s, _block_s(baseline)) if speedup >= RACED_PAIR_GAIN else shape.timed_s
+        return min(settled_s, PAIR_SETTLE_S) + timed_s + WINDOW_OVERHEAD_S
     cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
     # blocks are counted in steps too: a loop `speedup` x as fast fills them that much sooner
     # (a loaded machine's baseline of 190 ms steps settled in 8 s; its trials' windows in 2-3 s)
@@ -152,6 +153,15 @@ def cost_s(
     settle_s = min(cap, max(settled_s / max(speedup, 1.0), floor_s))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
     return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
+
+
+def _block_s(baseline: RawRun) -> float:
+    """One settling block of the script's own setting: BLOCK_STEPS of its timed steps, at least
+    BLOCK_S (`measure.settle`)."""
+    shape = baseline.shape
+    timed = sum(1 for step in baseline.steps if not step.profiled) or baseline.window_steps
+    step_s = shape.timed_s / timed if shape is not None and timed else 0.0
+    return max(BLOCK_S, BLOCK_STEPS * step_s)
 
 
 def _fresh_s(baseline: RawRun, settle_cap_s: float | None) -> float:
@@ -172,6 +182,11 @@ MAX_PAIRS = 3
 # One pair decides where the candidate's slow windows beat the baseline's fast ones by this much:
 # a gain far beyond what background load drifts by between two windows seconds apart.
 DECISIVE = 1.5
+# A pair's window of the script's own setting stops once, even RACE_MARGIN faster, it stays under
+# the chosen setting's slow windows over DECISIVE (`pairs.decisive_below`): its estimate counts
+# one block of timed steps where the fix can reach this much at most (in `benchmarks/verdict_cost.py`'s
+# slow-start and ceiling cases the workers reached 0.92-1.07x the bound their loop's wait set).
+RACED_PAIR_GAIN = DECISIVE * (1.0 + RACE_MARGIN)
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ class Tuning:
             total += fix.likely_trials(self.values) * (window_s if in_window else self.cost_s("fresh"))
             if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
                 # own trial window where it was the only candidate and so the last)
-                beside = self.cost_s("pair") + (
+                beside = self.cost_s("pair", speedup) + (
                     0.0 if expected == 1 else min(window_s, self._pair_window_s(speedup))
                 )
         # a pair of windows checks a choice made in windows, and stands beside the confirmation

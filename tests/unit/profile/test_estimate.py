@@ -1,7 +1,8 @@
 """The progress line's "about N left" (`Tuning.remaining_s`) before any window was measured: the
 candidates each fix's search usually measures, each window its settling (at least 2 s: its
 workers start) and its timed steps at the pace its fix can reach at most; the pair that checks
-a choice made in windows (the script's own setting as the baseline ran it, and the choice again,
+a choice made in windows (the script's own setting as the baseline ran it, cut after one block
+where the fix can decide in one pair, and the choice again,
 unless the last fix had a single candidate: its own trial window is the pair's first); the
 confirmation run."""
 
@@ -46,9 +47,11 @@ def test_a_single_candidate_in_windows_counts_one_window_for_its_pair() -> None:
 def test_a_search_counts_both_windows_of_its_pair_and_a_run_started_ahead_skips_its_setup() -> None:
     # the two candidates the workers search usually measures, 3.5 s each: 2 workers (one a core)
     # and 4, which finds no gain and stops it (it may try 8 and a deeper prefetch too); the
-    # pair's 1.6 s and the choice again (3.5 s); the run started ahead: 3 s settling, 1 s timed
-    # (0.6 s at 4x the pace is under the minimum) and 2.5 s of traced steps and exit
-    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 3.5 + (1.6 + 3.5) + 6.5
+    # pair's 1.2 s (at up to 4x, one pair decides: the script's setting is cut after one block of
+    # 0.2 s, not its 0.6 s timed) and the choice again (3.5 s); the run started ahead: 3 s
+    # settling, 1 s timed (0.6 s at 4x the pace is under the minimum) and 2.5 s of traced steps
+    # and exit
+    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 3.5 + (1.2 + 3.5) + 6.5
 
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:

@@ -195,6 +195,13 @@ def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_war
     assert pace.cost_s("window", [], settled, speedup=1.4) == pytest.approx(2.5 + 1.0 + 0.5)  # 3.5 / 1.4
     assert pace.cost_s("window", [], settled, settle_cap_s=3.0) == pytest.approx(3.0 + 1.2 + 0.5)
     assert pace.cost_s("pair", [], settled) == pytest.approx(3.0 + 1.2 + 0.5)  # a pair's settles 3 s
+    # where its fix can decide in one pair, the script's setting's window is cut after one block:
+    # 5 of the baseline's 20 timed steps (0.3 s), or the block's 0.2 s where those are shorter
+    assert pace.cost_s("pair", [], settled, speedup=1.875) == pytest.approx(3.0 + 0.3 + 0.5)
+    assert pace.cost_s("pair", [], settled, speedup=1.87) == pytest.approx(3.0 + 1.2 + 0.5)
+    settled.shape.timed_s = 0.4
+    assert pace.cost_s("pair", [], settled, speedup=8.0) == pytest.approx(3.0 + 0.2 + 0.5)
+    settled.shape.timed_s = 1.2
     assert pace.cost_s("prestarted", [], settled) == pytest.approx(3.5 + 1.2 + 2.5)  # and its end
     unsettled = _shape("time cap", 60.0)
     assert unsettled.shape is not None
