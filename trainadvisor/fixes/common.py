@@ -36,6 +36,9 @@ class Setting:
     # the steps/s its trial window must be able to reach, or it stops early (`measure.race`);
     # None: measured to the end
     race_below: float | None = None
+    # whether its warm-up races too (False: only its timed steps, after a warm-up that settled or
+    # reached its cap: a pair's window of the script's own setting, whose figure stands in a ratio)
+    race_warmup: bool = True
     # the longest its window's warm-up waits to settle, below the trials' own cap (a pair's
     # windows: their adjacency matters more than a steadiness a loaded machine never reaches)
     settle_s: float | None = None

@@ -37,6 +37,7 @@ class WindowSize:
     # a trial's race: the window stops once its steps/s, raised by the settling tolerance, is
     # still below this (the slow windows of the best setting measured so far); None: no race
     race_below: float | None = None
+    race_warmup: bool = True  # False: the race is run in the timed steps only (`fixes.Setting`)
 
 
 @dataclass

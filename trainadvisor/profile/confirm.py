@@ -17,7 +17,7 @@ from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile import quiet
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
-from trainadvisor.profile.pace import MACHINE_DRIFT, machine_changed, machine_drift
+from trainadvisor.profile.pace import MACHINE_DRIFT, machine_changed, machine_drift, raced
 from trainadvisor.profile.runs import (
     ProfileOptions,
     confirmation_spec,
@@ -161,7 +161,7 @@ class _Judge:
         """(status, reason, comparison, why the machine's figures cannot be compared or None) of
         the script's own setting's runs as `view` gives them, against the fix's run as measured."""
         baseline, after = view(self.baseline), self.after
-        again: list[Run | None] = [view(self.tuning.again)] if self.tuning.again is not None else []
+        again: list[Run | None] = [self._again(view)] if self.tuning.again is not None else []
         comparison = _comparison(baseline, after, self.chosen, self.noise_rel, again)
         status, reason = verdict(comparison)
         if status != "kept" or self.adjacent is None:
@@ -171,6 +171,13 @@ class _Judge:
             return status, reason, comparison, None
         return _adjacent(baseline, after, view(beside), self.chosen, self.noise_rel, again)
 
+    def _again(self, view: Callable[[Run], Run]) -> Run | None:
+        """The script's own setting measured again after the trials, as `view` gives it; as
+        measured where its window was cut short (`pairs.decisive_below`): its one block holds
+        too few samples for its waits to say anything."""
+        again = self.tuning.again
+        return again if again is None or raced(again.raw) else view(again)
+
     def loaded(self) -> str | None:
         """Where other processes used CPU during a compared window and the gain does not hold
         with the waits for a CPU taken out of the steps of the script's own setting, why, in
@@ -178,9 +185,13 @@ class _Judge:
         The fix's run keeps its waits: where its loop waits on its workers, a wait for a CPU
         after a batch came is hidden by the batches they load meanwhile, and taking it out
         would make the fix look faster than any machine runs it."""
+        again = self.tuning.again
         named = {
             "in the baseline window": self.baseline,
-            "in the script's own setting measured again after the trials": self.tuning.again,
+            # a window cut short (`_again`) holds too few samples for its waits to say anything
+            "in the script's own setting measured again after the trials": (
+                None if again is None or raced(again.raw) else again
+            ),
             "in the script's own setting measured next to the confirmation run": (
                 self.adjacent() if self.adjacent is not None else None
             ),

@@ -28,7 +28,9 @@ class AsScript(fixes.Fix):
 
 
 def as_script(settle_s: float | None = None, race_below: float | None = None) -> fixes.Setting:
-    return fixes.Setting(AS_SCRIPT, Overrides(), race_below=race_below, settle_s=settle_s)
+    # raced in its timed steps only: cut in a warm-up still coming up to speed, its steps/s would
+    # be understated, and the pair's gain overstated
+    return fixes.Setting(AS_SCRIPT, Overrides(), race_below, race_warmup=False, settle_s=settle_s)
 
 
 def decisive_below(chosen: Run | None) -> float | None:

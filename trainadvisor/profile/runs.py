@@ -99,17 +99,20 @@ def size_for(
     max_steps: int | None = None,
     settle_cap_s: float | None = None,
     race_below: float | None = None,
+    race_warmup: bool = True,
 ) -> WindowSize:
     """A window's time floor, its warm-up's steadiness test (blocks of at least two rounds of
     the setting's DataLoader workers; a trial's blocks capped at `settle_cap_s`, `pace`), the
-    steps it may use and the steps/s it races (`race_below`). Under torchrun a window is a
+    steps it may use and the steps/s it races (`race_below`; in its warm-up too unless
+    `race_warmup` is False). Under torchrun a window is a
     count of steps: every rank must stop at the same step (the others would wait in their next
     all-reduce), and each rank would judge its own clock and blocks differently."""
     if options.torchrun:
         return WindowSize(max_steps=max_steps)
     settle = Settling(max_s=options.max_warmup_s, blocks_max_s=settle_cap_s).for_workers(overrides.workers())
     settled = settle if options.max_warmup_s else None
-    return WindowSize(options.min_time_s, settled, max_steps, race_below if settled else None)
+    race = race_below if settled else None
+    return WindowSize(options.min_time_s, settled, max_steps, race, race_warmup)
 
 
 def fit(warmup: int, steps: int, available: int | None) -> tuple[int, int, int | None]:

@@ -189,7 +189,8 @@ def windows(
         overrides = candidate.overrides
         warmup, steps, most = fit(*window_steps(options, overrides), budget())
         cap = min(c for c in (settle_cap_s, candidate.settle_s, float("inf")) if c is not None)
-        size = size_for(options, overrides, most, cap if cap < float("inf") else None, candidate.race_below)
+        capped = cap if cap < float("inf") else None
+        size = size_for(options, overrides, most, capped, candidate.race_below, candidate.race_warmup)
         # generous: a candidate may be slower than the baseline, and workers take time to start
         timeout_s = max(60.0, options.max_warmup_s + 20 * ((warmup + steps) * step_s + options.min_time_s))
         if options.timeout_s is not None:

@@ -322,7 +322,7 @@ def window_plan(
     """The window a config or a trial window's command asks for."""
     return WindowPlan(
         warmup, steps, profile_steps, with_stack, size.min_time_s, size.settle, size.max_steps, memory_step,
-        size.race_below,
+        size.race_below, size.race_warmup,
     )  # fmt: skip
 
 

@@ -182,7 +182,8 @@ class Window:
             return "count"
         if self.blocks.settled:
             return "settled"
-        if self.plan.race_below is not None and lost_in_warmup(self.blocks, self.plan.race_below):
+        below = self.plan.race_below if self.plan.race_warmup else None
+        if below is not None and lost_in_warmup(self.blocks, below):
             return "raced"
         if now - self._capped_from() >= self.blocks.settling.max_s:
             return "time cap"

@@ -39,6 +39,7 @@ class WindowPlan:
     )
     # a trial's race (`measure.race`): steps/s the window must be able to reach, or it stops
     race_below: float | None = None
+    race_warmup: bool = True  # False: in the timed steps only
 
     @property
     def traced_steps(self) -> int:

@@ -120,7 +120,7 @@ def test_a_run_started_ahead_is_handed_the_settings_and_window_of_the_spec_it_is
         "steps": 12,
         "profile_steps": 4,
         "stop": False,
-        "size": {"min_time_s": 0.5, "settle": None, "max_steps": 40, "race_below": None},
+        "size": {"min_time_s": 0.5, "settle": None, "max_steps": 40, "race_below": None, "race_warmup": True},
     }
     assert [c[0] for c in calls] == ["wait_for", "stop", "collect"]
     _, proc, waited, files, watchdog = calls[0]

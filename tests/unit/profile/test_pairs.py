@@ -134,19 +134,20 @@ def test_a_trial_window_that_was_not_the_last_is_measured_again_for_its_pair() -
 
 
 def _racing(quiet_speedup: float, load: list[float], asked: Races) -> Callable[..., Measured]:
-    """As `_measurer`, each window's race recorded; a window that loses it (even RACE_MARGIN faster,
-    under the steps/s it was given) is cut after its warm-up, as `training.window` cuts it: its
-    timed steps one block's worth."""
+    """As `_measurer`, each window's race recorded (a race of the script's setting is run in its
+    timed steps only); a window that loses it (even RACE_MARGIN faster, under the steps/s it was
+    given) is cut after a settled warm-up, as `training.window` cuts it: one block's worth timed."""
 
     def window(fix: fixes.Fix, label: str, setting: fixes.Setting) -> Measured:
         pair = int(label.rsplit("-", 1)[1]) - 1
         asked.append((label, setting.race_below))
+        assert setting.race_warmup is (setting.label != AS_SCRIPT)
         steps_per_s = 10.0 * (1.0 if setting.label == AS_SCRIPT else quiet_speedup) / load[pair]
         below = setting.race_below
         lost = below is not None and raised(steps_per_s, Settling()) < below
         run = _windows_at(steps_per_s, 5 if lost else 60)
         if lost:
-            shape = WindowShape(20, 1.5, "raced", [1e3 / steps_per_s] * 3, 0.5, "raced")
+            shape = WindowShape(20, 1.5, "settled", [1e3 / steps_per_s] * 3, 0.5, "raced")
             run = replace(run, raw=replace(run.raw, shape=shape))
         return Measured(run, run.raw, "measured", None)
 
@@ -165,7 +166,7 @@ def test_the_script_settings_window_stops_once_the_pair_decides_a_gain_by_itself
     assert paired.detail == (
         "dataloader-workers: 8.00x steps/s (range 8.00-8.00x) in 1 pair of adjacent windows with the "
         "script's own setting (the first pair's num_workers=4 window was its trial's own, just before); "
-        "pair 1's window of the script's own setting was cut in its warm-up after 2.0 s (5 steps timed): "
+        "pair 1's window of the script's own setting was cut in its timed steps after 2.0 s (5 steps timed): "
         "even 25% faster it stays below 53.3 steps/s, the slow windows of num_workers=4 over 1.5, where "
         "one pair decides a gain"
     )
@@ -173,15 +174,16 @@ def test_the_script_settings_window_stops_once_the_pair_decides_a_gain_by_itself
 
 
 def test_a_gain_short_of_deciding_in_one_pair_leaves_the_scripts_windows_whole() -> None:
-    """At 1.4x the race's bar (14 steps/s over DECISIVE: 9.3) is under the script's own 10 steps/s
-    raised by RACE_MARGIN: its windows are measured to their end, each racing the chosen setting as
-    last measured (the trial's window, then the first pair's); the chosen's windows race nothing."""
+    """At 1.4x in its trial and 1.3x in its pairs, the race's bar (the chosen setting as last
+    measured, over DECISIVE: 9.3 steps/s, then 8.7) is under the script's own 10 steps/s raised by
+    RACE_MARGIN: its windows are measured to their end; the chosen's windows race nothing."""
     asked: Races = []
-    paired = pair_choice(_reusable(1.4), _racing(1.3, [1.0, 1.0], asked), lambda s: True, lambda: 1.0, True)
-    assert asked == [
-        ("baseline-pair-1", 14.0 / DECISIVE),
-        ("baseline-pair-2", 14.0 / DECISIVE),
-        ("dataloader-workers-pair-2", None),
+    paired = pair_choice(_reusable(1.4), _racing(1.3, [1.0, 1.0], asked), lambda s: True, lambda: 1.0, False)
+    assert [(label, round(below or 0.0, 6)) for label, below in asked] == [
+        ("baseline-pair-1", round(14.0 / DECISIVE, 6)),
+        ("dataloader-workers-pair-1", 0.0),
+        ("baseline-pair-2", round(13.0 / DECISIVE, 6)),  # the first pair's window of the chosen
+        ("dataloader-workers-pair-2", 0.0),
     ]
     assert "cut" not in paired.detail
     assert paired.outcome.status == "unconfirmed" and paired.again is not None

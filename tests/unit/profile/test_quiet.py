@@ -17,7 +17,7 @@ from trainadvisor.profile import quiet
 from trainadvisor.profile.confirm import _Judge, confirm
 from trainadvisor.profile.runs import ProfileOptions
 from trainadvisor.profile.tuning import Tuning
-from trainadvisor.records import FixOutcome, HostSample, Overrides, Run
+from trainadvisor.records import FixOutcome, HostSample, Overrides, Run, WindowShape
 
 WORKERS = Overrides(loaders={"train.py:12": {"num_workers": 2}})
 OPTIONS = ProfileOptions(Path("train.py"), [], Path("out"))
@@ -116,6 +116,26 @@ def test_where_a_disturbed_runs_waits_were_not_read_the_runs_are_judged_as_measu
     ranked = _loaded(10.0, 50.0)
     ranked.raw.ranks = [_loaded(10.0, 50.0).raw]  # torchrun: the launcher was sampled
     assert quiet.readable([_loaded(10.0, 50.0)]) is True and quiet.readable([ranked]) is False
+
+
+def test_a_window_of_the_scripts_setting_cut_short_in_its_pair_is_judged_as_measured() -> None:
+    """The pair's window of the script's own setting was cut after one block (`pairs`): its two
+    samples say nothing of its waits, and it neither turns the judgement off nor has waits taken
+    out; the baseline window's are, and the gain the load made is caught as without the pair."""
+    judge = _judge(_loaded(10.0, 50.0), _loaded(20.0, 0.0))
+    cut = _loaded(9.0, 50.0, samples=2)
+    cut.raw.shape = WindowShape(20, 1.5, "settled", [111.0] * 3, 0.4, "raced")
+    judge.tuning.again = cut
+    assert judge()[0] == "kept"
+    assert judge.loaded() == (
+        "other processes used 1.5 cores, and the training loop waited for a CPU 50% of its time in the "
+        "baseline window; judged with those waits taken out of its steps (the fix's run as measured): "
+        "measured 1.00x steps/s (range 1.00-1.00x): not a reliable gain; a quiet machine would not "
+        "keep it"
+    )
+    whole = _loaded(9.0, 50.0, samples=2)  # the same window measured whole: its waits unread
+    judge.tuning.again = whole
+    assert judge.loaded() is None  # judged as measured, as before
 
 
 def test_without_the_waits_the_machine_change_decides() -> None:

@@ -3,14 +3,20 @@ clock and exact step times: which window stops where, and why."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from support.race import _run, _windows_at
 from support.window import FakeClock
 
+from trainadvisor import _serial
+from trainadvisor.measure.config import WindowCommand
 from trainadvisor.measure.settle import Settling
 from trainadvisor.profile import pace
+from trainadvisor.profile.runs import ProfileOptions, size_for
 from trainadvisor.records import Overrides, RawRun, Trial, WindowShape
+from trainadvisor.training.hooks import window_plan
 from trainadvisor.training.window import Window
 from trainadvisor.training.window_plan import WindowPlan
 
@@ -42,6 +48,39 @@ def test_a_window_that_cannot_reach_the_best_so_far_stops_in_its_warmup() -> Non
     _steps(window, clock, [2.0] * 10)
     assert window.phase == "done" and len(window.records) == 5
     assert (window.shape.timed_end, round(window.shape.timed_s, 6)) == ("raced", 0.010)
+
+
+def test_a_window_that_races_in_its_timed_steps_only_warms_up_to_its_cap_first() -> None:
+    """A loop slowing down by 6% a block never settles, and loses to 1,000 steps/s from its third
+    block (raced in its warm-up, it would stop there); raced in its timed steps only (a pair's
+    window of the script's own setting, whose figure stands in a ratio), its warm-up goes on to
+    its 1 s cap, then one block's worth of timed steps shows it cannot win (20 steps: the blocks
+    doubled twice while it did not settle)."""
+    clock = FakeClock()
+    plan = WindowPlan(warmup=2, steps=20, min_time_s=1.0, settle=SETTLE, race_below=1000.0, race_warmup=False)
+    window = Window(plan, clock.clock())
+    _steps(window, clock, [50.0, 50.0])
+    warmup = [2.0 * 1.06 ** (i // 5) for i in range(400)]
+    while window.phase == "warmup":
+        _steps(window, clock, [warmup.pop(0)])
+    assert window.shape.warmup_end == "time cap" and window.shape.warmup_s >= 1.0
+    assert window.blocks is not None and window.blocks.scale == 4
+    _steps(window, clock, warmup[:19])
+    assert window.phase == "timed"
+    _steps(window, clock, warmup[19:30])
+    assert window.phase == "done" and len(window.records) == 20
+    assert window.shape.timed_end == "raced"  # its 20 steps, not its 1 s
+
+
+def test_a_race_in_the_timed_steps_only_reaches_the_childs_window(tmp_path: Path) -> None:
+    """From the parent's window size, through the command file, to the plan the child measures."""
+    options = ProfileOptions(Path("train.py"), [], Path("out"))
+    size = size_for(options, Overrides(), None, 3.0, 40.0, race_warmup=False)
+    _serial.save_json(WindowCommand(1, "baseline-pair-1", warmup=5, steps=20, size=size), tmp_path / "c.json")
+    sent = _serial.load_json(WindowCommand, tmp_path / "c.json")
+    plan = window_plan(sent.warmup, sent.steps, sent.size)
+    assert (plan.race_below, plan.race_warmup) == (40.0, False)
+    assert window_plan(5, 20, size_for(options, Overrides(), None, 3.0, 40.0)).race_warmup is True
 
 
 def test_a_window_still_speeding_up_is_given_its_time() -> None:
