@@ -171,12 +171,19 @@ class _Judge:
             return status, reason, comparison, None
         return _adjacent(baseline, after, view(beside), self.chosen, self.noise_rel, again)
 
+    @property
+    def whole_again(self) -> Run | None:
+        """The script's own setting measured again after the trials, where its window was not
+        cut short (`pairs.decisive_below`): one block holds too few samples for its waits to
+        say anything."""
+        again = self.tuning.again
+        return None if again is None or raced(again.raw) else again
+
     def _again(self, view: Callable[[Run], Run]) -> Run | None:
         """The script's own setting measured again after the trials, as `view` gives it; as
-        measured where its window was cut short (`pairs.decisive_below`): its one block holds
-        too few samples for its waits to say anything."""
-        again = self.tuning.again
-        return again if again is None or raced(again.raw) else view(again)
+        measured where its window was cut short (`whole_again`)."""
+        whole = self.whole_again
+        return view(whole) if whole is not None else self.tuning.again
 
     def loaded(self) -> str | None:
         """Where other processes used CPU during a compared window and the gain does not hold
@@ -185,13 +192,9 @@ class _Judge:
         The fix's run keeps its waits: where its loop waits on its workers, a wait for a CPU
         after a batch came is hidden by the batches they load meanwhile, and taking it out
         would make the fix look faster than any machine runs it."""
-        again = self.tuning.again
         named = {
             "in the baseline window": self.baseline,
-            # a window cut short (`_again`) holds too few samples for its waits to say anything
-            "in the script's own setting measured again after the trials": (
-                None if again is None or raced(again.raw) else again
-            ),
+            "in the script's own setting measured again after the trials": self.whole_again,
             "in the script's own setting measured next to the confirmation run": (
                 self.adjacent() if self.adjacent is not None else None
             ),

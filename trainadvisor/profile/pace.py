@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from trainadvisor.analyze.run.summary import percentile, summarize
 from trainadvisor.measure.race import RACE_MARGIN
 from trainadvisor.measure.settle import BLOCK_S, BLOCK_STEPS, TOLERANCE
-from trainadvisor.records import RawRun, Run, Trial
+from trainadvisor.records import RawRun, Run, Trial, timed_steps
 
 # A trial's warm-up waits for its step time to settle at most this many times as long as the
 # baseline's did (its loop is the baseline's, with one setting changed: a new DataLoader's
@@ -100,7 +100,7 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
     shape = raw.shape
     if shape is None or not raced(raw):
         return None
-    timed = sum(1 for step in raw.steps if not step.profiled)
+    timed = len(timed_steps(raw))
     where = "in its warm-up" if shape.warmup_end == "raced" else "in its timed steps"
     return (
         f"cut {where} after {shape.warmup_s + shape.timed_s:.1f} s ({timed} steps timed): even "
@@ -159,7 +159,7 @@ def _block_s(baseline: RawRun) -> float:
     """One settling block of the script's own setting: BLOCK_STEPS of its timed steps, at least
     BLOCK_S (`measure.settle`)."""
     shape = baseline.shape
-    timed = sum(1 for step in baseline.steps if not step.profiled) or baseline.window_steps
+    timed = len(timed_steps(baseline)) or baseline.window_steps
     step_s = shape.timed_s / timed if shape is not None and timed else 0.0
     return max(BLOCK_S, BLOCK_STEPS * step_s)
 

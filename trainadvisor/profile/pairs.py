@@ -73,11 +73,12 @@ def pair_choice(
     right after it (a drift between adjacent windows cancels in either order), one window fewer."""
     fix = fixes.REGISTRY[outcome.fix]
     chosen = chosen_trial(outcome)
-    reuse = summarize(chosen.raw) if last_window and chosen.raw and not pace.raced(chosen.raw) else None
+    whole = summarize(chosen.raw) if chosen.raw and not pace.raced(chosen.raw) else None
+    reuse = whole if last_window else None
     reused = reuse is not None  # the first pair's window of the chosen setting is its trial's
     # what the script's setting's window races (steps/s fixes only): the chosen, as last measured
     races = fix.metric == "steps_per_s"
-    latest = summarize(chosen.raw) if races and chosen.raw and not pace.raced(chosen.raw) else None
+    latest = whole if races else None
     cut: list[str] = []
     ratios: list[tuple[float, float, float]] = []
     again: Run | None = None
