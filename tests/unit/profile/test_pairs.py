@@ -34,15 +34,29 @@ Calls = list[tuple[str, str, float | None]]
 Races = list[tuple[str, float | None]]
 
 
-def _measurer(quiet_speedup: float, load: list[float], calls: Calls) -> Callable[..., Measured]:
+def _measurer(
+    quiet_speedup: float, load: list[float], calls: Calls, asked: Races | None = None
+) -> Callable[..., Measured]:
     """Windows of the script's setting at 10 steps/s and of the chosen at `quiet_speedup` x that,
-    each divided by the background load of its pair (`load[k]`: 2.0 halves both windows)."""
+    each divided by the background load of its pair (`load[k]`: 2.0 halves both windows). Given
+    `asked`, each window's race is recorded there and run (a race of the script's setting is run
+    in its timed steps only): a window that loses it (even RACE_MARGIN faster, under the steps/s
+    it was given) is cut after a settled warm-up, as `training.window` cuts it: one block's worth
+    timed."""
 
     def window(fix: fixes.Fix, label: str, setting: fixes.Setting) -> Measured:
         pair = int(label.rsplit("-", 1)[1]) - 1
         calls.append((label, setting.label, setting.settle_s))
+        if asked is not None:
+            asked.append((label, setting.race_below))
+        assert setting.race_warmup is (setting.label != AS_SCRIPT)
         steps_per_s = 10.0 * (1.0 if setting.label == AS_SCRIPT else quiet_speedup) / load[pair]
-        run = _windows_at(steps_per_s)
+        below = setting.race_below
+        lost = asked is not None and below is not None and raised(steps_per_s, Settling()) < below
+        run = _windows_at(steps_per_s, 5 if lost else 60)
+        if lost:
+            shape = WindowShape(20, 1.5, "settled", [1e3 / steps_per_s] * 3, 0.5, "raced")
+            run = replace(run, raw=replace(run.raw, shape=shape))
         return Measured(run, run.raw, "measured", None)
 
     return window
@@ -133,33 +147,12 @@ def test_a_trial_window_that_was_not_the_last_is_measured_again_for_its_pair() -
     assert [c[0] for c in calls] == ["baseline-pair-1", "dataloader-workers-pair-1"]
 
 
-def _racing(quiet_speedup: float, load: list[float], asked: Races) -> Callable[..., Measured]:
-    """As `_measurer`, each window's race recorded (a race of the script's setting is run in its
-    timed steps only); a window that loses it (even RACE_MARGIN faster, under the steps/s it was
-    given) is cut after a settled warm-up, as `training.window` cuts it: one block's worth timed."""
-
-    def window(fix: fixes.Fix, label: str, setting: fixes.Setting) -> Measured:
-        pair = int(label.rsplit("-", 1)[1]) - 1
-        asked.append((label, setting.race_below))
-        assert setting.race_warmup is (setting.label != AS_SCRIPT)
-        steps_per_s = 10.0 * (1.0 if setting.label == AS_SCRIPT else quiet_speedup) / load[pair]
-        below = setting.race_below
-        lost = below is not None and raised(steps_per_s, Settling()) < below
-        run = _windows_at(steps_per_s, 5 if lost else 60)
-        if lost:
-            shape = WindowShape(20, 1.5, "settled", [1e3 / steps_per_s] * 3, 0.5, "raced")
-            run = replace(run, raw=replace(run.raw, shape=shape))
-        return Measured(run, run.raw, "measured", None)
-
-    return window
-
-
 def test_the_script_settings_window_stops_once_the_pair_decides_a_gain_by_itself() -> None:
     """The chosen setting's trial ran at 8x, the last window: the script's setting right after it
     races 8x over DECISIVE (its slow windows are its steps/s: steps alike), and at 10 steps/s,
     even 25% faster, it stays under that; cut short, it still decides the gain in one pair."""
     asked: Races = []
-    paired = pair_choice(_reusable(8.0), _racing(8.0, [1.0], asked), lambda s: True, lambda: 1.0, True)
+    paired = pair_choice(_reusable(8.0), _measurer(8.0, [1.0], [], asked), lambda s: True, lambda: 1.0, True)
     assert asked == [("baseline-pair-1", 80.0 / DECISIVE)]
     outcome = paired.outcome
     assert (outcome.status, round(outcome.gain or 0.0, 6)) == ("unconfirmed", 8.0)
@@ -178,7 +171,8 @@ def test_a_gain_short_of_deciding_in_one_pair_leaves_the_scripts_windows_whole()
     measured, over DECISIVE: 9.3 steps/s, then 8.7) is under the script's own 10 steps/s raised by
     RACE_MARGIN: its windows are measured to their end; the chosen's windows race nothing."""
     asked: Races = []
-    paired = pair_choice(_reusable(1.4), _racing(1.3, [1.0, 1.0], asked), lambda s: True, lambda: 1.0, False)
+    measurer = _measurer(1.3, [1.0, 1.0], [], asked)
+    paired = pair_choice(_reusable(1.4), measurer, lambda s: True, lambda: 1.0, False)
     assert [(label, round(below or 0.0, 6)) for label, below in asked] == [
         ("baseline-pair-1", round(14.0 / DECISIVE, 6)),
         ("dataloader-workers-pair-1", 0.0),
@@ -194,5 +188,5 @@ def test_a_gain_in_samples_per_second_races_no_window_of_its_pairs() -> None:
     """A larger batch is slower per step by design: its pairs' steps/s decide nothing alone."""
     asked: Races = []
     outcome = replace(_reusable(8.0), fix="batch-size")
-    pair_choice(outcome, _racing(8.0, [1.0], asked), lambda s: True, lambda: 1.0, True)
+    pair_choice(outcome, _measurer(8.0, [1.0], [], asked), lambda s: True, lambda: 1.0, True)
     assert asked == [("baseline-pair-1", None)]
