@@ -29,7 +29,16 @@ from trainadvisor.profile.runs import (
 )
 from trainadvisor.profile.trials import Echo, tolerance
 from trainadvisor.profile.tuning import Tuning
-from trainadvisor.records import Comparison, FixOutcome, FixStatus, PlannedFix, RawRun, Run, merge_overrides
+from trainadvisor.records import (
+    Comparison,
+    FixOutcome,
+    FixStatus,
+    PlannedFix,
+    RawRun,
+    Run,
+    merge_overrides,
+    timed_steps,
+)
 
 # Outcomes whose setting the report gives as a change to the script: kept, recommended (memory),
 # and measured faster but not confirmed or not applied (a gain is never left without its change)
@@ -340,7 +349,7 @@ def _reference_note(baseline: Run, after: Run | None, comparison: Comparison | N
 
 
 def _short_run(raw: RawRun) -> str:
-    timed = sum(1 for s in raw.steps if not s.profiled)
+    timed = len(timed_steps(raw))
     return (
         f"the script ended after {raw.steps_seen} steps, before the confirmation run had timed enough "
         f"steps ({timed} of at least {MIN_TIMED_STEPS}): give the script more steps to train (more "

@@ -45,7 +45,7 @@ def baseline_note(raw: RawRun) -> str | None:
     shape = raw.shape
     if shape is None:
         return None
-    timed = sum(1 for s in raw.steps if not s.profiled)
+    timed = len(timed_steps(raw))
     if shape.warmup_end == "settled" and shape.slid_steps:
         text = (
             f"Warm-up: the baseline's step time seemed settled ({_blocks(shape.block_ms)} ms per step "
