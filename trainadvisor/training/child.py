@@ -71,10 +71,19 @@ def _record_when_stopped(recorder: hooks.Recorder) -> None:
     signal.signal(signal.SIGTERM, stopped)
 
 
+def _write_to_the_terminal_from_the_background() -> None:
+    """This process's group is not the terminal's foreground one (trainadvisor's is): where the
+    terminal stops background writers (`stty tostop`), what the script prints would stop it.
+    Its output goes on as `python SCRIPT` in the foreground would print it."""
+    if hasattr(signal, "SIGTTOU") and any(os.isatty(fd) for fd in (1, 2)):
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+
+
 def main() -> int:
     from trainadvisor.measure.reaper import die_with_parent
 
     die_with_parent()  # first: trainadvisor may have been killed while this process started
+    _write_to_the_terminal_from_the_background()
     config_path, script, *script_args = sys.argv[1:]
     from trainadvisor.measure.console import quiet_numpy_warning
 
