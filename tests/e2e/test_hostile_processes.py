@@ -396,12 +396,26 @@ print("exit code", raw.exit_code, flush=True)
 """
 
 
-def test_a_script_printing_to_a_terminal_that_stops_background_writers_goes_on(tmp_path: Path) -> None:
+PRINTS_AND_PROMPTS = """\
+print("printed by the script", flush=True)
+try:
+    open("/dev/tty", "r+")
+except OSError:
+    print("no terminal to prompt on", flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10's script has a session of its own")
+def test_a_script_on_a_terminal_that_stops_background_groups_prints_and_cannot_prompt(
+    tmp_path: Path, tree: Tree
+) -> None:
     """trainadvisor on a terminal set to stop background writers (`stty tostop`), the script's
-    output shown there: the script, in a process group that is not the terminal's foreground
-    one, prints and ends as it would in the foreground (the kernel's SIGTTOU would stop it)."""
+    output shown there. The script, in a process group that is not the terminal's foreground one,
+    prints and ends as it would in the foreground (the kernel's SIGTTOU would stop it), and it
+    has no terminal to prompt on (a read there would stop it: SIGTTIN), as in a session of its
+    own: a prompt fails at once."""
     script = tmp_path / "prints.py"
-    script.write_text("print('printed by the script', flush=True)\n")
+    script.write_text(PRINTS_AND_PROMPTS)
     pid, terminal = pty.fork()
     if pid == 0:  # a session of its own, the terminal its controlling one, trainadvisor in front
         try:
@@ -411,6 +425,7 @@ def test_a_script_printing_to_a_terminal_that_stops_background_writers_goes_on(t
             os.execv(sys.executable, [sys.executable, "-c", MEASURE_PRINTS, str(script), str(tmp_path)])
         finally:
             os._exit(127)
+    tree.watch(pid)
     shown, deadline = b"", time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
@@ -420,10 +435,13 @@ def test_a_script_printing_to_a_terminal_that_stops_background_writers_goes_on(t
                 chunk = os.read(terminal, 4096)
             except OSError:  # the terminal's other end closed: everything was read
                 break
+            if not chunk:
+                break
             shown += chunk
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)  # a stopped script is ended by trainadvisor's guard
         os.waitpid(pid, 0)
         os.close(terminal)
-    assert b"printed by the script" in shown and b"exit code 0" in shown
+    assert b"printed by the script" in shown and b"no terminal to prompt on" in shown
+    assert b"exit code 0" in shown and tree.left() == []

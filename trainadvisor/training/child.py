@@ -8,11 +8,13 @@ window is complete and the script was stopped on purpose."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import runpy
 import signal
 import sys
+import termios
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,19 +73,33 @@ def _record_when_stopped(recorder: hooks.Recorder) -> None:
     signal.signal(signal.SIGTERM, stopped)
 
 
-def _write_to_the_terminal_from_the_background() -> None:
-    """This process's group is not the terminal's foreground one (trainadvisor's is): where the
-    terminal stops background writers (`stty tostop`), what the script prints would stop it.
-    Its output goes on as `python SCRIPT` in the foreground would print it."""
-    if hasattr(signal, "SIGTTOU") and any(os.isatty(fd) for fd in (1, 2)):
-        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+def _leave_the_terminal() -> None:
+    """Give up the controlling terminal that this process shares with trainadvisor's session (it
+    runs in that session, in a background process group), as the session of its own it once
+    had did. On a terminal, a background group's read stops it (SIGTTIN: a prompt, `getpass`
+    opening /dev/tty), and so does its write where the terminal is set to `stty tostop`
+    (SIGTTOU). Without a controlling terminal, /dev/tty cannot be opened (a prompt fails at
+    once, as it would have), and output to an inherited terminal goes on. Not being the
+    session's leader, only this process and what it starts lose it."""
+    if not hasattr(termios, "TIOCNOTTY"):
+        return
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:  # no controlling terminal: nothing to give up
+        return
+    try:
+        fcntl.ioctl(fd, termios.TIOCNOTTY)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def main() -> int:
     from trainadvisor.measure.reaper import die_with_parent
 
     die_with_parent()  # first: trainadvisor may have been killed while this process started
-    _write_to_the_terminal_from_the_background()
+    _leave_the_terminal()
     config_path, script, *script_args = sys.argv[1:]
     from trainadvisor.measure.console import quiet_numpy_warning
 
