@@ -343,11 +343,19 @@ def test_loader_variants_get_the_fix_at_their_call_site(
     }
     assert report["baseline"]["samples_per_s"] == report["baseline"]["steps_per_s"] * 16
     [outcome] = report["fix_outcomes"]
-    assert outcome["status"] == "kept", outcome
-    after_loaders = report["after"]["raw"]["loaders"]
-    assert len(after_loaders) >= 2
-    assert all(ld["num_workers"] > 0 and ld["overrides_applied"] for ld in after_loaders)
-    assert report["comparison"]["loss_check"]["same_batches"] is True
+    # kept; or, where the report names other processes' CPU during its windows (the suite's
+    # other worker and a busy core beside it: 2.69x kept beside two busy processes, inconclusive
+    # once in a busy CI run), inconclusive, with no change given: issue 36's answer on a loaded
+    # machine, which this test does not judge
+    loaded = any(note.startswith("Other processes used") for note in report["notes"])
+    assert outcome["status"] == "kept" or (loaded and outcome["status"] == "inconclusive"), outcome
+    if outcome["status"] == "inconclusive":
+        assert not outcome["diff"] and report["applied_fixes"] == [], outcome
+    if outcome["status"] == "kept" or report["after"] is not None:  # the confirmation ran
+        after_loaders = report["after"]["raw"]["loaders"]
+        assert len(after_loaders) >= 2
+        assert all(ld["num_workers"] > 0 and ld["overrides_applied"] for ld in after_loaders)
+        assert report["comparison"]["loss_check"]["same_batches"] is True
 
 
 def test_random_augmentation_compares_the_mean_loss(tmp_path: Path) -> None:
