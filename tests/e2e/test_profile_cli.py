@@ -348,8 +348,10 @@ def test_loader_variants_get_the_fix_at_their_call_site(
     # once in a busy CI run), inconclusive, with no change given: issue 36's answer on a loaded
     # machine, which this test does not judge
     loaded = any(note.startswith("Other processes used") for note in report["notes"])
-    assert outcome["status"] == "kept" or (loaded and outcome["status"] == "inconclusive"), outcome
-    if outcome["status"] == "inconclusive":
+    # (no_gain too: a third busy run's 4-worker trial gained nothing beside that load)
+    unkept = ("inconclusive", "no_gain")
+    assert outcome["status"] == "kept" or (loaded and outcome["status"] in unkept), outcome
+    if outcome["status"] != "kept":
         assert not outcome["diff"] and report["applied_fixes"] == [], outcome
     if outcome["status"] == "kept" or report["after"] is not None:  # the confirmation ran
         after_loaders = report["after"]["raw"]["loaders"]
