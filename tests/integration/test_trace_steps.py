@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import shared_trace
+from conftest import DATA, shared_trace
 from support.trace_steps import OWN
 
 from trainadvisor import rulebook
@@ -184,3 +184,36 @@ def test_a_2021_trace_without_markers_or_device_properties(
     assert fired["no-mixed-precision"] == "high" and fired.get("data-stall") == (
         "high" if data_wait_pct > 20 else None
     )
+
+
+def test_the_aten_ops_of_each_step_are_counted_on_every_thread() -> None:
+    """What a compile trial's estimate scales with (`fixes.compile.once_s`): the aten ops each
+    step dispatched, nested ones too. Our CPU trace's 130 (forward, backward, SGD), and the
+    H200 baseline of the compile fix's GPU check, where autograd's backward runs on a thread of
+    its own: 580 in nine steps, 582 in one."""
+    cpu = analyze_trace(OWN / "profiler_steps.json.gz")
+    assert [s.aten_ops for s in cpu.steps] == [130] * 4
+    assert named_measurements(to_run(cpu))["aten_ops_per_step"] == 130.0
+    h200 = (
+        DATA
+        / "own"
+        / "h200-2026-11-30"
+        / "compile_fix"
+        / "traces"
+        / "baseline"
+        / "trainadvisor.pt.trace.json.gz"
+    )
+    gpu = analyze_trace(h200)
+    assert [s.aten_ops for s in gpu.steps] == [580] * 4 + [582] + [580] * 5
+    assert len(_aten_threads(h200)) == 2  # the loop's thread and autograd's
+    assert named_measurements(to_run(gpu))["aten_ops_per_step"] == 580.2
+
+
+def _aten_threads(path: Path) -> set[object]:
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return {
+        e.get("tid")
+        for e in events
+        if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("aten::")
+    }

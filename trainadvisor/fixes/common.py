@@ -79,6 +79,17 @@ class Fix:
     # what else than a change of what is learned can make its losses differ, and how to check
     changed_training_hint = ""
 
+    def once_s(self, values: dict[str, Any]) -> float:
+        """About how long a fresh run of this fix's candidate spends once beyond the script's
+        own run (`compile`: compiling), before one of its runs has measured it: what the
+        progress line's estimate and --budget count for its first trial. 0 for most fixes."""
+        return 0.0
+
+    def confirmed_once_s(self, values: dict[str, Any]) -> float:
+        """What of `once_s` the confirmation run may pay too: where the fix could be kept (0
+        where whatever its trial measures it cannot be, as a compile that cannot pay)."""
+        return self.once_s(values)
+
     def in_process_problem(self, values: dict[str, Any]) -> str | None:
         """Why this fix's trials cannot run as windows of the baseline's process, or None."""
         return self.restarts_because or None

@@ -26,6 +26,15 @@ from trainadvisor.records import Overrides, Trial
 
 _MODES_GPU = ("default", "reduce-overhead")  # reduce-overhead: CUDA graphs, for host-bound steps
 
+# What a compile trial's run takes beyond the script's own before one has measured it: a fixed
+# part (importing inductor, starting its compile workers, tracing, the first kernels) and a part
+# per aten op the step dispatches (`aten_ops_per_step`, nested ones too). Fitted by
+# `benchmarks/compile_prior.py` on a 2-core machine, cold inductor cache: five models of 132 to
+# 1,012 ops a step took 12.0-25.5 s more than the baseline's run, each within 20% of the line.
+# A prior for the estimate and --budget only; the verdict uses the compile time dynamo records.
+COMPILE_FIXED_S = 12.0
+COMPILE_PER_OP_S = 0.011
+
 
 class Compile(Fix):
     id = "compile"
@@ -48,6 +57,19 @@ class Compile(Fix):
         if (values.get("data_wait_pct") or 0.0) >= 20:
             return "the loop waits on its input: compiling the model cannot shorten that wait"
         return None
+
+    def once_s(self, values: dict[str, Any]) -> float:
+        ops = values.get("aten_ops_per_step")  # none on a trace without host ops: the fixed part
+        return COMPILE_FIXED_S + COMPILE_PER_OP_S * (float(ops) if isinstance(ops, (int, float)) else 0.0)
+
+    def confirmed_once_s(self, values: dict[str, Any]) -> float:
+        """Compiling is confirmed only where it pays over the run (`verdict`): the run's length,
+        or where it is not known the steps a run was seen to take, beyond the fewest steps it
+        could pay after (the prior's compile time over the whole eager step: no compiled step
+        saves more)."""
+        once = self.once_s(values)
+        steps = values.get("run_total_steps") or values.get("run_seen_steps") or 0
+        return once if steps > once * float(values.get("steps_per_s") or 0.0) else 0.0
 
     def expected_trials(self, values: dict[str, Any]) -> int:
         return len(_MODES_GPU) if values.get("cuda_used") else 1

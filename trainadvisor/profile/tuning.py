@@ -97,6 +97,7 @@ class Tuning:
     # what each trial window ("window") and each fresh run ("fresh") took, seconds, as measured
     walls: dict[str, list[float]] = field(default_factory=lambda: {"window": [], "fresh": []})
     prestarted: bool = False  # the confirmation run was started ahead: its set-up is done
+    ran_fresh: set[str] = field(default_factory=set)  # fixes with a fresh run measured (`once_s`)
 
     @property
     def settle_cap_s(self) -> float | None:
@@ -131,9 +132,21 @@ class Tuning:
     def confirmation_cost_s(self) -> float:
         """About how long the confirmation run takes: its timed steps at the pace its chosen
         fixes measured (where none is chosen yet, the most the fixes to try can give)."""
-        gains = [o.gain for o in self.outcomes if o.status == "unconfirmed" and o.gain]
+        chosen = [o for o in self.outcomes if o.status == "unconfirmed"]
+        gains = [o.gain for o in chosen if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
-        return self.cost_s("prestarted" if self.prestarted else "fresh", speedup)
+        kind, picked = "prestarted" if self.prestarted else "fresh", {o.fix for o in chosen}
+        return self.cost_s(kind, speedup) + sum(
+            fixes.REGISTRY[p.fix].confirmed_once_s(self.values)
+            for p in self.plan
+            if p.applicable  # not chosen, or its fresh run's wall counts it already (`cost_s`)
+            and (p.fix not in self.tried or p.fix in picked)
+            and not (kind == "fresh" and p.fix in self.ran_fresh)
+        )
+
+    def first_once_s(self, fix: fixes.Fix, kind: str) -> float:
+        """What a fresh trial of `fix` spends once (compiling) until one of its runs measured it."""
+        return fix.once_s(self.values) if kind == "fresh" and fix.id not in self.ran_fresh else 0.0
 
     def fits(self, estimate_s: float) -> bool:
         """Whether what takes about `estimate_s` ends within --budget."""
@@ -154,7 +167,8 @@ class Tuning:
             in_window = live and fix.in_process_problem(self.values) is None
             expected, speedup = fix.expected_trials(self.values), gain_bound(planned, self.values)
             window_s = self.cost_s("window", speedup)
-            total += fix.likely_trials(self.values) * (window_s if in_window else self.cost_s("fresh"))
+            fresh_s = self.cost_s("fresh") + self.first_once_s(fix, "fresh")
+            total += fix.likely_trials(self.values) * (window_s if in_window else fresh_s)
             if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
                 # own trial window where it was the only candidate and so the last)
                 beside = self.cost_s("pair", speedup) + (
@@ -181,15 +195,15 @@ class Tuning:
 
     def run(self, planned: PlannedFix, measurer: Measurer, mode: str, reason: str = "") -> None:
         index = self.plan.index(planned)
-        kind = "window" if mode == "in_process" else "fresh"
-        if not self.fits(self.cost_s(kind)):  # not even its first candidate would end in time
-            self.outcomes[index] = self._over_budget(planned, self.cost_s(kind))
+        kind, fix = "window" if mode == "in_process" else "fresh", fixes.REGISTRY[planned.fix]
+        next_s = lambda: self.cost_s(kind) + self.first_once_s(fix, kind)  # noqa: E731
+        if not self.fits(next_s()):  # not even its first candidate would end in time
+            self.outcomes[index] = self._over_budget(planned, next_s())
             return
         self.tried.add(planned.fix)
         self._current = planned.fix
         self._progress(planned, mode == "in_process")
-        fix = fixes.REGISTRY[planned.fix]
-        more = lambda: self.fits(self.cost_s(kind))  # noqa: E731
+        more = lambda: self.fits(next_s())  # noqa: E731
         trials = tune(fix, self.values, self._timed(measurer, kind), self.echo, more, [self.baseline])
         self._current = ""
         if (
@@ -199,7 +213,7 @@ class Tuning:
         ):
             self.notes.append(
                 f"{planned.fix}: its search stopped after {len(trials)} candidates, the next (about "
-                f"{_clock(self.cost_s(kind))}) would have run past the --budget."
+                f"{_clock(next_s())}) would have run past the --budget."
             )
         outcome = decide(planned, trials, self.values, [self.baseline])
         self.outcomes[index] = replace(outcome, mode=mode, mode_reason=reason)
@@ -234,6 +248,8 @@ class Tuning:
             measured = measurer(fix, label, candidate)
             if measured.raw.wall_s and not pace.raced(measured.raw):  # a cut window says little of the next
                 self.walls[kind].append(measured.raw.wall_s)
+                if kind == "fresh":  # its once-paid cost is in that wall from now on
+                    self.ran_fresh.add(fix.id)
             return measured
 
         return measure

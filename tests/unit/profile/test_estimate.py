@@ -4,18 +4,23 @@ workers start) and its timed steps at the pace its fix can reach at most; the pa
 a choice made in windows (the script's own setting as the baseline ran it, cut after one block
 where the fix can decide in one pair, and the choice again,
 unless the last fix had a single candidate: its own trial window is the pair's first); the
-confirmation run."""
+confirmation run. A fix that costs time once in a fresh run (compiling) counts its prior
+(`Fix.once_s`) until one of its runs measured it, in its trial and in the confirmation where it
+could be kept; --budget counts it too."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pytest
 from support.race import _windows_at
 
+from trainadvisor.fixes import REGISTRY
+from trainadvisor.fixes.compile import COMPILE_FIXED_S, COMPILE_PER_OP_S
 from trainadvisor.profile.runs import ProfileOptions
 from trainadvisor.profile.tuning import Tuning
-from trainadvisor.records import PlannedFix, WindowShape
+from trainadvisor.records import FixOutcome, Overrides, PlannedFix, WindowShape
 
 # The baseline settled 0.5 s after its counted warm-up, then timed its steps over 0.6 s (at least
 # 1 s for the windows); its whole run, set-up included, took 12 s. The loop waited on its input
@@ -26,13 +31,20 @@ VALUES = {
 }  # fmt: skip
 
 
-def _left_s(*fixes_planned: str, live: bool = True, prestarted: bool = False) -> float:
+def _tuning(*fixes_planned: str, budget_s: float | None = None, **values: object) -> Tuning:
     baseline = _windows_at(100.0)
     baseline.raw.wall_s = 12.0
     baseline.raw.shape = WindowShape(30, 1.0, "settled", timed_s=0.6, min_time_s=1.0, settle_s=0.5)
     plan = [PlannedFix(fix, "rule", True, "") for fix in fixes_planned]
-    options = ProfileOptions(Path("train.py"), [], Path("out"))
-    tuning = Tuning(options, plan, dict(VALUES), baseline, lambda line: None, time.monotonic(), [])
+    options = ProfileOptions(Path("train.py"), [], Path("out"), budget_s=budget_s)
+    not_tried = [FixOutcome(p.fix, p.rule, "not_run", "", Overrides(), []) for p in plan]
+    return Tuning(
+        options, plan, {**VALUES, **values}, baseline, lambda line: None, time.monotonic(), not_tried
+    )
+
+
+def _left_s(*fixes_planned: str, live: bool = True, prestarted: bool = False, **values: object) -> float:
+    tuning = _tuning(*fixes_planned, **values)
     tuning.prestarted = prestarted
     return tuning.remaining_s(live)
 
@@ -56,3 +68,56 @@ def test_a_search_counts_both_windows_of_its_pair_and_a_run_started_ahead_skips_
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:
     assert round(_left_s("tf32", live=False), 6) == 12.0 + 12.0 + 12.0
+
+
+# A step of 400 aten ops: compiling it is estimated at 12 s + 400 x 11 ms = 16.4 s, until measured.
+COMPILING_S = COMPILE_FIXED_S + 400 * COMPILE_PER_OP_S
+
+
+def test_a_compile_trial_counts_its_compile_and_the_confirmation_too_where_compiling_could_pay() -> None:
+    assert round(COMPILING_S, 6) == 16.4
+    # one candidate on a CPU (on a GPU two: its CUDA graphs mode too, each compiled). At 100
+    # steps/s and 16.4 s to compile, no run shorter than 1,640 steps can pay for it, so the
+    # confirmation of a run seen to take 1,000 steps (its length unknown) will not compile
+    short = _left_s(
+        "compile", live=False, cuda_used=False, aten_ops_per_step=400, steps_per_s=100.0, run_seen_steps=1000
+    )
+    assert round(short, 6) == (12.0 + COMPILING_S) + 12.0 + 12.0
+    long = _left_s(
+        "compile", live=False, cuda_used=False, aten_ops_per_step=400, steps_per_s=100.0, run_total_steps=5000
+    )
+    assert round(long, 6) == (12.0 + COMPILING_S) + 12.0 + (12.0 + COMPILING_S)
+    seen = _left_s(
+        "compile", live=False, cuda_used=False, aten_ops_per_step=400, steps_per_s=100.0, run_seen_steps=2000
+    )
+    assert round(seen, 6) == round(long, 6)
+    # a trace without host ops: the fixed part alone
+    assert (
+        round(_left_s("compile", live=False, cuda_used=False, steps_per_s=100.0, run_seen_steps=1000), 6)
+        == (12.0 + COMPILE_FIXED_S) + 12.0 + 12.0
+    )
+
+
+def test_once_a_compiled_run_was_measured_its_wall_stands_for_the_compile() -> None:
+    tuning = _tuning("compile", aten_ops_per_step=400, steps_per_s=100.0, run_total_steps=5000)
+    compile_fix = REGISTRY["compile"]
+    assert round(tuning.first_once_s(compile_fix, "fresh"), 6) == 16.4
+    assert tuning.first_once_s(compile_fix, "window") == 0.0
+    tuning.tried.add("compile")
+    tuning.outcomes[0] = FixOutcome("compile", "rule", "unconfirmed", "", Overrides(), [])
+    tuning.walls["fresh"].append(31.0)
+    tuning.ran_fresh.add("compile")
+    assert tuning.first_once_s(compile_fix, "fresh") == 0.0
+    assert tuning.confirmation_cost_s() == 31.0  # the compiled trial's run: the longest fresh one
+    tuning.prestarted = True  # a run started ahead is estimated from the baseline's shape: plus compiling
+    assert round(tuning.confirmation_cost_s() - tuning.cost_s("prestarted", 1.0), 6) == 16.4
+    tuning.outcomes[0] = FixOutcome("compile", "rule", "recommended", "", Overrides(), [])
+    assert tuning.confirmation_cost_s() == tuning.cost_s("prestarted", 4.0)  # not chosen: not compiled
+
+
+def test_a_compile_trial_its_prior_puts_past_the_budget_does_not_start() -> None:
+    tuning = _tuning("compile", budget_s=25.0, aten_ops_per_step=400, steps_per_s=100.0)
+    tuning.run(tuning.plan[0], lambda *args: pytest.fail("measured past the budget"), "restart")
+    assert tuning.outcomes[0].status == "not_run"
+    assert "(about 28s each)" in tuning.outcomes[0].reason
+    assert not tuning.tried

@@ -140,6 +140,8 @@ def allocator_measurements(a: TraceAnalysis, step_ms: float | None) -> dict[str,
     if step_ms:
         table["allocator_pct"] = 100.0 * table["allocator_ms_per_step"] / step_ms
     table["allocator_steps_with_calls"] = sum(1 for s in steps if s.allocator_calls)
+    if any(s.aten_ops for s in steps):  # a trace without host ops (GPU-only) counts none
+        table["aten_ops_per_step"] = sum(s.aten_ops for s in steps) / len(steps)
     return table
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from trainadvisor.analyze.read.columns import (
     DEVICE_KINDS,
+    HOST,
     HOST_KINDS,
     KERNEL,
     MEMCPY,
@@ -82,6 +83,7 @@ def _analyze(
     copies.copy_syncs(facts, h2d_ops)
     host_spans = [(host_start, host_end) for *_, host_start, host_end in spans]
     _per_step_counts(step_list, host_spans, facts, creations, device.allocator_calls(t))
+    _count_aten_ops(t, step_list, host_spans)
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
     analysis.host_busy_pct = host.host_busy_pct(t, step_list)
@@ -213,6 +215,15 @@ def _per_step_counts(
         if (step := step_at(ts)) is not None:
             step.allocator_calls += 1
             step.allocator_ms += dur / 1e3
+
+
+def _count_aten_ops(t: Table, steps: list[StepBreakdown], host: list[tuple[float, float]]) -> None:
+    """The aten ops that start in each step's host span, on any thread (autograd's backward
+    runs on threads of its own), nested ones counted too: the work torch.compile traces."""
+    rows = t.rows(HOST)
+    starts = np.sort(t.ts[rows[t.matching(rows, lambda name: name.startswith("aten::"))]])
+    for step, (start, end) in zip(steps, host, strict=True):
+        step.aten_ops = int(np.searchsorted(starts, end) - np.searchsorted(starts, start))
 
 
 def _sync_sites(f: Facts) -> list[str]:

@@ -47,6 +47,7 @@ class StepBreakdown:
     cpu_tensor_copies: int = 0  # tensors made on the host, then copied to the device
     allocator_calls: int = 0  # device malloc/free runtime calls (cudaMalloc, hipFree, ...)
     allocator_ms: float = 0.0  # host time in them
+    aten_ops: int = 0  # aten ops the host dispatched in the step, every thread (nested ones too)
     # the step's host time by phase (`phases.PHASES`: data, forward, backward, optimizer,
     # other), ms; they add up to its host span
     phase_ms: dict[str, float] = field(default_factory=dict)
