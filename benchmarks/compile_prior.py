@@ -76,7 +76,10 @@ def main() -> None:
             cache = work / ("cache" if args.cached else f"cache-{len(rows)}")
             rows.append((name, profile(work, name, script, cache)))
             r = rows[-1][1]
-            print(f"  {name:<24} {r['ops']:6.0f} ops/step  compile {r['compile_s']:5.1f} s  trial's run +{r['extra_s']:5.1f} s")
+            print(
+                f"  {name:<24} {r['ops']:6.0f} ops/step  compile {r['compile_s']:5.1f} s  "
+                f"trial's run +{r['extra_s']:5.1f} s"
+            )
     xs, ys = [r["ops"] for _, r in rows], [r["extra_s"] for _, r in rows]
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
@@ -84,7 +87,10 @@ def main() -> None:
     print(f"fit: trial's run + {fixed:.1f} s + {1e3 * slope:.1f} ms per aten op of the step")
     for name, r in rows:
         fitted = fixed + slope * r["ops"]
-        print(f"  {name:<24} measured +{r['extra_s']:5.1f} s, fit +{fitted:5.1f} s ({fitted / r['extra_s']:.2f}x)")
+        print(
+            f"  {name:<24} measured +{r['extra_s']:5.1f} s, "
+            f"fit +{fitted:5.1f} s ({fitted / r['extra_s']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -85,10 +85,10 @@ class Fix:
         progress line's estimate and --budget count for its first trial. 0 for most fixes."""
         return 0.0
 
-    def confirmed_once_s(self, values: dict[str, Any]) -> float:
-        """What of `once_s` the confirmation run may pay too: where the fix could be kept (0
-        where whatever its trial measures it cannot be, as a compile that cannot pay)."""
-        return self.once_s(values)
+    def could_keep(self, values: dict[str, Any]) -> bool:
+        """Whether, whatever its trials measure, the fix could be kept and so confirmed in a
+        fresh run with its once-paid cost (False for fixes that are only recommended)."""
+        return self.goal == "throughput"
 
     def in_process_problem(self, values: dict[str, Any]) -> str | None:
         """Why this fix's trials cannot run as windows of the baseline's process, or None."""

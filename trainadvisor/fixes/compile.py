@@ -62,14 +62,12 @@ class Compile(Fix):
         ops = values.get("aten_ops_per_step")  # none on a trace without host ops: the fixed part
         return COMPILE_FIXED_S + COMPILE_PER_OP_S * (float(ops) if isinstance(ops, (int, float)) else 0.0)
 
-    def confirmed_once_s(self, values: dict[str, Any]) -> float:
-        """Compiling is confirmed only where it pays over the run (`verdict`): the run's length,
-        or where it is not known the steps a run was seen to take, beyond the fewest steps it
-        could pay after (the prior's compile time over the whole eager step: no compiled step
-        saves more)."""
-        once = self.once_s(values)
+    def could_keep(self, values: dict[str, Any]) -> bool:
+        """Only where compiling could pay over the run (`verdict`): the run's length, or where it
+        is not known the steps a run was seen to take, beyond the fewest steps it could pay
+        after (the prior's compile time over the whole eager step: no compiled step saves more)."""
         steps = values.get("run_total_steps") or values.get("run_seen_steps") or 0
-        return once if steps > once * float(values.get("steps_per_s") or 0.0) else 0.0
+        return steps > self.once_s(values) * float(values.get("steps_per_s") or 0.0)
 
     def expected_trials(self, values: dict[str, Any]) -> int:
         return len(_MODES_GPU) if values.get("cuda_used") else 1

@@ -137,12 +137,24 @@ class Tuning:
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
         kind, picked = "prestarted" if self.prestarted else "fresh", {o.fix for o in chosen}
         return self.cost_s(kind, speedup) + sum(
-            fixes.REGISTRY[p.fix].confirmed_once_s(self.values)
-            for p in self.plan
-            if p.applicable  # not chosen, or its fresh run's wall counts it already (`cost_s`)
-            and (p.fix not in self.tried or p.fix in picked)
-            and not (kind == "fresh" and p.fix in self.ran_fresh)
+            fixes.REGISTRY[p.fix].once_s(self.values)
+            for p in self._may_confirm(picked)  # unless its fresh run's wall counts it (`cost_s`)
+            if not (kind == "fresh" and p.fix in self.ran_fresh)
         )
+
+    def _may_confirm(self, picked: set[str]) -> list[PlannedFix]:
+        """The fixes a confirmation run may hold: those chosen, and those still to try that
+        could be kept whatever their trials measure."""
+        return [
+            p
+            for p in self.plan
+            if p.fix in picked
+            or (
+                p.applicable
+                and (p.fix not in self.tried or p.fix == self._current)
+                and fixes.REGISTRY[p.fix].could_keep(self.values)
+            )
+        ]
 
     def first_once_s(self, fix: fixes.Fix, kind: str) -> float:
         """What a fresh trial of `fix` spends once (compiling) until one of its runs measured it."""
@@ -175,8 +187,10 @@ class Tuning:
                     0.0 if expected == 1 else min(window_s, self._pair_window_s(speedup))
                 )
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
-        # run; fresh runs get the script's own setting measured again after it
-        return total + beside + self.confirmation_cost_s()
+        # run; fresh runs get the script's own setting measured again after it; neither where
+        # nothing can be confirmed (a compile that cannot pay is only recommended)
+        picked = {o.fix for o in self.outcomes if o.status == "unconfirmed"}
+        return total + (beside + self.confirmation_cost_s() if self._may_confirm(picked) else 0.0)
 
     def _pair_window_s(self, speedup: float) -> float:
         """A pair's window of the chosen setting: its warm-up capped for pairs."""
