@@ -6,7 +6,7 @@ progress line's estimate and `--budget` count for a compile trial before one has
 
 Each model is profiled with `--fix compile` in a process of its own, with an empty inductor
 cache (a first-time user's cold compile; `--cached` keeps one cache for all, as a second run
-would), and the report gives: the baseline's aten ops per traced step (`aten_ops_per_step`),
+would), and the report gives: the baseline's aten ops per traced step (`model_aten_ops_per_step`),
 dynamo's compile time, and what the compile trial's run took beyond the baseline's run (its
 wall time less the baseline's). A least-squares line through the last column is printed with
 each model's error against it. The models: tests/scripts/elementwise_mlp.py with 1 to 12
@@ -58,7 +58,7 @@ def profile(work: Path, name: str, args: list[str], cache: Path) -> dict[str, fl
     report = json.loads((out / "report.json").read_text())
     trial = report["fix_outcomes"][0]["trials"][0]
     return {
-        "ops": float(report["baseline"]["trace"]["aten_ops_per_step"]),
+        "ops": float(report["baseline"]["trace"]["model_aten_ops_per_step"]),
         "compile_s": float(trial["raw"]["runtime"]["compile"]["compile_s"]),
         "extra_s": float(trial["raw"]["wall_s"]) - float(report["baseline"]["raw"]["wall_s"]),
     }

@@ -178,12 +178,15 @@ def short(work: Path) -> None:
 def compile_fix(work: Path) -> None:
     # an inductor cache of its own, empty: a model new to the machine compiles cold (a cache that
     # holds its graphs from an earlier run makes compiling take a second or two)
-    cache = work / f"inductor-{time.monotonic_ns()}"
+    cache, yours = work / f"inductor-{time.monotonic_ns()}", os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     try:
         wall_s, report, estimate = profile(work, "--fix", "compile", COMPILE, "--blocks", "2")
     finally:
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        if yours is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = yours
     print(f"compile: profile {wall_s:.1f} s; compile {outcome_of(report, 'compile')}")
     print(f"  {estimate}")
 

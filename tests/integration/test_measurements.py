@@ -416,7 +416,7 @@ def test_loaders_are_one_loader_rebuilt_by_identity_not_by_call_site() -> None:
     over the same dataset object, or over a dataset rebuilt alike, is one."""
     from types import SimpleNamespace
 
-    from trainadvisor.profile.tuning import loader_problem
+    from trainadvisor.profile.baseline import loader_problem
 
     def run(*loaders: LoaderInfo) -> Any:
         return SimpleNamespace(raw=SimpleNamespace(loaders=list(loaders)))

@@ -86,9 +86,14 @@ class Fix:
         return 0.0
 
     def could_keep(self, values: dict[str, Any]) -> bool:
-        """Whether, whatever its trials measure, the fix could be kept and so confirmed in a
-        fresh run with its once-paid cost (False for fixes that are only recommended)."""
+        """Whether, as far as the estimate can tell before its trials, the fix could be kept and
+        so confirmed in a fresh run, paying `once_s` there too (False for fixes that are only
+        recommended)."""
         return self.goal == "throughput"
+
+    def measured_once_s(self, outcome: FixOutcome) -> float | None:
+        """What its trials measured of `once_s` (None: nothing)."""
+        return None
 
     def in_process_problem(self, values: dict[str, Any]) -> str | None:
         """Why this fix's trials cannot run as windows of the baseline's process, or None."""

@@ -1,6 +1,7 @@
 """The baseline run's checks before its diagnosis: whether the script took any step (and how to
 mark steps where it took none), and, where the script ended inside the baseline's window, the
-baseline measured again fitted into the steps it turned out to have."""
+baseline measured again fitted into the steps it turned out to have; whether its DataLoaders
+can switch settings in its process (`loader_problem`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, usable
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run
 from trainadvisor.profile.trials import Echo
-from trainadvisor.records import Overrides, RawRun, Run
+from trainadvisor.records import LoaderInfo, Overrides, RawRun, Run
 
 STEP_MARKING_HELP = (
     "trainadvisor finds steps through torch.optim optimizers' optimizer.step() (global optimizer "
@@ -71,3 +72,36 @@ def fitted_baseline(options: ProfileOptions, spec: RunSpec, first: Run, echo: Ec
         profile=traced > 0, profile_steps=max(traced, 0),
     )  # fmt: skip
     return measure_run(fitted), f"the script's {total} steps leave none for trial windows after the baseline"
+
+
+def loader_problem(baseline: Run) -> str | None:
+    """Why DataLoader settings cannot switch in this run's process, or None. A loader is built
+    anew every epoch where its site built it more than once (`rebuilt`); loaders of other data at
+    the same line, a train and an eval loader built by one helper function, are others."""
+    raw = baseline.raw
+    used = [info for info in raw.loaders if info.batches_in_window]
+    for info in used:
+        same = [other for other in raw.loaders if rebuilt(info, other)]
+        if len(same) > 1:
+            return (
+                f"the DataLoader at {info.created_at} is built anew every epoch "
+                f"({len(same)} times so far): each trial needs loaders built with its setting"
+            )
+        if info.iterable_dataset:
+            return (
+                f"its dataset ({info.dataset_class}) is an IterableDataset: a new iterator would "
+                "start its stream again, and its sharding across workers decides what each reads"
+            )
+    return None
+
+
+def rebuilt(a: LoaderInfo, b: LoaderInfo) -> bool:
+    """Whether two loaders are one loader built twice: at one site, over the same dataset object,
+    or over datasets alike in class, batch size and batches per pass (a dataset rebuilt with its
+    loader); not two loaders of other data built at one line (timm builds its train and eval
+    loaders in one helper)."""
+    if a.created_at != b.created_at:
+        return False
+    if a.dataset_id is not None and a.dataset_id == b.dataset_id:
+        return True
+    return (a.dataset_class, a.batch_size, a.length) == (b.dataset_class, b.batch_size, b.length)

@@ -15,11 +15,12 @@ from trainadvisor import fixes
 from trainadvisor.analyze.run.length import run_length
 from trainadvisor.measure.kept_alive import LiveRun
 from trainadvisor.profile import attribution, pace
+from trainadvisor.profile.baseline import loader_problem
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
 from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, chosen_trial, pair_choice
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
-from trainadvisor.records import FixOutcome, LoaderInfo, Overrides, PlannedFix, Run, RunLength, TrialWindow
+from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
 
 # A trial window fitted into a short run gets at least this many steps (warm-up and timed):
 # fewer would time too few steps to count (`judge.MIN_TIMED_STEPS`).
@@ -38,39 +39,6 @@ def ordered(plan: list[PlannedFix], values: dict[str, Any]) -> list[int]:
     """The applicable fixes' places in the plan, most to gain first (ties keep plan order)."""
     applicable = [i for i, p in enumerate(plan) if p.applicable]
     return sorted(applicable, key=lambda i: -gain_bound(plan[i], values))
-
-
-def loader_problem(baseline: Run) -> str | None:
-    """Why DataLoader settings cannot switch in this run's process, or None. A loader is built
-    anew every epoch where its site built it more than once (`rebuilt`); loaders of other data at
-    the same line, a train and an eval loader built by one helper function, are others."""
-    raw = baseline.raw
-    used = [info for info in raw.loaders if info.batches_in_window]
-    for info in used:
-        same = [other for other in raw.loaders if rebuilt(info, other)]
-        if len(same) > 1:
-            return (
-                f"the DataLoader at {info.created_at} is built anew every epoch "
-                f"({len(same)} times so far): each trial needs loaders built with its setting"
-            )
-        if info.iterable_dataset:
-            return (
-                f"its dataset ({info.dataset_class}) is an IterableDataset: a new iterator would "
-                "start its stream again, and its sharding across workers decides what each reads"
-            )
-    return None
-
-
-def rebuilt(a: LoaderInfo, b: LoaderInfo) -> bool:
-    """Whether two loaders are one loader built twice: at one site, over the same dataset object,
-    or over datasets alike in class, batch size and batches per pass (a dataset rebuilt with its
-    loader); not two loaders of other data built at one line (timm builds its train and eval
-    loaders in one helper)."""
-    if a.created_at != b.created_at:
-        return False
-    if a.dataset_id is not None and a.dataset_id == b.dataset_id:
-        return True
-    return (a.dataset_class, a.batch_size, a.length) == (b.dataset_class, b.batch_size, b.length)
 
 
 @dataclass
@@ -98,6 +66,7 @@ class Tuning:
     walls: dict[str, list[float]] = field(default_factory=lambda: {"window": [], "fresh": []})
     prestarted: bool = False  # the confirmation run was started ahead: its set-up is done
     ran_fresh: set[str] = field(default_factory=set)  # fixes with a fresh run measured (`once_s`)
+    refused: set[str] = field(default_factory=set)  # fixes not tried: past the budget
 
     @property
     def settle_cap_s(self) -> float | None:
@@ -135,12 +104,15 @@ class Tuning:
         chosen = [o for o in self.outcomes if o.status == "unconfirmed"]
         gains = [o.gain for o in chosen if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
-        kind, picked = "prestarted" if self.prestarted else "fresh", {o.fix for o in chosen}
-        return self.cost_s(kind, speedup) + sum(
-            fixes.REGISTRY[p.fix].once_s(self.values)
-            for p in self._may_confirm(picked)  # unless its fresh run's wall counts it (`cost_s`)
-            if not (kind == "fresh" and p.fix in self.ran_fresh)
-        )
+        kind, picked = "prestarted" if self.prestarted else "fresh", {o.fix: o for o in chosen}
+        once_s = 0.0
+        for p in self._may_confirm(set(picked)):
+            if kind == "fresh" and p.fix in self.ran_fresh:
+                continue  # its fresh run's wall counts it (`cost_s`)
+            fix = fixes.REGISTRY[p.fix]
+            measured = fix.measured_once_s(picked[p.fix]) if p.fix in picked else None
+            once_s += measured if measured is not None else fix.once_s(self.values)
+        return self.cost_s(kind, speedup) + once_s
 
     def _may_confirm(self, picked: set[str]) -> list[PlannedFix]:
         """The fixes a confirmation run may hold: those chosen, and those still to try that
@@ -151,6 +123,7 @@ class Tuning:
             if p.fix in picked
             or (
                 p.applicable
+                and p.fix not in self.refused
                 and (p.fix not in self.tried or p.fix == self._current)
                 and fixes.REGISTRY[p.fix].could_keep(self.values)
             )
@@ -173,7 +146,7 @@ class Tuning:
         total, beside = 0.0, self.cost_s("fresh")
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
-            if planned.fix in self.tried and planned.fix != self._current:
+            if (planned.fix in self.tried and planned.fix != self._current) or planned.fix in self.refused:
                 continue
             fix = fixes.REGISTRY[planned.fix]
             in_window = live and fix.in_process_problem(self.values) is None
@@ -213,6 +186,7 @@ class Tuning:
         next_s = lambda: self.cost_s(kind) + self.first_once_s(fix, kind)  # noqa: E731
         if not self.fits(next_s()):  # not even its first candidate would end in time
             self.outcomes[index] = self._over_budget(planned, next_s())
+            self.refused.add(planned.fix)
             return
         self.tried.add(planned.fix)
         self._current = planned.fix

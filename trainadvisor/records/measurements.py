@@ -161,7 +161,7 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "allocator_ms_per_step": ("ms", "host time in cudaMalloc/cudaFree per steady step", _TRACE),
     "allocator_pct": ("%", "share of the step in cudaMalloc/cudaFree", _TRACE),
     "allocator_steps_with_calls": ("count", "steady steps that called cudaMalloc/cudaFree", _TRACE),
-    "aten_ops_per_step": ("count", "aten ops per traced step, nested ones and every thread's", _TRACE),
+    "model_aten_ops_per_step": ("count", "aten ops per traced step but the optimizer's and data's", _TRACE),
     # ---- the machine and the runtime (the training process's own facts) ----
     "cuda_used": ("bool", "the run used a CUDA device", _BOTH),
     "cuda_device_count": ("count", "CUDA devices visible to the training process", _RUNTIME),

@@ -11,6 +11,7 @@ could be kept; --budget counts it too."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +72,20 @@ def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() ->
     assert round(_left_s("tf32", live=False), 6) == 12.0 + 12.0 + 12.0
 
 
-# A step of 400 aten ops: compiling it is estimated at 12 s + 400 x 11 ms = 16.4 s, until measured.
+# A step of 400 aten ops: compiling it is estimated at 13 s + 400 x 11 ms = 17.4 s, until measured.
 COMPILING_S = COMPILE_FIXED_S + 400 * COMPILE_PER_OP_S
 
 
 def test_a_compile_trial_counts_its_compile_and_a_confirmation_only_where_compiling_could_pay() -> None:
-    assert round(COMPILING_S, 6) == 16.4
+    assert round(COMPILING_S, 6) == 17.4
     # one candidate on a CPU (on a GPU two: its CUDA graphs mode too, each compiled). At 100
-    # steps/s and 16.4 s to compile, no run shorter than 1,640 steps can pay for it: compiling a
+    # steps/s and 17.4 s to compile, no run shorter than 1,740 steps can pay for it: compiling a
     # run seen to take 1,000 steps (its length unknown) is at best recommended, with no
     # confirmation run and no measurement beside it
     compiling: dict[str, Any] = {
         "live": False,
         "cuda_used": False,
-        "aten_ops_per_step": 400,
+        "model_aten_ops_per_step": 400,
         "steps_per_s": 100.0,
     }
     assert round(_left_s("compile", run_seen_steps=1000, **compiling), 6) == 12.0 + COMPILING_S
@@ -95,14 +96,14 @@ def test_a_compile_trial_counts_its_compile_and_a_confirmation_only_where_compil
     both = _left_s("compile", "tf32", run_seen_steps=1000, **compiling)
     assert round(both, 6) == (12.0 + COMPILING_S) + 12.0 + 12.0 + 12.0
     # a trace without host ops: the fixed part alone
-    compiling.pop("aten_ops_per_step")
+    compiling.pop("model_aten_ops_per_step")
     assert round(_left_s("compile", run_seen_steps=1000, **compiling), 6) == 12.0 + COMPILE_FIXED_S
 
 
 def test_once_a_compiled_run_was_measured_its_wall_stands_for_the_compile() -> None:
-    tuning = _tuning("compile", aten_ops_per_step=400, steps_per_s=100.0, run_total_steps=5000)
+    tuning = _tuning("compile", model_aten_ops_per_step=400, steps_per_s=100.0, run_total_steps=5000)
     compile_fix = REGISTRY["compile"]
-    assert round(tuning.first_once_s(compile_fix, "fresh"), 6) == 16.4
+    assert round(tuning.first_once_s(compile_fix, "fresh"), 6) == 17.4
     assert tuning.first_once_s(compile_fix, "window") == 0.0
     tuning.tried.add("compile")
     tuning.outcomes[0] = FixOutcome("compile", "rule", "unconfirmed", "", Overrides(), [])
@@ -110,15 +111,37 @@ def test_once_a_compiled_run_was_measured_its_wall_stands_for_the_compile() -> N
     tuning.ran_fresh.add("compile")
     assert tuning.first_once_s(compile_fix, "fresh") == 0.0
     assert tuning.confirmation_cost_s() == 31.0  # the compiled trial's run: the longest fresh one
-    tuning.prestarted = True  # a run started ahead is estimated from the baseline's shape: plus compiling
-    assert round(tuning.confirmation_cost_s() - tuning.cost_s("prestarted", 1.0), 6) == 16.4
+    # a run started ahead is estimated from the baseline's shape: plus the compile its trial
+    # measured (the confirmation reads the inductor cache that trial left), else the prior
+    tuning.prestarted = True
+    started_ahead_s = tuning.cost_s("prestarted", 1.0)
+    tuning.outcomes[0] = replace(tuning.outcomes[0], compile_s=9.5)
+    assert round(tuning.confirmation_cost_s() - started_ahead_s, 6) == 9.5
+    tuning.outcomes[0] = replace(tuning.outcomes[0], compile_s=None)
+    assert round(tuning.confirmation_cost_s() - started_ahead_s, 6) == 17.4
     tuning.outcomes[0] = FixOutcome("compile", "rule", "recommended", "", Overrides(), [])
-    assert tuning.confirmation_cost_s() == tuning.cost_s("prestarted", 4.0)  # not chosen: not compiled
+    assert tuning.confirmation_cost_s() == started_ahead_s  # not chosen: not compiled
+    assert tuning.remaining_s(False) == 0.0  # and nothing left to confirm
 
 
 def test_a_compile_trial_its_prior_puts_past_the_budget_does_not_start() -> None:
-    tuning = _tuning("compile", budget_s=25.0, aten_ops_per_step=400, steps_per_s=100.0)
+    tuning = _tuning("compile", budget_s=25.0, model_aten_ops_per_step=400, steps_per_s=100.0)
     tuning.run(tuning.plan[0], lambda *args: pytest.fail("measured past the budget"), "restart")
     assert tuning.outcomes[0].status == "not_run"
-    assert "(about 28s each)" in tuning.outcomes[0].reason
+    assert "(about 29s each)" in tuning.outcomes[0].reason
     assert not tuning.tried
+
+
+def test_a_compile_refused_for_the_budget_counts_in_no_estimate_after() -> None:
+    tuning = _tuning(
+        "tf32", "compile", budget_s=25.0, model_aten_ops_per_step=400, steps_per_s=100.0, run_total_steps=5000
+    )
+    tuning.outcomes[0] = FixOutcome("tf32", "rule", "unconfirmed", "", Overrides(), [], gain=1.3)
+    tuning.tried.add("tf32")
+    tuning.prestarted = True
+    before_s = tuning.confirmation_cost_s()
+    assert round(before_s - tuning.cost_s("prestarted", 1.3), 6) == 17.4  # compile could still be confirmed
+    tuning.run(tuning.plan[1], lambda *args: pytest.fail("measured past the budget"), "restart")
+    assert tuning.outcomes[1].status == "not_run" and tuning.refused == {"compile"}
+    assert tuning.confirmation_cost_s() == tuning.cost_s("prestarted", 1.3)
+    assert tuning.remaining_s(False) == tuning.cost_s("fresh") + tuning.cost_s("prestarted", 1.3)

@@ -48,6 +48,8 @@ def trace_measurements(a: TraceAnalysis) -> dict[str, Any]:
         table.update(_per_step(a, step_ms))
     if a.steps_found and n:
         table.update(allocator_measurements(a, step_ms))
+        if any(s.model_aten_ops for s in steps):  # a trace without host ops (GPU-only) counts none
+            table["model_aten_ops_per_step"] = sum(s.model_aten_ops for s in steps) / n
     if a.graph_launches:
         table["graph_launches"] = a.graph_launches
         table["graph_kernels"] = a.graph_kernels
@@ -140,8 +142,6 @@ def allocator_measurements(a: TraceAnalysis, step_ms: float | None) -> dict[str,
     if step_ms:
         table["allocator_pct"] = 100.0 * table["allocator_ms_per_step"] / step_ms
     table["allocator_steps_with_calls"] = sum(1 for s in steps if s.allocator_calls)
-    if any(s.aten_ops for s in steps):  # a trace without host ops (GPU-only) counts none
-        table["aten_ops_per_step"] = sum(s.aten_ops for s in steps) / len(steps)
     return table
 
 

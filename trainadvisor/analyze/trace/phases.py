@@ -38,7 +38,7 @@ _BACKWARD = re.compile(
     r"^(autograd::engine::evaluate_function|FSDP::(pre_backward|post_backward|root_post_backward)"
     r"|## backward|DistributedDataParallel\.backward)"
 )
-_OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+OPTIMIZER_CALL = re.compile(r"^Optimizer\.(step|zero_grad)#")
 _HOST_KINDS = {
     "allreduce": "all_reduce", "allgather": "all_gather",
     "reducescatter": "reduce_scatter", "broadcast": "broadcast", "send": "send_recv",
@@ -84,7 +84,7 @@ def _bounds(t: Table, host_spans: list[tuple[float, float]]) -> _Bounds:
     first[none], last[none] = np.nan, np.nan
     last = np.minimum(last, ends)
     data = host[t.matching(host, is_loader_call)]
-    optimizer = host[t.matching(host, _OPTIMIZER.match)]
+    optimizer = host[t.matching(host, OPTIMIZER_CALL.match)]
     return _Bounds(
         starts,
         ends,

@@ -47,7 +47,9 @@ class StepBreakdown:
     cpu_tensor_copies: int = 0  # tensors made on the host, then copied to the device
     allocator_calls: int = 0  # device malloc/free runtime calls (cudaMalloc, hipFree, ...)
     allocator_ms: float = 0.0  # host time in them
-    aten_ops: int = 0  # aten ops the host dispatched in the step, every thread (nested ones too)
+    # aten ops of the model (forward, loss, backward) the host dispatched in the step, on any
+    # thread, nested ones too: not those of the optimizer's step and zero_grad or the data wait
+    model_aten_ops: int = 0
     # the step's host time by phase (`phases.PHASES`: data, forward, backward, optimizer,
     # other), ms; they add up to its host span
     phase_ms: dict[str, float] = field(default_factory=dict)
