@@ -301,14 +301,18 @@ def test_no_deeper_prefetch_where_the_kept_counts_window_kept_the_cores_busy(
         ({"cpu_count": 2, "worker_cap": 2}, 1, 2),  # --max-workers 2: 2 alone; at most its prefetch
         # loading that waited (6% of a core busy, the loop waiting 87%): the leap to 8 would hide
         # it, 16 finds no gain; at most 32 and a deeper prefetch
-        ({"cpu_count": 2, "data_wait_pct": 87.0, "main_process_cpu_pct": 100.0 - 13.0 * 2 + 6.0}, 2, 4),
+        ({"cpu_count": 2, "data_wait_pct": 87.0, "main_process_cpu_pct": 13.0 * 2 + 6.0}, 2, 4),
+        # waiting 97%: 1 / (1 - 0.97) = 33 loaders would hide it, past the first leap's 8: the
+        # search usually goes 8, 16, 32 (its ceiling: four times the first count); at most a
+        # deeper prefetch too
+        ({"cpu_count": 2, "data_wait_pct": 97.0, "main_process_cpu_pct": 3.0 * 2 + 6.0}, 3, 4),
     ],
 )
 def test_the_estimate_counts_the_worker_counts_a_search_usually_measures(
     values: dict[str, Any], likely: int, most: int
 ) -> None:
-    """The progress line counts the counts the search usually tries (up to the core count, where
-    loading bound by latency starts from the count that would hide the wait, then one doubling
+    """The progress line counts the counts the search usually tries (up to the core count, or
+    for loading bound by latency up to the count that would hide the wait, then one doubling
     more that stops it), where the steps shared among windows count the most it may try."""
     fix = DataLoaderWorkers()
     values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "steps_per_s": 10.0, **values}

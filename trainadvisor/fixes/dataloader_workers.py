@@ -241,14 +241,19 @@ class DataLoaderWorkers(LoaderSetting):
 
     def likely_trials(self, values: dict[str, Any]) -> int:
         """The fewer counts, the first count above the script's, doublings up to the core count
-        (loading bound by CPU gains little past it; the first count of loading bound by latency
-        is already the one that would hide the baseline's wait), and one doubling more that finds
-        no gain and stops the search. No deeper prefetch: it follows only where the fastest
-        count's window left cores idle, which the baseline cannot tell."""
+        (loading bound by CPU gains little past it) or, for loading bound by latency, up to the
+        count that would hide the baseline's wait (the first count stops at MAX_LEAP times the
+        first doubling: a storage-latency loader that waited 97% of its steps went 8, 16, 32),
+        and one doubling more that finds no gain and stops the search. No deeper prefetch: it
+        follows only where the fastest count's window left cores idle, which the baseline cannot
+        tell."""
         current = int(values.get("num_workers") or 0)
         workers = first_count(values, current)
         ceiling = self._ceiling(values, current, workers)
         target, count = max(workers, int(values.get("cpu_count") or 1)), len(fewer(current)) + 1
+        if workers > first_more(current):  # bound by latency (`first_count`)
+            wait = float(values.get("data_wait_pct") or 0.0) / 100.0
+            target = max(target, _hidden_by(max(current, 1), wait, workers, ceiling))
         while workers < target and workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
         return min(count + (1 if workers * 2 <= ceiling else 0), self.expected_trials(values))
