@@ -73,11 +73,14 @@ def pair_choice(
     right after it (a drift between adjacent windows cancels in either order), one window fewer."""
     fix = fixes.REGISTRY[outcome.fix]
     chosen = chosen_trial(outcome)
-    whole = summarize(chosen.raw) if chosen.raw and not pace.raced(chosen.raw) else None
-    reuse = whole if last_window else None
-    reused = reuse is not None  # the first pair's window of the chosen setting is its trial's
     # what the script's setting's window races (steps/s fixes only): the chosen, as last measured
     races = fix.metric == "steps_per_s"
+    usable_raw = chosen.raw is not None and not pace.raced(chosen.raw)
+    whole = (
+        summarize(chosen.raw) if chosen.raw is not None and usable_raw and (races or last_window) else None
+    )
+    reuse = whole if last_window else None
+    reused = reuse is not None  # the first pair's window of the chosen setting is its trial's
     latest = whole if races else None
     cut: list[str] = []
     ratios: list[tuple[float, float, float]] = []
