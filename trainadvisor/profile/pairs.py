@@ -75,10 +75,9 @@ def pair_choice(
     chosen = chosen_trial(outcome)
     # what the script's setting's window races (steps/s fixes only): the chosen, as last measured
     races = fix.metric == "steps_per_s"
-    usable_raw = chosen.raw is not None and not pace.raced(chosen.raw)
-    whole = (
-        summarize(chosen.raw) if chosen.raw is not None and usable_raw and (races or last_window) else None
-    )
+    # its trial's run, summarised where a pair reuses it or races against it (not where it was cut)
+    raw = chosen.raw if (races or last_window) and chosen.raw and not pace.raced(chosen.raw) else None
+    whole = summarize(raw) if raw is not None else None
     reuse = whole if last_window else None
     reused = reuse is not None  # the first pair's window of the chosen setting is its trial's
     latest = whole if races else None

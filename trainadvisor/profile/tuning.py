@@ -100,7 +100,9 @@ class Tuning:
 
     def confirmation_cost_s(self) -> float:
         """About how long the confirmation run takes: its timed steps at the pace its chosen
-        fixes measured (where none is chosen yet, the most the fixes to try can give)."""
+        fixes measured (where none is chosen yet, the most the fixes to try can give), and what
+        the fixes it may hold pay once (compiling: as measured where chosen, else the prior),
+        unless a fresh run's wall counts it already."""
         chosen = [o for o in self.outcomes if o.status == "unconfirmed"]
         gains = [o.gain for o in chosen if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
@@ -115,8 +117,8 @@ class Tuning:
         return self.cost_s(kind, speedup) + once_s
 
     def _may_confirm(self, picked: set[str]) -> list[PlannedFix]:
-        """The fixes a confirmation run may hold: those chosen, and those still to try that
-        could be kept whatever their trials measure."""
+        """The fixes a confirmation run may hold: those chosen, and those still to try (not
+        refused for the budget) that could be kept as far as the estimate tells (`could_keep`)."""
         return [
             p
             for p in self.plan
@@ -141,8 +143,9 @@ class Tuning:
     def remaining_s(self, live: bool) -> float:
         """About how long the rest takes: each fix not yet tried (the candidates its search
         usually measures, each a window of the live run where it can switch there, else a fresh
-        run), the pair of windows that checks a choice made in windows, and the confirmation run
-        with its adjacent baseline."""
+        run, plus what it pays once until measured: compiling), the pair of windows that checks a
+        choice made in windows, and the confirmation run with its adjacent baseline where a fix
+        may be confirmed (`_may_confirm`)."""
         total, beside = 0.0, self.cost_s("fresh")
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
