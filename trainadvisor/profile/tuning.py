@@ -103,12 +103,11 @@ class Tuning:
         fixes measured (where none is chosen yet, the most the fixes to try can give), and what
         the fixes it may hold pay once (compiling: as measured where chosen, else the prior),
         unless a fresh run's wall counts it already."""
-        chosen = [o for o in self.outcomes if o.status == "unconfirmed"]
-        gains = [o.gain for o in chosen if o.gain]
+        picked = self._chosen()
+        gains = [o.gain for o in picked.values() if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
-        kind, picked = "prestarted" if self.prestarted else "fresh", {o.fix: o for o in chosen}
-        once_s = 0.0
-        for p in self._may_confirm(set(picked)):
+        kind, once_s = "prestarted" if self.prestarted else "fresh", 0.0
+        for p in self._may_confirm():
             if kind == "fresh" and p.fix in self.ran_fresh:
                 continue  # its fresh run's wall counts it (`cost_s`)
             fix = fixes.REGISTRY[p.fix]
@@ -116,19 +115,26 @@ class Tuning:
             once_s += measured if measured is not None else fix.once_s(self.values)
         return self.cost_s(kind, speedup) + once_s
 
-    def _may_confirm(self, picked: set[str]) -> list[PlannedFix]:
-        """The fixes a confirmation run may hold: those chosen, and those still to try (not
-        refused for the budget) that could be kept as far as the estimate tells (`could_keep`)."""
+    def _chosen(self) -> dict[str, FixOutcome]:
+        """The fixes chosen so far, waiting for the confirmation run, by id."""
+        return {o.fix: o for o in self.outcomes if o.status == "unconfirmed"}
+
+    def _to_try(self, planned: PlannedFix) -> bool:
+        """Whether the fix is still to try: not tried (or being tried now), not refused for the
+        budget."""
+        return planned.fix not in self.refused and (
+            planned.fix not in self.tried or planned.fix == self._current
+        )
+
+    def _may_confirm(self) -> list[PlannedFix]:
+        """The fixes a confirmation run may hold: those chosen, and those still to try that could
+        be kept as far as the estimate tells (`could_keep`)."""
+        picked = self._chosen()
         return [
             p
             for p in self.plan
             if p.fix in picked
-            or (
-                p.applicable
-                and p.fix not in self.refused
-                and (p.fix not in self.tried or p.fix == self._current)
-                and fixes.REGISTRY[p.fix].could_keep(self.values)
-            )
+            or (p.applicable and self._to_try(p) and fixes.REGISTRY[p.fix].could_keep(self.values))
         ]
 
     def first_once_s(self, fix: fixes.Fix, kind: str) -> float:
@@ -149,7 +155,7 @@ class Tuning:
         total, beside = 0.0, self.cost_s("fresh")
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
-            if (planned.fix in self.tried and planned.fix != self._current) or planned.fix in self.refused:
+            if not self._to_try(planned):
                 continue
             fix = fixes.REGISTRY[planned.fix]
             in_window = live and fix.in_process_problem(self.values) is None
@@ -165,8 +171,7 @@ class Tuning:
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
         # run; fresh runs get the script's own setting measured again after it; neither where
         # nothing can be confirmed (a compile that cannot pay is only recommended)
-        picked = {o.fix for o in self.outcomes if o.status == "unconfirmed"}
-        return total + (beside + self.confirmation_cost_s() if self._may_confirm(picked) else 0.0)
+        return total + (beside + self.confirmation_cost_s() if self._may_confirm() else 0.0)
 
     def _pair_window_s(self, speedup: float) -> float:
         """A pair's window of the chosen setting: its warm-up capped for pairs."""

@@ -84,7 +84,7 @@ def _analyze(
     copies.copy_syncs(facts, h2d_ops)
     host_spans = [(host_start, host_end) for *_, host_start, host_end in spans]
     _per_step_counts(step_list, host_spans, facts, creations, device.allocator_calls(t))
-    _count_model_ops(t, step_list, host_spans)
+    _count_model_ops(t, step_list, host_spans, roles["data_wait"])
     analysis = _summarize(path, meta, t, step_list, steps, merged, facts, creations)
     device.describe(analysis, t, work, roles["kernel"], merged["device"])
     analysis.host_busy_pct = host.host_busy_pct(t, step_list)
@@ -218,13 +218,15 @@ def _per_step_counts(
             step.allocator_ms += dur / 1e3
 
 
-def _count_model_ops(t: Table, steps: list[StepBreakdown], host: list[tuple[float, float]]) -> None:
+def _count_model_ops(
+    t: Table, steps: list[StepBreakdown], host: list[tuple[float, float]], data_wait: np.ndarray
+) -> None:
     """The aten ops that start in each step's host span, on any thread (autograd's backward
     runs on threads of its own), nested ones counted too, less those inside the optimizer's
     step and zero_grad and the data wait: the model's work, what the compile fix compiles
     (the H200 check's AdamW step held 169 of its step's 580)."""
     calls = t.rows(*HOST_KINDS)
-    apart = calls[t.matching(calls, lambda name: bool(OPTIMIZER_CALL.match(name)) or is_loader_call(name))]
+    apart = np.concatenate([calls[t.matching(calls, OPTIMIZER_CALL.match)], data_wait])
     outside = iv.Union(t.ts[apart], t.end[apart])
     rows = t.rows(HOST)
     starts = t.ts[rows[t.matching(rows, lambda name: name.startswith("aten::"))]]
