@@ -3,15 +3,20 @@ order, the pairs that catch drift, and each case that falls back to restarting t
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_report, published, run_cli
+from torch.utils.data import DataLoader, Dataset
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP
+from trainadvisor.training.loaders import loaded_ahead
 
 # Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
 # that count where a script's end falls among the windows
@@ -66,6 +71,41 @@ def test_workers_are_tried_in_windows_of_one_run_then_paired_with_the_baseline(
     # the search says why it stopped
     assert outcome["search"].startswith("stopped")
     assert "[" in result.stderr and "elapsed, about" in result.stderr  # the progress line
+    # each step of a window with workers says whether its batch was loaded ahead; the baseline's
+    # loads in the loop's own __next__ (no workers): it cannot say
+    told = [s["loaded_ahead"] for t in outcome["trials"] for s in t["raw"]["steps"]]
+    assert told and None not in told
+    assert {s["loaded_ahead"] for s in report["baseline"]["raw"]["steps"]} == {None}
+
+
+class _Gated(Dataset[torch.Tensor]):
+    """Samples that wait until `opened` is set: no batch is loaded before it."""
+
+    def __init__(self, opened: Any) -> None:
+        self.opened = opened
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.opened.wait(60)
+        return torch.tensor([float(index)])
+
+
+def test_torchs_worker_iterator_says_whether_a_batch_was_loaded_ahead() -> None:
+    context = multiprocessing.get_context("fork")
+    opened = context.Event()
+    loader = DataLoader(_Gated(opened), batch_size=4, num_workers=2, multiprocessing_context=context)
+    iterator = iter(loader)
+    assert loaded_ahead(iterator) is False  # its workers wait for `opened`: nothing loaded yet
+    opened.set()
+    deadline = time.monotonic() + 60
+    while not loaded_ahead(iterator) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loaded_ahead(iterator) is True
+    assert [int(x) for x in next(iterator)] == [0, 1, 2, 3]
+    assert loaded_ahead(iter(DataLoader(_Gated(opened), batch_size=4))) is None  # no workers
+    del iterator
 
 
 @pytest.mark.long_run

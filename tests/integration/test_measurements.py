@@ -228,7 +228,31 @@ def test_the_next_worker_count_comes_from_what_the_last_window_showed() -> None:
     assert fix.next_candidate(values, hidden) is None  # nor a deeper prefetch: nothing left to hide
     assert fix.search_note(hidden, values) == (
         "stopped at 8 workers: the loop waited on its input for 2% of its steps there, too little for "
-        "more workers to hide"
+        "more workers to gain the 10% they must bring"
+    )
+    # 8% waited: 16 workers could make it at most 1.09x faster, under the 10% they must bring; a
+    # deeper queue at 8 (kept for 5%) is tried
+    little = [waiting, _sampled(8, 10.0, 0.8, 5.0, 100.0)]
+    assert fix.next_candidate(values, little).label == "num_workers=8, prefetch_factor=4"
+
+
+def test_the_search_stops_where_the_loop_waits_only_for_batches_its_workers_loaded_ahead() -> None:
+    """The slow-input example's 16 workers on 2 cores: the loop waited 25% of each step, and every
+    step's batch was loaded ahead: that wait is the hand-over, which 32 workers did not shorten. The
+    same waits where no step could tell go on to 16 / (1 - 0.25) -> 32 workers."""
+    fix = DataLoaderWorkers()
+    values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 8, "steps_per_s": 10.0}
+    waiting = _sampled(8, 20.0, 10.0, 5.0, 50.0)
+    kept_up = _sampled(16, 8.0, 2.0, 5.0, 125.0)
+    assert fix.next_candidate(values, [waiting, kept_up]).label == "num_workers=32"
+    for step in kept_up.raw.steps:  # type: ignore[union-attr]
+        step.loaded_ahead = True
+    assert fix.next_candidate(values, [waiting, kept_up]) is None  # nor a deeper queue: nothing to hide
+    assert fix.search_note([waiting, kept_up], values) == (
+        "stopped at 16 workers: the loop waited on its input for 25% of its steps there, but 100% of its "
+        "steps found their batch loaded ahead and waited 2.0 ms (the median) for its hand-over from the "
+        "worker, which more workers cannot hide; the 0% left is too little for them to gain the 10% they "
+        "must bring"
     )
 
 

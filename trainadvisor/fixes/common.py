@@ -108,6 +108,11 @@ class Fix:
         of what is left (`expected_trials` is the most it may try)."""
         return self.expected_trials(values)
 
+    def likely_ends_on_choice(self, values: dict[str, Any]) -> bool:
+        """Whether the search's last candidate is usually the one it chooses: the pair that
+        checks the choice then reuses its window (`profile.pairs`), one window fewer."""
+        return self.expected_trials(values) == 1
+
     def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
         """Why the search over candidates stopped where it did (for the report), or None."""
         return None

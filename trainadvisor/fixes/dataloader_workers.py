@@ -15,15 +15,17 @@ processes), the doubling goes on up to `HARD_CAP`, as long as the workers' sampl
 for twice as many fits in half of the memory available. The next count comes from what the last
 window showed, not only from doubling: where its workers were waiting and the loop still waited
 on them for a share `w` of each step, about `n / (1 - w)` workers would hide that wait, so the
-search leaps there (a power of two, at most four times the last count); where the loop waited
-less than `LITTLE_WAIT`, no count can gain more than that and the search stops. The report says
-what was tried and why the search stopped. Every candidate with workers keeps them alive
+search leaps there (a power of two, at most four times the last count). Only the waits more
+workers can hide count (`loader_waits`): not the hand-over of batches the workers had loaded
+ahead, which every step pays; where what is left is under `HIDDEN_LEFT`, no count can gain the
+`STEP_GAIN` more workers must bring, and the search stops. The report says what was tried and
+why the search stopped. Every candidate with workers keeps them alive
 across epochs (`persistent_workers=True`). The count kept is the fewest that ran within
 `STEP_GAIN` of the fastest: more workers stay only where they brought what a doubling must to
 go on (each is a process, with its own copy of the dataset's state: 32 workers on 2 cores
 summed 8 GB resident, where 16 ran 5% slower); the report says so where the fastest was not
 kept. That count (when it has workers) is then tried with `prefetch_factor=4`, unless its loop
-waited less than `LITTLE_WAIT` (a deeper queue hides waits, and there were none left to hide)
+waited less than `LITTLE_WAIT` in waits a deeper queue could hide (there were none left)
 or its window kept the machine's cores busy (`BUSY_CORES` of them, the training process, its
 workers and every other process sampled together: a deeper queue lets idle workers load ahead,
 and no core was idle to do it). On a CUDA run every
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
+from trainadvisor.fixes.loader_waits import cores_busy, hideable_share, little_left, worker_load
 from trainadvisor.records import FixOutcome, Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
@@ -45,10 +48,17 @@ PREFETCH = 4
 HARD_CAP = 64  # workers, whatever the samples say
 WAITING_BUSY = 0.5  # share of a core below which a worker counts as waiting, not computing
 MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
-# A loop that waits on its input for less than this share of its steps has little left for more
-# workers to hide (at most 1 / (1 - share) faster): the search stops there.
+# A loop that waits on its input for less than this share of its steps has little left for a
+# deeper prefetch to hide (at most 1 / (1 - share) faster: under PREFETCH_GAIN).
 LITTLE_WAIT = 0.05
+# More workers hide at most the waits they can (`loader_waits.hideable_share`): where that share
+# is under this one, the next count could gain at most 1 / (1 - share), under STEP_GAIN, and
+# would not be kept (the count kept is the fewest within STEP_GAIN of the fastest).
+HIDDEN_LEFT = 1.0 - 1.0 / STEP_GAIN
 MAX_LEAP = 4  # the most the count grows from one trial to the next
+# A count this many times the one that would hide a latency-bound wait (`n / (1 - w)`) usually
+# keeps up with the loop: the estimate counts no doubling past it (`likely_trials`).
+LATENCY_MARGIN = 1.5
 # The share of the cores a window kept busy (training process, workers, every other process) at
 # or above which no core was left idle for workers to load ahead: no deeper prefetch is tried.
 BUSY_CORES = 0.9
@@ -72,34 +82,11 @@ def first_more(current: int) -> int:
     return max(2, 2 * current)
 
 
-def _worker_load(trial: Trial) -> tuple[float, float] | None:
-    """(share of a core each worker was busy, RSS bytes per worker) in the trial's window."""
-    samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.workers and h.t_ms >= 0]
-    if not samples:
-        return None
-    busy = sum(h.workers_cpu_pct / 100.0 / h.workers for h in samples) / len(samples)
-    rss = sum(h.workers_rss_bytes / h.workers for h in samples) / len(samples)
-    return busy, rss
-
-
-def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:
-    """The share of the machine's cores (`cpu_count`) busy in the trial's window: the training
-    process's sampled CPU, its workers' and every other process's (the baseline's `cpu_busy_pct`,
-    for a trial's window; None where nothing was sampled). Where the process may use fewer cores
-    than the machine has, this reads low: a deeper prefetch is then tried, never wrongly skipped."""
-    samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.t_ms >= 0]
-    cores = int(values.get("cpu_count") or 0)
-    if not samples or cores <= 0:
-        return None
-    busy_pct = sum(h.main_cpu_pct + h.workers_cpu_pct + h.other_cpu_pct for h in samples) / len(samples)
-    return busy_pct / 100.0 / cores
-
-
 def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
     """Why the count kept (`DataLoaderWorkers._base_count`) gets no deeper prefetch, None where
     it does: the loop hardly waited there ("": the doubling's stop says so), or its window kept
     BUSY_CORES of the cores busy (workers load ahead only on idle ones)."""
-    wait = wait_share(best)
+    wait = hideable_share(best)
     if wait is not None and wait < LITTLE_WAIT:  # a deeper queue hides waits, and none were left
         return ""
     busy = cores_busy(best, values)
@@ -109,13 +96,6 @@ def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
         f"no deeper prefetch tried: {best.label}'s window kept {100 * busy:.0f}% of the "
         f"{int(values['cpu_count'])} cores busy, none idle for workers to load ahead"
     )
-
-
-def wait_share(trial: Trial) -> float | None:
-    """The share of the trial's timed steps the loop spent waiting for its next batch."""
-    steps = [step for step in (trial.raw.steps if trial.raw else []) if not step.profiled]
-    total_ms = sum(step.step_ms for step in steps)
-    return sum(step.data_wait_ms for step in steps) / total_ms if total_ms > 0 else None
 
 
 def _hidden_by(workers: int, wait: float, start: int, most: int) -> int:
@@ -167,7 +147,7 @@ def leap(last: Trial, workers: int, ceiling: int) -> int:
     wait (`workers / (1 - wait)`), at most MAX_LEAP times `workers`; never past `ceiling`
     (which is at least twice `workers`)."""
     count = 2 * workers
-    load, wait = _worker_load(last), wait_share(last)
+    load, wait = worker_load(last), hideable_share(last)
     if load is not None and wait is not None and load[0] < WAITING_BUSY:
         count = _hidden_by(workers, wait, count, MAX_LEAP * workers)
     return min(count, max(ceiling, 2 * workers))
@@ -190,7 +170,7 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
     per_core = max_workers(values.get("cpu_count", 1))
     if workers * 2 <= per_core:
         return _fitting(values, last, workers, leap(last, workers, min(cap, per_core))), ""
-    load = _worker_load(last)
+    load = worker_load(last)
     if load is None:
         return None, f"stopped at {workers} workers, four per core (the workers' CPU was not sampled)"
     busy, rss = load
@@ -211,7 +191,7 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
 def _fitting(values: dict[str, Any], last: Trial, workers: int, count: int) -> int:
     """`count`, lowered towards twice `workers` (never below) while the workers' sampled memory
     for it would take more than MEMORY_SHARE of the memory available."""
-    load, available = _worker_load(last), float(values.get("memory_available_bytes") or 0.0)
+    load, available = worker_load(last), float(values.get("memory_available_bytes") or 0.0)
     rss = load[1] if load is not None else 0.0
     while count > 2 * workers and available and rss * count > MEMORY_SHARE * available:
         count = max(count // 2, 2 * workers)
@@ -244,19 +224,38 @@ class DataLoaderWorkers(LoaderSetting):
         (loading bound by CPU gains little past it) or, for loading bound by latency, up to the
         count that would hide the baseline's wait (the first count stops at MAX_LEAP times the
         first doubling: a storage-latency loader that waited 97% of its steps went 8, 16, 32),
-        and one doubling more that finds no gain and stops the search. No deeper prefetch: it
-        follows only where the fastest count's window left cores idle, which the baseline cannot
-        tell."""
+        and one doubling more: loading bound by CPU finds no gain there; loading bound by latency
+        usually still waited at the count that would hide the wait exactly (`n / (1 - w)`; its
+        workers deliver in bursts and every batch's hand-over adds to the step) and kept up at
+        the next, unless the count reached was LATENCY_MARGIN times that already (the slow-input
+        example at 1 ms a sample waited 87%: 8 workers for 7.7 still waited, 16 kept up; at 0.5
+        ms, 8 for 4.5 kept up). No deeper prefetch: it follows only where the fastest count's
+        window left cores idle, which the baseline cannot tell."""
         current = int(values.get("num_workers") or 0)
         workers = first_count(values, current)
         ceiling = self._ceiling(values, current, workers)
         target, count = max(workers, int(values.get("cpu_count") or 1)), len(fewer(current)) + 1
-        if workers > first_more(current):  # bound by latency (`first_count`)
+        needed = float("inf")
+        if self._latency_bound(values):
             wait = float(values.get("data_wait_pct") or 0.0) / 100.0
             target = max(target, _hidden_by(max(current, 1), wait, workers, ceiling))
+            needed = max(current, 1) / max(1.0 - wait, 1e-3)
         while workers < target and workers * 2 <= ceiling:
             workers, count = workers * 2, count + 1
-        return min(count + (1 if workers * 2 <= ceiling else 0), self.expected_trials(values))
+        more = workers * 2 <= ceiling and workers < LATENCY_MARGIN * needed
+        return min(count + (1 if more else 0), self.expected_trials(values))
+
+    def likely_ends_on_choice(self, values: dict[str, Any]) -> bool:
+        """Loading bound by latency: the search usually stops where the loop kept up with its
+        workers (`HIDDEN_LEFT`), at the count it keeps; bound by CPU, a doubling finds no gain
+        after the count it keeps."""
+        return self._latency_bound(values) or super().likely_ends_on_choice(values)
+
+    @staticmethod
+    def _latency_bound(values: dict[str, Any]) -> bool:
+        """Whether the baseline's loading mostly waited (`first_count` leaps past a doubling)."""
+        current = int(values.get("num_workers") or 0)
+        return first_count(values, current) > first_more(current)
 
     @staticmethod
     def _ceiling(values: dict[str, Any], current: int, first: int) -> int:
@@ -364,12 +363,9 @@ class DataLoaderWorkers(LoaderSetting):
         earlier = [t.steps_per_s or 0.0 for t in plain[:-1] if t.status == "measured"]
         best_before = max([*earlier, values.get("steps_per_s") or 0.0])
         workers = self._workers(last)
-        wait = wait_share(last)
-        if wait is not None and wait < LITTLE_WAIT and (last.steps_per_s or 0.0) >= best_before:
-            return None, (
-                f"stopped at {workers} workers: the loop waited on its input for {100 * wait:.0f}% of "
-                "its steps there, too little for more workers to hide"
-            )
+        hidden = hideable_share(last)
+        if hidden is not None and hidden < HIDDEN_LEFT and (last.steps_per_s or 0.0) >= best_before:
+            return None, little_left(last, workers, STEP_GAIN)
         if (last.steps_per_s or 0.0) < STEP_GAIN * best_before:
             return None, (
                 f"stopped at {workers} workers: they gained less than {100 * (STEP_GAIN - 1):.0f}% "

@@ -96,6 +96,12 @@ def window_file(session_dir: Path, index: int) -> Path:
     return session_dir / f"window-{index}.result.json"
 
 
+def standing_file(gate_file: Path) -> Path:
+    """Where a run started ahead says it has imported what it runs with (torch, trainadvisor's
+    hooks) and is setting up the script at the lowest priority (`training.gate.hold`)."""
+    return gate_file.with_name(f"{gate_file.name}.standing")
+
+
 def failed_write_file(result_file: str | Path) -> Path:
     """Where the child says why it could not save its result (beside the result file)."""
     return Path(f"{result_file}.error")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainadvisor import _serial
 from trainadvisor.measure import interrupts
-from trainadvisor.measure.config import WindowCommand, WindowSize, command_file, window_file
+from trainadvisor.measure.config import WindowCommand, WindowSize, command_file, standing_file, window_file
 from trainadvisor.measure.runner import (
     STOP_GRACE_S,
     Launched,
@@ -161,7 +161,23 @@ class Prestarted:
         assert spec.gate_file is not None
         self.spec = spec
         spec.gate_file.unlink(missing_ok=True)
+        standing_file(spec.gate_file).unlink(missing_ok=True)
+        self.started_at = time.monotonic()
         self.launched: Launched | None = launch(spec)
+
+    def imported(self, most_s: float) -> None:
+        """Return once the run has imported what it runs with (`config.standing_file`), or has
+        ended, or after `most_s`. Importing torch takes a core for seconds whatever its priority
+        (torch's own compute beside it ran 3-5 times slower on 2 cores, at nice 0 or 19): a trial
+        window measured meanwhile would measure that."""
+        launched, gate = self.launched, self.spec.gate_file
+        assert gate is not None
+        until = time.monotonic() + most_s
+        standing = standing_file(gate)
+        while launched is not None and launched.proc.poll() is None and time.monotonic() < until:
+            if standing.exists():
+                return
+            time.sleep(POLL_S)
 
     def waiting(self) -> bool:
         """Still there, waiting for its settings (it exits if memory ran short meanwhile)."""

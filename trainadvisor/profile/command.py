@@ -23,6 +23,7 @@ from trainadvisor.measure.runner import PROFILE_STEPS, measure
 from trainadvisor.profile import rescue
 from trainadvisor.profile.baseline import check_steps, fitted_baseline, too_short
 from trainadvisor.profile.confirm import confirm, start_ahead
+from trainadvisor.profile.pace import setup_s
 from trainadvisor.profile.runs import (
     ProfileOptions,
     measure_run,
@@ -198,7 +199,8 @@ def _measure_fixes(
     samples = diagnosed.baseline.raw.host_samples
     beside = max((h.main_rss_bytes for h in samples), default=0) if prestarted is not None else 0
     tuning = _tuning(options, diagnosed, job.echo, started, beside)
-    tuning.prestarted = prestarted is not None
+    if prestarted is not None:  # the confirmation waits for what is left of its set-up
+        tuning.ahead_ready_at = prestarted.started_at + setup_s(diagnosed.baseline.raw)
     tuning.on_progress = lambda: job.keep(
         _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
     )

@@ -115,8 +115,10 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
 WINDOW_OVERHEAD_S = 0.5
 RUN_END_S = 2.5
 # About how long a candidate's window takes to start its workers and settle, at least, for the
-# estimates (its cap stays TRIAL_SETTLE_MIN_S): 1.4-3.4 s measured on 2 cores, median 2.1 s.
-WINDOW_SETTLE_S = 2.0
+# estimates (its cap stays TRIAL_SETTLE_MIN_S): 0.8-1.2 s measured on 2 cores for 8 and 16
+# workers, 1.9-2.4 s for 32 (1.4-3.4 s while a run started ahead still imported torch beside the
+# first window); a run started ahead settles its workers as a window does.
+WINDOW_SETTLE_S = 1.0
 # A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
 # and a warm-up that waits out a loaded machine's noise would part them.
 PAIR_SETTLE_S = 3.0
@@ -129,10 +131,9 @@ def cost_s(
     pair ("pair"), fresh run of the script ("fresh") or run started ahead, its set-up done
     ("prestarted"), takes: the median of the windows measured so far, the longest of the fresh
     runs (a compiled trial's outlasts the others); before any, from the baseline's own shape. A
-    candidate's window waits for its step time to settle as the baseline did, at the pace its
-    fix can reach at most (at least WINDOW_SETTLE_S: its workers start; TRIAL_SETTLE_MIN_S for a
-    run started ahead, whose warm-up drains its workers' buffer too; at most `settle_cap_s`, the
-    trials' cap) and times
+    candidate's window, or a run started ahead, waits for its step time to settle as the
+    baseline did, at the pace its fix can reach at most (at least WINDOW_SETTLE_S: its workers
+    start; at most `settle_cap_s`, the trials' cap) and times
     the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
     under the minimum time; a run started ahead does the same, then its traced steps and its end."""
     if kind == "fresh":  # never under the baseline's own whole run, its warm-up as a trial's
@@ -149,10 +150,19 @@ def cost_s(
     cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
     # blocks are counted in steps too: a loop `speedup` x as fast fills them that much sooner
     # (a loaded machine's baseline of 190 ms steps settled in 8 s; its trials' windows in 2-3 s)
-    floor_s = WINDOW_SETTLE_S if kind == "window" else TRIAL_SETTLE_MIN_S
-    settle_s = min(cap, max(settled_s / max(speedup, 1.0), floor_s))
+    settle_s = min(cap, max(settled_s / max(speedup, 1.0), WINDOW_SETTLE_S))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
     return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
+
+
+def setup_s(baseline: RawRun) -> float:
+    """About how long the script sets up before its first step (imports, loading, building the
+    model): the baseline's warm-up, which holds it, less its warm-up steps at its timed pace."""
+    shape, timed = baseline.shape, timed_steps(baseline)
+    if shape is None or not timed:
+        return 0.0
+    step_s = sum(step.step_ms for step in timed) / len(timed) / 1e3
+    return max(0.0, shape.warmup_s - shape.warmup_steps * step_s)
 
 
 def _block_s(baseline: RawRun) -> float:

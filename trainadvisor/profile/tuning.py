@@ -64,7 +64,8 @@ class Tuning:
     settle: pace.SettleCap | None = None  # the trials' longest warm-up (`pace`), set on the first
     # what each trial window ("window") and each fresh run ("fresh") took, seconds, as measured
     walls: dict[str, list[float]] = field(default_factory=lambda: {"window": [], "fresh": []})
-    prestarted: bool = False  # the confirmation run was started ahead: its set-up is done
+    # the confirmation run was started ahead: when its set-up should be done (time.monotonic())
+    ahead_ready_at: float | None = None
     ran_fresh: set[str] = field(default_factory=set)  # fixes with a fresh run measured (`once_s`)
     refused: set[str] = field(default_factory=set)  # fixes not tried: past the budget
 
@@ -106,7 +107,7 @@ class Tuning:
         picked = self._chosen()
         gains = [o.gain for o in picked.values() if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
-        kind, once_s = "prestarted" if self.prestarted else "fresh", 0.0
+        kind, once_s = "prestarted" if self.ahead_ready_at is not None else "fresh", 0.0
         for p in self._may_confirm():
             if kind == "fresh" and p.fix in self.ran_fresh:
                 continue  # its fresh run's wall counts it (`cost_s`)
@@ -159,19 +160,22 @@ class Tuning:
                 continue
             fix = fixes.REGISTRY[planned.fix]
             in_window = live and fix.in_process_problem(self.values) is None
-            expected, speedup = fix.expected_trials(self.values), gain_bound(planned, self.values)
+            speedup = gain_bound(planned, self.values)
             window_s = self.cost_s("window", speedup)
             fresh_s = self.cost_s("fresh") + self.first_once_s(fix, "fresh")
             total += fix.likely_trials(self.values) * (window_s if in_window else fresh_s)
             if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
-                # own trial window where it was the only candidate and so the last)
-                beside = self.cost_s("pair", speedup) + (
-                    0.0 if expected == 1 else min(window_s, self._pair_window_s(speedup))
-                )
+                # own trial window where the search usually ends on it)
+                again_s = 0.0 if fix.likely_ends_on_choice(self.values) else self._pair_window_s(speedup)
+                beside = self.cost_s("pair", speedup) + min(window_s, again_s)
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
         # run; fresh runs get the script's own setting measured again after it; neither where
-        # nothing can be confirmed (a compile that cannot pay is only recommended)
-        return total + (beside + self.confirmation_cost_s() if self._may_confirm() else 0.0)
+        # nothing can be confirmed (a compile that cannot pay is only recommended). A run started
+        # ahead is measured once its set-up, overlapping all that, is done.
+        if not self._may_confirm():
+            return total
+        setup_left_s = max(0.0, self.ahead_ready_at - time.monotonic()) if self.ahead_ready_at else 0.0
+        return max(total + beside, setup_left_s) + self.confirmation_cost_s()
 
     def _pair_window_s(self, speedup: float) -> float:
         """A pair's window of the chosen setting: its warm-up capped for pairs."""

@@ -118,6 +118,9 @@ class StepRecord:
     # DataLoader, and whatever else runs there, such as a framework's backward and optimizer step)
     outside_call_ms: float | None = None
     backwards: int = 0  # backward() calls in the step (gradient accumulation: one per micro-step)
+    # every batch the step drew was loaded and waiting in its workers' queue when asked for
+    # (`training.loaders.loaded_ahead`): its wait was the hand-over only; None: not told
+    loaded_ahead: bool | None = None
 
 
 @dataclass

@@ -18,7 +18,7 @@ import psutil
 
 from trainadvisor import _serial
 from trainadvisor.measure import priority
-from trainadvisor.measure.config import WindowCommand
+from trainadvisor.measure.config import WindowCommand, standing_file
 from trainadvisor.training.hooks import Recorder, WindowComplete
 
 POLL_S = 0.005
@@ -43,10 +43,13 @@ def _step_aside_on_low_memory(opened: threading.Event) -> None:
 
 
 def hold(recorder: Recorder, path: Path) -> None:
-    """Lower this process's priority now; at the script's first gate, wait for `path`, then
+    """Lower this process's priority now, and say so (`standing_file`: its imports are done);
+    at the script's first gate, wait for `path`, then
     restore the priority of every thread (`priority.restore`). Where a thread stays lowered, the
     run stops there, recording how many (`priority.LOWERED`): the parent measures a fresh run."""
     before = priority.lower()
+    with contextlib.suppress(OSError):  # the parent's trial windows wait for this, a while at most
+        standing_file(path).touch()
     parent = os.getppid()
     opened = threading.Event()
     threading.Thread(

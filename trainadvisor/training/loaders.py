@@ -271,6 +271,25 @@ class LiveLoaders:
     build: Callable[..., None] | None = None  # DataLoader.__init__ as torch defines it
 
 
+def loaded_ahead(iterator: Any) -> bool | None:
+    """Whether the workers of `iterator` had a batch loaded and waiting when the loop asked for
+    its next one: the batch it needs next came early (out of order) and is held, or its result
+    queue holds one. The loop's wait for such a batch is its hand-over (received from the worker
+    and rebuilt in this process), which more workers cannot hide. None where it cannot be told: a
+    loader without workers, an iterator that is not torch's, a queue that cannot count (macOS)."""
+    info = getattr(iterator, "_task_info", None)
+    queue = getattr(iterator, "_data_queue", None)
+    if not isinstance(info, dict) or queue is None:
+        return None
+    held = info.get(getattr(iterator, "_rcvd_idx", None))
+    if held is not None and len(held) == 2:  # (worker, batch): it arrived before the ones ahead of it
+        return True
+    try:
+        return bool(queue.qsize() > 0)
+    except (NotImplementedError, OSError, AttributeError):
+        return None
+
+
 def install(recorder: Any, refuse: Callable[[str], None]) -> None:
     """Every DataLoader built is recorded (where, with what) and given the overrides of its call
     site (`recorder.loader_overrides`; `refuse` ends the run when they cannot apply); its
@@ -284,6 +303,7 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
 
     def timed_next(self: _BaseDataLoaderIter) -> Any:
         t0 = clock()
+        ready = loaded_ahead(getattr(self, "_trainadvisor_delegate", None) or self)
         try:
             batch = original_next(getattr(self, "_trainadvisor_delegate", None) or self)
         except StopIteration:
@@ -297,7 +317,7 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
             note_worker_deaths(getattr(self, "_trainadvisor_delegate", None) or self, exc)
             raise
         index = getattr(self, "_trainadvisor_loader", None)
-        recorder.data_wait(clock() - t0, batch, index)
+        recorder.data_wait(clock() - t0, batch, index, ready)
         if index is not None:
             live.serving[index] = weakref.ref(self)
         return batch

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from trainadvisor.measure import kept_alive
-from trainadvisor.measure.config import WindowSize
+from trainadvisor.measure.config import WindowSize, standing_file
 from trainadvisor.measure.kept_alive import Prestarted, _how_it_ended
 from trainadvisor.measure.runner import RunSpec
 from trainadvisor.records import Overrides, RawRun
@@ -93,6 +93,45 @@ def test_a_run_started_ahead_waits_while_its_child_runs(tmp_path: Path) -> None:
     assert not _prestarted(tmp_path, _launched(tmp_path, code=0)).waiting()  # stepped aside: memory ran short
     assert not _prestarted(tmp_path, _launched(tmp_path, code=-9)).waiting()
     assert not _prestarted(tmp_path, None).waiting()  # handed its settings, or cancelled
+
+
+class FakeTime:
+    """kept_alive's clock: each sleep moves it on by what was asked (counted in whole
+    milliseconds, so that 500 sleeps of 20 ms are 10 s exactly)."""
+
+    def __init__(self) -> None:
+        self.now_ms = 100_000
+
+    @property
+    def now_s(self) -> float:
+        return self.now_ms / 1e3
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_ms += round(seconds * 1e3)
+
+
+def test_the_trials_wait_for_a_run_started_ahead_to_import_torch_then_go_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Its standing file says its imports are done: no wait. Not there: the wait goes on while
+    the child runs, up to `most_s`; a child that ended is not waited for."""
+    clock = FakeTime()
+    monkeypatch.setattr(kept_alive, "time", clock)
+    launched = _launched(tmp_path)
+    ahead = _prestarted(tmp_path, launched)
+    ahead.imported(10.0)
+    assert clock.now_ms == 110_000 and launched.proc.polls == 501  # every 20 ms, for 10 s
+    standing_file(tmp_path / "gate.json").touch()
+    ahead.imported(10.0)
+    assert clock.now_ms == 110_000 and launched.proc.polls == 502  # there: no wait
+    gone = _launched(tmp_path, code=75)  # stepped aside: memory ran short
+    _prestarted(tmp_path, gone).imported(10.0)
+    assert clock.now_ms == 110_000 and gone.proc.polls == 1
+    _prestarted(tmp_path, None).imported(10.0)  # handed its settings, or cancelled
+    assert clock.now_ms == 110_000
 
 
 def test_a_run_started_ahead_is_handed_the_settings_and_window_of_the_spec_it_is_run_with(

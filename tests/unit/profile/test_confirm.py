@@ -611,9 +611,13 @@ class Started:
     """Prestarted's stand-in: the spec it would have launched."""
 
     specs: list[RunSpec] = []
+    waited_s: list[float] = []  # how long the trials would wait for its imports, at most
 
     def __init__(self, spec: RunSpec) -> None:
         self.specs.append(spec)
+
+    def imported(self, most_s: float) -> None:
+        self.waited_s.append(most_s)
 
 
 def _ahead(
@@ -623,7 +627,7 @@ def _ahead(
     restorable: bool = True,
     **values: Any,
 ) -> Any:
-    Started.specs = []
+    Started.specs, Started.waited_s = [], []
     monkeypatch.setattr(confirming, "Prestarted", Started)
     monkeypatch.setattr(confirming, "_gpu_here", lambda: gpu)
     monkeypatch.setattr(priority, "restorable", lambda: restorable)
@@ -644,6 +648,7 @@ def test_a_plan_of_dataloader_settings_only_starts_the_confirmation_run_ahead(
     [spec] = Started.specs
     assert (spec.label, spec.show_output, spec.out_dir) == ("after", False, Path("stage"))
     assert spec.gate_file == Path("stage/.work/after.gate.json")
+    assert Started.waited_s == [confirming.PRESTART_IMPORTS_S]  # its imports, not the first window's
 
 
 @pytest.mark.parametrize(

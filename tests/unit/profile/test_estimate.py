@@ -1,25 +1,29 @@
 """The progress line's "about N left" (`Tuning.remaining_s`) before any window was measured: the
-candidates each fix's search usually measures, each window its settling (at least 2 s: its
+candidates each fix's search usually measures, each window its settling (at least 1 s: its
 workers start) and its timed steps at the pace its fix can reach at most; the pair that checks
 a choice made in windows (the script's own setting as the baseline ran it, cut after one block
-where the fix can decide in one pair, and the choice again,
-unless the last fix had a single candidate: its own trial window is the pair's first); the
-confirmation run. A fix that costs time once in a fresh run (compiling) counts its prior
+where the fix can decide in one pair, and the choice again, unless the search usually ends on
+its choice: a single candidate, a loader bound by latency; its own trial window is the pair's
+first); the confirmation run, and where it was started ahead, what is left of its set-up.
+A fix that costs time once in a fresh run (compiling) counts its prior
 (`Fix.once_s`) until one of its runs measured it, in its trial and in the confirmation where it
 could be kept; --budget counts it too."""
 
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.race import _windows_at
+from support.race import _run, _windows_at
 
 from trainadvisor.fixes import REGISTRY
 from trainadvisor.fixes.compile import COMPILE_FIXED_S, COMPILE_PER_OP_S
+from trainadvisor.profile import tuning as tuning_module
+from trainadvisor.profile.pace import setup_s
 from trainadvisor.profile.runs import ProfileOptions
 from trainadvisor.profile.tuning import Tuning
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, WindowShape
@@ -47,25 +51,59 @@ def _tuning(*fixes_planned: str, budget_s: float | None = None, **values: Any) -
 
 def _left_s(*fixes_planned: str, live: bool = True, prestarted: bool = False, **values: Any) -> float:
     tuning = _tuning(*fixes_planned, **values)
-    tuning.prestarted = prestarted
+    tuning.ahead_ready_at = 0.0 if prestarted else None  # its set-up done long ago
     return tuning.remaining_s(live)
 
 
 def test_a_single_candidate_in_windows_counts_one_window_for_its_pair() -> None:
-    # its window: 2 s settling (its workers start: more than the baseline's 0.5 s), 1 s timed, 0.5 s; the
+    # its window: 1 s settling (its workers start: more than the baseline's 0.5 s), 1 s timed, 0.5 s; the
     # pair's other window: the baseline's 0.5 s settling and 0.6 s timed, 0.5 s; a fresh
     # confirmation: the baseline's whole run
-    assert round(_left_s("tf32"), 6) == 3.5 + 1.6 + 12.0
+    assert round(_left_s("tf32"), 6) == 2.5 + 1.6 + 12.0
 
 
 def test_a_search_counts_both_windows_of_its_pair_and_a_run_started_ahead_skips_its_setup() -> None:
-    # the two candidates the workers search usually measures, 3.5 s each: 2 workers (one a core)
+    # the two candidates the workers search usually measures, 2.5 s each: 2 workers (one a core)
     # and 4, which finds no gain and stops it (it may try 8 and a deeper prefetch too); the
     # pair's 1.2 s (at up to 4x, one pair decides: the script's setting is cut after one block of
-    # 0.2 s, not its 0.6 s timed) and the choice again (3.5 s); the run started ahead: 3 s
+    # 0.2 s, not its 0.6 s timed) and the choice again (2.5 s); the run started ahead: 1 s
     # settling, 1 s timed (0.6 s at 4x the pace is under the minimum) and 2.5 s of traced steps
     # and exit
-    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 3.5 + (1.2 + 3.5) + 6.5
+    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 2.5 + (1.2 + 2.5) + 4.5
+
+
+# The training process used 30% of a core while it waited on its input (no workers) 87% of each
+# step: its loading mostly waited (bound by latency), and 1 / (1 - 0.87) = 7.7 loaders would
+# hide the wait. Gains at most 7.7x.
+LATENCY = {"main_process_cpu_pct": 30.0, "data_wait_pct": 87.0}
+
+
+def test_a_loader_bound_by_latency_counts_the_doubling_past_the_hiding_count_and_no_pair_window_again() -> (
+    None
+):
+    """The slow-input example at 1 ms a sample: 8 workers (the count that would hide 87%, 7.7)
+    still waited, 16 kept up and stopped the search there, its window the pair's first; at 0.5 ms
+    a sample (77%: 4.3), 8 workers, 1.8 times that, kept up."""
+    workers = REGISTRY["dataloader-workers"]
+    assert workers.likely_trials({**VALUES, **LATENCY}) == 2 and workers.likely_ends_on_choice(
+        {**VALUES, **LATENCY}
+    )
+    assert workers.likely_trials({**VALUES, **LATENCY, "data_wait_pct": 77.0}) == 1
+    assert not workers.likely_ends_on_choice(VALUES)  # bound by CPU: a doubling finds no gain
+    # each window 2.5 s (0.5 s settling at 7.7x is under the 1 s its workers take to start); the
+    # pair's window of the script's setting 1.2 s (cut after one block); a run started ahead 4.5 s
+    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.2 + 4.5
+
+
+def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its set-up, 9 s still to run (the baseline's took that long before its first step),
+    outlasts the trials and their pair (6.2 s): the confirmation starts after it."""
+    tuning = _tuning("dataloader-workers", **LATENCY)
+    monkeypatch.setattr(tuning_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
+    tuning.ahead_ready_at = 1009.0
+    assert round(tuning.remaining_s(True), 6) == 9.0 + 4.5
+    tuning.ahead_ready_at = 1005.0  # 5 s left: the trials and pair take longer
+    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.2 + 4.5
 
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:
@@ -113,7 +151,7 @@ def test_once_a_compiled_run_was_measured_its_wall_stands_for_the_compile() -> N
     assert tuning.confirmation_cost_s() == 31.0  # the compiled trial's run: the longest fresh one
     # a run started ahead is estimated from the baseline's shape: plus the compile its trial
     # measured (the confirmation reads the inductor cache that trial left), else the prior
-    tuning.prestarted = True
+    tuning.ahead_ready_at = 0.0
     started_ahead_s = tuning.cost_s("prestarted", 1.0)
     tuning.outcomes[0] = replace(tuning.outcomes[0], compile_s=9.5)
     assert round(tuning.confirmation_cost_s() - started_ahead_s, 6) == 9.5
@@ -138,10 +176,23 @@ def test_a_compile_refused_for_the_budget_counts_in_no_estimate_after() -> None:
     )
     tuning.outcomes[0] = FixOutcome("tf32", "rule", "unconfirmed", "", Overrides(), [], gain=1.3)
     tuning.tried.add("tf32")
-    tuning.prestarted = True
+    tuning.ahead_ready_at = 0.0
     before_s = tuning.confirmation_cost_s()
     assert round(before_s - tuning.cost_s("prestarted", 1.3), 6) == 17.4  # compile could still be confirmed
     tuning.run(tuning.plan[1], lambda *args: pytest.fail("measured past the budget"), "restart")
     assert tuning.outcomes[1].status == "not_run" and tuning.refused == {"compile"}
     assert tuning.confirmation_cost_s() == tuning.cost_s("prestarted", 1.3)
     assert tuning.remaining_s(False) == tuning.cost_s("fresh") + tuning.cost_s("prestarted", 1.3)
+
+
+def test_the_scripts_set_up_is_its_warm_up_less_its_warm_up_steps() -> None:
+    """The baseline warmed up for 10.8 s over 20 steps that, at its timed pace (85 ms a step),
+    take 1.7 s: its set-up (imports, loading, building the model) took about 9.1 s. A warm-up
+    shorter than its steps at that pace (steps faster than the timed ones) counts no set-up."""
+    baseline = _run([85.0] * 20).raw
+    baseline.shape = WindowShape(20, 10.8, "settled", timed_s=1.7, min_time_s=1.0, settle_s=1.2)
+    assert round(setup_s(baseline), 6) == 9.1
+    baseline.shape = WindowShape(20, 1.5, "settled", timed_s=1.7)
+    assert setup_s(baseline) == 0.0
+    baseline.shape = None
+    assert setup_s(baseline) == 0.0

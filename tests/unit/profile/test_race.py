@@ -222,15 +222,15 @@ def test_fresh_runs_are_compared_only_where_the_baseline_measured_next_to_them_a
 
 def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_warmup() -> None:
     """Before any window was measured, one is estimated from the baseline's: its settling (at
-    least 2 s), its timed steps and 0.5 s. A baseline that never settled (60 s of warm-up on a
+    least 1 s), its timed steps and 0.5 s. A baseline that never settled (60 s of warm-up on a
     busy machine) gave each window a minute; a trial's warm-up is capped at 10 s, and so is its
     estimate. A candidate up to 4x as fast settles and times the baseline's steps in a quarter of
-    the time (its blocks are counted in steps too), never under 2 s and the minimum time."""
+    the time (its blocks are counted in steps too), never under 1 s and the minimum time."""
     settled = _shape("settled", 3.5)
     assert settled.shape is not None
     settled.shape.timed_s, settled.shape.min_time_s = 1.2, 1.0
     assert pace.cost_s("window", [], settled) == pytest.approx(3.5 + 1.2 + 0.5)
-    assert pace.cost_s("window", [], settled, speedup=4.0) == pytest.approx(2.0 + 1.0 + 0.5)
+    assert pace.cost_s("window", [], settled, speedup=4.0) == pytest.approx(1.0 + 1.0 + 0.5)
     assert pace.cost_s("window", [], settled, speedup=1.4) == pytest.approx(2.5 + 1.0 + 0.5)  # 3.5 / 1.4
     assert pace.cost_s("window", [], settled, settle_cap_s=3.0) == pytest.approx(3.0 + 1.2 + 0.5)
     assert pace.cost_s("pair", [], settled) == pytest.approx(3.0 + 1.2 + 0.5)  # a pair's settles 3 s

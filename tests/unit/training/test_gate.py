@@ -170,6 +170,7 @@ def test_hold_lowers_the_priority_and_sets_a_gate_without_waiting(fake_os: _Os, 
     window = recorder.window
     gate.hold(recorder, tmp_path / "after.gate.json")
     assert fake_os.calls == [("nice", 19)]
+    assert (tmp_path / "after.gate.json.standing").exists()  # torch imported: the trials may begin
     assert callable(recorder.gate)
     assert recorder.window is window and recorder.config.warmup == 3  # nothing applied yet
 
@@ -181,6 +182,7 @@ def test_hold_goes_on_at_normal_priority_where_lowering_it_is_not_permitted(
     recorder = _recorder(tmp_path)
     gate.hold(recorder, tmp_path / "after.gate.json")
     assert fake_os.calls == [("nice", 19)]
+    assert (tmp_path / "after.gate.json.standing").exists()  # torch imported: the trials may begin
     assert callable(recorder.gate)
 
 

@@ -1,0 +1,89 @@
+"""What a workers trial's waits say: the hand-over of batches loaded ahead, the waits more workers
+could hide (exact numbers), and torch's iterators asked whether a batch was waiting."""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+import pytest
+from support.runs import raw, trial
+
+from trainadvisor.fixes.loader_waits import handover_ms, hideable_share, loaded_share, wait_share
+from trainadvisor.records import Trial
+from trainadvisor.training.loaders import loaded_ahead
+
+
+def _waited(steps: list[tuple[float, float, bool | None]]) -> Trial:
+    """A 16-worker trial whose timed steps took (step ms, wait ms, loaded ahead) each."""
+    done = trial(16, 100.0)
+    done.raw = raw([s[0] for s in steps], [s[1] for s in steps], workers=16)
+    for step, (_, _, loaded) in zip(done.raw.steps, steps):
+        step.loaded_ahead = loaded
+    return done
+
+
+def test_the_waits_of_steps_whose_batch_was_loaded_ahead_are_a_hand_over_more_workers_cannot_hide() -> None:
+    """Ten 8 ms steps found their batch loaded and waited 2 ms for it; two found none and waited
+    12 ms of 18. The hand-over is 2 ms (their median), paid by the two as well: more workers could
+    hide 2 x (12 - 2) = 20 ms of the 116."""
+    mixed = _waited([(8.0, 2.0, True)] * 10 + [(18.0, 12.0, False)] * 2)
+    assert wait_share(mixed) == pytest.approx(44 / 116)
+    assert loaded_share(mixed) == pytest.approx(10 / 12)
+    assert handover_ms(mixed) == 2.0
+    assert hideable_share(mixed) == pytest.approx(20 / 116)
+
+
+def test_a_loop_whose_every_batch_was_loaded_ahead_has_nothing_for_more_workers_to_hide() -> None:
+    """The slow-input example at 16 workers on 2 cores: every step's batch was loaded ahead, and the
+    loop still waited about a quarter of each step for their hand-over."""
+    kept_up = _waited([(8.0, 2.0, True)] * 8 + [(9.0, 3.0, True)] * 4)
+    assert wait_share(kept_up) == pytest.approx(28 / 100)
+    assert (loaded_share(kept_up), handover_ms(kept_up), hideable_share(kept_up)) == (1.0, 2.0, 0.0)
+
+
+def test_waits_that_could_not_be_told_all_count_as_waits_more_workers_could_hide() -> None:
+    """No worker queue to ask (no workers, another iterator, macOS): every wait counts; fewer than
+    five steps loaded ahead: no hand-over is known, and the other steps' waits count whole."""
+    untold = _waited([(8.0, 2.0, None)] * 6)
+    assert (loaded_share(untold), handover_ms(untold)) == (None, None)
+    assert hideable_share(untold) == wait_share(untold) == pytest.approx(0.25)
+    few = _waited([(8.0, 2.0, True)] * 4 + [(10.0, 4.0, False)] * 2)
+    assert handover_ms(few) is None
+    assert hideable_share(few) == pytest.approx(8 / 52)
+    assert hideable_share(trial(16, 100.0)) is None and wait_share(trial(16, 100.0)) is None  # no run
+
+
+class _Queue:
+    """A worker result queue: `size` batches in it, or a platform's that cannot count them."""
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+
+    def qsize(self) -> int:
+        if self.size is None:
+            raise NotImplementedError  # macOS's multiprocessing queues
+        return self.size
+
+
+class _Iterator:
+    """torch's multiprocessing iterator, as far as `loaded_ahead` reads it."""
+
+    def __init__(self, queued: int | None, held: dict[int, tuple[Any, ...]] | None = None) -> None:
+        self._rcvd_idx = 7
+        self._task_info = held or {7: (3,)}  # batch 7 asked of worker 3, not back yet
+        self._data_queue = _Queue(queued)
+
+
+def test_a_batch_is_loaded_ahead_where_one_waits_in_the_queue_or_the_one_needed_came_early() -> None:
+    assert loaded_ahead(_Iterator(queued=2)) is True
+    assert loaded_ahead(_Iterator(queued=0)) is False
+    assert loaded_ahead(_Iterator(queued=0, held={7: (3, "batch")})) is True  # out of order, held
+    assert loaded_ahead(_Iterator(queued=None)) is None  # a queue that cannot count
+    assert loaded_ahead(object()) is None  # no workers: loaded in the loop's own __next__
+    assert loaded_ahead(_Iterator(queued=0, held={8: (2, "batch")})) is False  # a later one came early
+    thread_queue: queue.Queue[int] = queue.Queue()  # a pin-memory thread's queue
+    thread_queue.put(1)
+    iterator = _Iterator(queued=0)
+    iterator._data_queue = thread_queue  # type: ignore[assignment]
+    assert loaded_ahead(iterator) is True
