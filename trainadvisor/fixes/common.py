@@ -108,6 +108,12 @@ class Fix:
         of what is left (`expected_trials` is the most it may try)."""
         return self.expected_trials(values)
 
+    def likely_windows(self, values: dict[str, Any]) -> list[tuple[int, float | None]]:
+        """Each candidate the search usually measures, as its window's estimate needs it: the
+        DataLoader workers it runs (their batches' rounds set how long it settles) and the steps/s
+        they can load at most (None: not known)."""
+        return [(0, None)] * self.likely_trials(values)
+
     def likely_ends_on_choice(self, values: dict[str, Any]) -> bool:
         """Whether the search's last candidate is usually the one it chooses: the pair that
         checks the choice then reuses its window (`profile.pairs`), one window fewer."""

@@ -39,14 +39,28 @@ from pathlib import Path
 from typing import Any
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
-from trainadvisor.fixes.loader_waits import cores_busy, hideable_share, little_left, worker_load
+from trainadvisor.fixes.loader_waits import (
+    batch_load_s,
+    cores_busy,
+    hideable_share,
+    little_left,
+    worker_load,
+)
+from trainadvisor.fixes.worker_counts import (
+    MAX_LEAP,
+    WAITING_BUSY,
+    fewer,
+    first_count,
+    first_more,
+    leap,
+    max_workers,
+    worker_cap,
+)
 from trainadvisor.records import FixOutcome, Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
 PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
 PREFETCH = 4
-HARD_CAP = 64  # workers, whatever the samples say
-WAITING_BUSY = 0.5  # share of a core below which a worker counts as waiting, not computing
 MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
 # A loop that waits on its input for less than this share of its steps has little left for a
 # deeper prefetch to hide (at most 1 / (1 - share) faster: under PREFETCH_GAIN).
@@ -55,7 +69,6 @@ LITTLE_WAIT = 0.05
 # is under this one, the next count could gain at most 1 / (1 - share), under STEP_GAIN, and
 # would not be kept (the count kept is the fewest within STEP_GAIN of the fastest).
 HIDDEN_LEFT = 1.0 - 1.0 / STEP_GAIN
-MAX_LEAP = 4  # the most the count grows from one trial to the next
 # A count this many times the one that would hide a latency-bound wait (`n / (1 - w)`) usually
 # keeps up with the loop: the estimate counts no doubling past it (`likely_trials`).
 LATENCY_MARGIN = 1.5
@@ -66,20 +79,6 @@ BUSY_CORES = 0.9
 # example: ..."; "--dataloader_num_workers 8 ... (8: an example)"): the count and the comment
 # are what `practice` replaces with the count a run measured fastest.
 _EXAMPLE = re.compile(r"(num_workers[= ])(\d+)(.*?)(# an example\b.*|\(\d+: an example\))$", re.MULTILINE)
-
-
-def max_workers(cpu_count: int) -> int:
-    return min(32, max(8, 4 * cpu_count))
-
-
-def fewer(current: int) -> list[int]:
-    """The counts tried below the script's own, first: half of it (while that is some), then none."""
-    return list(dict.fromkeys(count for count in (current // 2, 0) if count < current))
-
-
-def first_more(current: int) -> int:
-    """The first count tried above the script's own: twice it, 2 from none."""
-    return max(2, 2 * current)
 
 
 def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
@@ -96,69 +95,6 @@ def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
         f"no deeper prefetch tried: {best.label}'s window kept {100 * busy:.0f}% of the "
         f"{int(values['cpu_count'])} cores busy, none idle for workers to load ahead"
     )
-
-
-def _hidden_by(workers: int, wait: float, start: int, most: int) -> int:
-    """The count, doubling from `start` up to `most`, that would hide a loop's wait share `wait`
-    on `workers` loaders (`workers / (1 - wait)`)."""
-    count, needed = start, workers / max(1.0 - wait, 1e-3)
-    while count < needed and count < most:
-        count *= 2
-    return count
-
-
-def _baseline_loader_busy(values: dict[str, Any], current: int) -> float | None:
-    """The share of a core each of the script's own loaders was busy in the baseline's window:
-    its workers' sampled CPU, or, with none, the training process's CPU less what its steps'
-    compute could have used outside the wait (all its cores: an overestimate, so that a loader
-    bound by CPU is never read as waiting), over the wait's share."""
-    wait_pct = values.get("data_wait_pct")
-    if wait_pct is None or wait_pct <= 0:
-        return None
-    if current:
-        workers_pct = values.get("workers_cpu_pct")
-        return None if workers_pct is None else workers_pct / 100.0 / current
-    main_pct, cores = values.get("main_process_cpu_pct"), int(values.get("cpu_count") or 1)
-    if main_pct is None:
-        return None
-    wait = min(wait_pct / 100.0, 1.0)
-    return max(main_pct / 100.0 - (1.0 - wait) * cores, 0.0) / wait
-
-
-def first_count(values: dict[str, Any], current: int) -> int:
-    """The first count tried above the script's own: twice it (2 from none), or, where the
-    baseline's loading mostly waited (bound by latency) and the loop waited on it for a share
-    `w` of each step, the power of two that would hide that wait (`n / (1 - w)` for `n` loaders,
-    the training process itself where it has no workers), at most MAX_LEAP times twice it, and
-    never past four workers per core or --max-workers (nothing yet says how much memory more
-    workers take)."""
-    count = first_more(current)
-    busy, wait_pct = _baseline_loader_busy(values, current), values.get("data_wait_pct")
-    if busy is None or wait_pct is None or busy >= WAITING_BUSY:
-        return count
-    ceiling = min(worker_cap(values)[0], max_workers(int(values.get("cpu_count") or 1)))
-    hidden = _hidden_by(max(current, 1), wait_pct / 100.0, count, MAX_LEAP * count)
-    return max(count, min(hidden, ceiling))
-
-
-def leap(last: Trial, workers: int, ceiling: int) -> int:
-    """The next count after `workers`: twice it, or, where its workers mostly waited (loading
-    bound by latency) and the loop still waited on them, the power of two that would hide the
-    wait (`workers / (1 - wait)`), at most MAX_LEAP times `workers`; never past `ceiling`
-    (which is at least twice `workers`)."""
-    count = 2 * workers
-    load, wait = worker_load(last), hideable_share(last)
-    if load is not None and wait is not None and load[0] < WAITING_BUSY:
-        count = _hidden_by(workers, wait, count, MAX_LEAP * workers)
-    return min(count, max(ceiling, 2 * workers))
-
-
-def worker_cap(values: dict[str, Any]) -> tuple[int, str]:
-    """The most workers the search may try, and what sets it: --max-workers, else HARD_CAP."""
-    given = values.get("worker_cap")
-    if given:
-        return int(given), f"--max-workers {int(given)}"
-    return HARD_CAP, f"the hard cap of {HARD_CAP} workers"
 
 
 def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int | None, str]:
@@ -220,36 +156,54 @@ class DataLoaderWorkers(LoaderSetting):
         return count + 1
 
     def likely_trials(self, values: dict[str, Any]) -> int:
-        """The fewer counts, the first count above the script's, doublings up to the core count
-        (loading bound by CPU gains little past it) or, for loading bound by latency, up to the
-        count that would hide the baseline's wait (the first count stops at MAX_LEAP times the
-        first doubling: a storage-latency loader that waited 97% of its steps went 8, 16, 32),
-        and one doubling more: loading bound by CPU finds no gain there; loading bound by latency
-        usually still waited at the count that would hide the wait exactly (`n / (1 - w)`; its
-        workers deliver in bursts and every batch's hand-over adds to the step) and kept up at
-        the next, unless the count reached was LATENCY_MARGIN times that already (the slow-input
-        example at 1 ms a sample waited 87%: 8 workers for 7.7 still waited, 16 kept up; at 0.5
-        ms, 8 for 4.5 kept up). No deeper prefetch: it follows only where the fastest count's
-        window left cores idle, which the baseline cannot tell."""
+        return len(self.likely_windows(values))
+
+    def likely_windows(self, values: dict[str, Any]) -> list[tuple[int, float | None]]:
+        """The counts the search usually measures (`_likely_counts`), each with the steps/s its
+        workers can load at most: `count / t`, `t` a loader's time per batch in the baseline
+        (`loader_waits.batch_load_s`; not known where loading was bound by CPU)."""
         current = int(values.get("num_workers") or 0)
-        workers = first_count(values, current)
-        ceiling = self._ceiling(values, current, workers)
-        target, count = max(workers, int(values.get("cpu_count") or 1)), len(fewer(current)) + 1
-        needed = float("inf")
-        if self._latency_bound(values):
-            wait = float(values.get("data_wait_pct") or 0.0) / 100.0
-            target = max(target, _hidden_by(max(current, 1), wait, workers, ceiling))
-            needed = max(current, 1) / max(1.0 - wait, 1e-3)
-        while workers < target and workers * 2 <= ceiling:
-            workers, count = workers * 2, count + 1
-        more = workers * 2 <= ceiling and workers < LATENCY_MARGIN * needed
-        return min(count + (1 if more else 0), self.expected_trials(values))
+        load_s = batch_load_s(values, current) if self._latency_bound(values) else None
+        counts, _ = self._likely_counts(values)
+        return [(n, n / load_s if load_s else None) for n in counts[: self.expected_trials(values)]]
 
     def likely_ends_on_choice(self, values: dict[str, Any]) -> bool:
         """Loading bound by latency: the search usually stops where the loop kept up with its
-        workers (`HIDDEN_LEFT`), at the count it keeps; bound by CPU, a doubling finds no gain
-        after the count it keeps."""
-        return self._latency_bound(values) or super().likely_ends_on_choice(values)
+        workers (`HIDDEN_LEFT`), at the count it keeps, unless its ceiling stopped it first (a
+        deeper prefetch follows); bound by CPU, a doubling finds no gain after the count it keeps."""
+        short = self._likely_counts(values)[1]
+        return (self._latency_bound(values) and not short) or super().likely_ends_on_choice(values)
+
+    def _likely_counts(self, values: dict[str, Any]) -> tuple[list[int], bool]:
+        """The counts the search usually measures, and whether it stops at its ceiling while the
+        loop still waits. The fewer counts and the first count above the script's; bound by CPU,
+        doublings up to the core count and one more, which finds no gain there. Bound by latency,
+        the leaps (`leap`) towards the count that loads batches as fast as the loop computes them
+        (a batch's loading over the step's compute: `w / (1 - w)` where the training process
+        loads, `n / (1 - w)` for `n` workers), until a count LATENCY_MARGIN times that: short of
+        it the loop still waits (workers deliver in bursts, and every batch's hand-over adds to
+        the step; the slow-input example waited 87% at 1 ms a sample: 8 workers for 6.7 still
+        waited, 16 kept up; 82% at 0.5 ms: 8 for 4.4 kept up; a loader that waited 98% went 8,
+        32, then 32 with a deeper prefetch, its ceiling reached)."""
+        current = int(values.get("num_workers") or 0)
+        workers = first_count(values, current)
+        ceiling = self._ceiling(values, current, workers)
+        counts = [*fewer(current), workers]
+        if not self._latency_bound(values):
+            while workers < int(values.get("cpu_count") or 1) and workers * 2 <= ceiling:
+                workers *= 2
+                counts.append(workers)
+            return counts + ([workers * 2] if workers * 2 <= ceiling else []), False
+        wait = float(values.get("data_wait_pct") or 0.0) / 100.0
+        needed = (current or wait) / max(1.0 - wait, 1e-3)
+        while workers < LATENCY_MARGIN * needed and workers * 2 <= ceiling:
+            step = 2 * workers
+            while step < needed and step < MAX_LEAP * workers and step * 2 <= ceiling:
+                step *= 2
+            workers = step
+            counts.append(workers)
+        short = workers < LATENCY_MARGIN * needed  # then a deeper prefetch of the count reached
+        return counts + ([workers] if short else []), short
 
     @staticmethod
     def _latency_bound(values: dict[str, Any]) -> bool:

@@ -1,6 +1,7 @@
-"""What a trial window of DataLoader workers showed: the share of its timed steps the loop spent
+"""What a window of DataLoader workers showed: the share of its timed steps the loop spent
 waiting for a batch and the part of it more workers could hide, the workers' CPU and memory, and
-the cores the window kept busy.
+the cores the window kept busy; and what the baseline's loaders showed (how busy, how long a
+batch took each).
 
 A step whose batch the workers had loaded before the loop asked for it
 (`training.loaders.loaded_ahead`) still waits for its hand-over: the batch received through the
@@ -101,3 +102,31 @@ def little_left(last: Trial, workers: int, step_gain: float) -> str:
         f"{handover:.1f} ms (the median) for its hand-over from the worker, which more workers cannot "
         f"hide; the {100 * hidden:.0f}% left is too little for them to gain the {gain} they must bring"
     )
+
+
+def baseline_loader_busy(values: dict[str, Any], current: int) -> float | None:
+    """The share of a core each of the script's own loaders was busy in the baseline's window:
+    its workers' sampled CPU, or, with none, the training process's CPU less what its steps'
+    compute could have used outside the wait (all its cores: an overestimate, so that a loader
+    bound by CPU is never read as waiting), over the wait's share."""
+    wait_pct = values.get("data_wait_pct")
+    if wait_pct is None or wait_pct <= 0:
+        return None
+    if current:
+        workers_pct = values.get("workers_cpu_pct")
+        return None if workers_pct is None else workers_pct / 100.0 / current
+    main_pct, cores = values.get("main_process_cpu_pct"), int(values.get("cpu_count") or 1)
+    if main_pct is None:
+        return None
+    wait = min(wait_pct / 100.0, 1.0)
+    return max(main_pct / 100.0 - (1.0 - wait) * cores, 0.0) / wait
+
+
+def batch_load_s(values: dict[str, Any], current: int) -> float | None:
+    """How long one of the baseline's loaders took per batch: the loop's wait a step where the
+    training process loaded (each step one batch), else `current` steps' time a worker."""
+    if not current:
+        wait_ms = values.get("data_wait_ms_per_step")
+        return float(wait_ms) / 1e3 if wait_ms else None
+    steps_per_s = values.get("steps_per_s")
+    return current / float(steps_per_s) if steps_per_s else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from trainadvisor.analyze.run.summary import percentile, summarize
 from trainadvisor.measure.race import RACE_MARGIN
-from trainadvisor.measure.settle import BLOCK_S, BLOCK_STEPS, TOLERANCE
+from trainadvisor.measure.settle import BLOCK_S, BLOCK_STEPS, BLOCKS, TOLERANCE
 from trainadvisor.records import RawRun, Run, Trial, timed_steps
 
 # A trial's warm-up waits for its step time to settle at most this many times as long as the
@@ -125,7 +125,13 @@ PAIR_SETTLE_S = 3.0
 
 
 def cost_s(
-    kind: str, walls: list[float], baseline: RawRun, speedup: float = 1.0, settle_cap_s: float | None = None
+    kind: str,
+    walls: list[float],
+    baseline: RawRun,
+    speedup: float = 1.0,
+    settle_cap_s: float | None = None,
+    loading: tuple[int, float | None] = (0, None),
+    counted_steps: int = 0,
 ) -> float:
     """About how long the next trial window ("window"), window of the script's own setting in a
     pair ("pair"), fresh run of the script ("fresh") or run started ahead, its set-up done
@@ -135,7 +141,11 @@ def cost_s(
     baseline did, at the pace its fix can reach at most (at least WINDOW_SETTLE_S: its workers
     start; at most `settle_cap_s`, the trials' cap) and times
     the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
-    under the minimum time; a run started ahead does the same, then its traced steps and its end."""
+    under the minimum time; a run started ahead does the same, then its traced steps and its end.
+    A window of DataLoader workers (`loading`: their count, the steps/s they load at most) settles
+    over blocks of two rounds of their batches (`_loader_blocks_s`) at least. A pair's window
+    of the script's setting runs its `counted_steps` of warm-up at the baseline's pace first (5
+    steps of 346 ms were 1.7 s of a storage-latency loader's 4.8 s warm-up)."""
     if kind == "fresh":  # never under the baseline's own whole run, its warm-up as a trial's
         return max([*walls, _fresh_s(baseline, settle_cap_s)])
     if walls and kind == "window":
@@ -146,13 +156,28 @@ def cost_s(
     settled_s = shape.settle_s if shape.settle_s is not None else shape.warmup_s
     if kind == "pair":  # cut after its warm-up and one block where its fix can decide in one pair
         timed_s = min(shape.timed_s, _block_s(baseline)) if speedup >= RACED_PAIR_GAIN else shape.timed_s
-        return min(settled_s, PAIR_SETTLE_S) + timed_s + WINDOW_OVERHEAD_S
+        counted_s = counted_steps * shape.timed_s / max(len(timed_steps(baseline)), 1)
+        return counted_s + min(settled_s, PAIR_SETTLE_S) + timed_s + WINDOW_OVERHEAD_S
     cap = settle_cap_s if settle_cap_s is not None else TRIAL_SETTLE_MAX_S
     # blocks are counted in steps too: a loop `speedup` x as fast fills them that much sooner
     # (a loaded machine's baseline of 190 ms steps settled in 8 s; its trials' windows in 2-3 s)
-    settle_s = min(cap, max(settled_s / max(speedup, 1.0), WINDOW_SETTLE_S))
+    blocks_s = _loader_blocks_s(baseline, speedup, *loading)
+    settle_s = min(cap, max(settled_s / max(speedup, 1.0), WINDOW_SETTLE_S, blocks_s))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
     return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
+
+
+def _loader_blocks_s(baseline: RawRun, speedup: float, workers: int, load_pace: float | None) -> float:
+    """How long a window of `workers` DataLoader workers takes to fill the settling test's
+    blocks (BLOCKS of two rounds of their batches each, `Settling.for_workers`), at `speedup` x the
+    baseline's pace, or the `load_pace` its workers load at, where that is less (a storage-latency
+    loader's 8 and 32 workers at 21 and 93 steps/s filled theirs in 2.0-2.1 s). 0 without workers."""
+    shape, timed = baseline.shape, len(timed_steps(baseline))
+    if not workers or shape is None or not timed or shape.timed_s <= 0:
+        return 0.0
+    pace = timed / shape.timed_s * max(speedup, 1.0)
+    pace = min(pace, load_pace) if load_pace else pace
+    return BLOCKS * max(BLOCK_S, max(BLOCK_STEPS, 2 * workers) / pace)
 
 
 def setup_s(baseline: RawRun) -> float:

@@ -91,13 +91,14 @@ class Tuning:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
-    def cost_s(self, kind: str, speedup: float = 1.0) -> float:
+    def cost_s(self, kind: str, speedup: float = 1.0, loading: tuple[int, float | None] = (0, None)) -> float:
         """About how long the next trial window ("window"), window of the script's own setting
         in a pair ("pair"), fresh run ("fresh") or run started ahead ("prestarted") takes, for a
         setting up to `speedup` x as fast as the script's (`pace`)."""
         caps = {"window": self.settle_cap_s, "prestarted": self.compared_settle_cap_s}
         walls = self.walls.get(kind, [])
-        return pace.cost_s(kind, walls, self.baseline.raw, speedup, caps.get(kind))
+        counted = self.options.warmup if kind == "pair" else 0
+        return pace.cost_s(kind, walls, self.baseline.raw, speedup, caps.get(kind), loading, counted)
 
     def confirmation_cost_s(self) -> float:
         """About how long the confirmation run takes: its timed steps at the pace its chosen
@@ -108,13 +109,14 @@ class Tuning:
         gains = [o.gain for o in picked.values() if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
         kind, once_s = "prestarted" if self.ahead_ready_at is not None else "fresh", 0.0
+        workers = max((int(o.settings.loader().get("num_workers") or 0) for o in picked.values()), default=0)
         for p in self._may_confirm():
             if kind == "fresh" and p.fix in self.ran_fresh:
                 continue  # its fresh run's wall counts it (`cost_s`)
             fix = fixes.REGISTRY[p.fix]
             measured = fix.measured_once_s(picked[p.fix]) if p.fix in picked else None
             once_s += measured if measured is not None else fix.once_s(self.values)
-        return self.cost_s(kind, speedup) + once_s
+        return self.cost_s(kind, speedup, (workers, None)) + once_s
 
     def _chosen(self) -> dict[str, FixOutcome]:
         """The fixes chosen so far, waiting for the confirmation run, by id."""
@@ -161,9 +163,11 @@ class Tuning:
             fix = fixes.REGISTRY[planned.fix]
             in_window = live and fix.in_process_problem(self.values) is None
             speedup = gain_bound(planned, self.values)
-            window_s = self.cost_s("window", speedup)
             fresh_s = self.cost_s("fresh") + self.first_once_s(fix, "fresh")
-            total += fix.likely_trials(self.values) * (window_s if in_window else fresh_s)
+            likely = fix.likely_windows(self.values)
+            windows_s = [self.cost_s("window", speedup, loading) for loading in likely]
+            total += sum(windows_s) if in_window else len(windows_s) * fresh_s
+            window_s = windows_s[-1] if windows_s else self.cost_s("window", speedup)
             if in_window:  # the pair: the script's setting, and the choice again (`pairs`; its
                 # own trial window where the search usually ends on it)
                 again_s = 0.0 if fix.likely_ends_on_choice(self.values) else self._pair_window_s(speedup)

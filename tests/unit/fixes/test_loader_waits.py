@@ -10,6 +10,7 @@ import pytest
 from support.runs import raw, trial
 
 from trainadvisor.fixes.loader_waits import handover_ms, hideable_share, loaded_share, wait_share
+from trainadvisor.fixes.worker_counts import first_count, hidden_by
 from trainadvisor.records import Trial
 from trainadvisor.training.loaders import loaded_ahead
 
@@ -87,3 +88,13 @@ def test_a_batch_is_loaded_ahead_where_one_waits_in_the_queue_or_the_one_needed_
     iterator = _Iterator(queued=0)
     iterator._data_queue = thread_queue  # type: ignore[assignment]
     assert loaded_ahead(iterator) is True
+
+
+def test_the_count_that_would_hide_a_wait_doubles_up_to_it_within_its_bounds() -> None:
+    """2 loaders that left the loop waiting 75% of each step: 2 / 0.25 = 8 would hide it; the
+    doubling from 4 reaches 8, or stops at its most. A script without workers whose training
+    process mostly waited (30% of a core busy, 87% of each step waiting) starts at 8, not 2."""
+    assert hidden_by(2, 0.75, 4, 32) == 8 and hidden_by(2, 0.75, 4, 4) == 4
+    values = {"num_workers": 0, "cpu_count": 2, "main_process_cpu_pct": 30.0, "data_wait_pct": 87.0}
+    assert first_count(values, 0) == 8
+    assert first_count({**values, "main_process_cpu_pct": 190.0}, 0) == 2  # its loading computed

@@ -57,53 +57,60 @@ def _left_s(*fixes_planned: str, live: bool = True, prestarted: bool = False, **
 
 def test_a_single_candidate_in_windows_counts_one_window_for_its_pair() -> None:
     # its window: 1 s settling (its workers start: more than the baseline's 0.5 s), 1 s timed, 0.5 s; the
-    # pair's other window: the baseline's 0.5 s settling and 0.6 s timed, 0.5 s; a fresh
-    # confirmation: the baseline's whole run
-    assert round(_left_s("tf32"), 6) == 2.5 + 1.6 + 12.0
+    # pair's other window: the baseline's 5 counted warm-up steps (0.05 s), 0.5 s settling and 0.6 s
+    # timed, 0.5 s; a fresh confirmation: the baseline's whole run
+    assert round(_left_s("tf32"), 6) == 2.5 + 1.65 + 12.0
 
 
 def test_a_search_counts_both_windows_of_its_pair_and_a_run_started_ahead_skips_its_setup() -> None:
     # the two candidates the workers search usually measures, 2.5 s each: 2 workers (one a core)
     # and 4, which finds no gain and stops it (it may try 8 and a deeper prefetch too); the
-    # pair's 1.2 s (at up to 4x, one pair decides: the script's setting is cut after one block of
+    # pair's 1.25 s (at up to 4x, one pair decides: the script's setting is cut after one block of
     # 0.2 s, not its 0.6 s timed) and the choice again (2.5 s); the run started ahead: 1 s
     # settling, 1 s timed (0.6 s at 4x the pace is under the minimum) and 2.5 s of traced steps
     # and exit
-    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 2.5 + (1.2 + 2.5) + 4.5
+    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 2.5 + (1.25 + 2.5) + 4.5
 
 
 # The training process used 30% of a core while it waited on its input (no workers) 87% of each
-# step: its loading mostly waited (bound by latency), and 1 / (1 - 0.87) = 7.7 loaders would
-# hide the wait. Gains at most 7.7x.
+# step: its loading mostly waited (bound by latency); a batch's loading took 0.87 / 0.13 = 6.7
+# times the step's compute. Gains at most 7.7x.
 LATENCY = {"main_process_cpu_pct": 30.0, "data_wait_pct": 87.0}
 
 
 def test_a_loader_bound_by_latency_counts_the_doubling_past_the_hiding_count_and_no_pair_window_again() -> (
     None
 ):
-    """The slow-input example at 1 ms a sample: 8 workers (the count that would hide 87%, 7.7)
-    still waited, 16 kept up and stopped the search there, its window the pair's first; at 0.5 ms
-    a sample (77%: 4.3), 8 workers, 1.8 times that, kept up."""
+    """The slow-input example at 1 ms a sample: 8 workers (1.2 times the 6.7 that load as fast as
+    the loop computes) still waited, 16 kept up and stopped the search there, its window the
+    pair's first; at 0.5 ms a sample (82%: 4.4), 8 workers, 1.8 times that, kept up."""
     workers = REGISTRY["dataloader-workers"]
     assert workers.likely_trials({**VALUES, **LATENCY}) == 2 and workers.likely_ends_on_choice(
         {**VALUES, **LATENCY}
     )
-    assert workers.likely_trials({**VALUES, **LATENCY, "data_wait_pct": 77.0}) == 1
+    assert workers.likely_trials({**VALUES, **LATENCY, "data_wait_pct": 82.0}) == 1
+    assert workers.likely_trials({**VALUES, **LATENCY, "data_wait_pct": 85.0}) == 2  # 5.7 x 1.5 > 8
     assert not workers.likely_ends_on_choice(VALUES)  # bound by CPU: a doubling finds no gain
+    # 98%: a batch's loading took 49 steps' compute; the search leaps 8, 32 (at most 4x) and stops
+    # at its ceiling (32, four times its first count) still waiting: a deeper prefetch follows,
+    # and the count it keeps is the plain 32 again in the pair
+    deep = {**VALUES, **LATENCY, "data_wait_pct": 98.0}
+    assert [n for n, _ in workers.likely_windows(deep)] == [8, 32, 32]
+    assert not workers.likely_ends_on_choice(deep)
     # each window 2.5 s (0.5 s settling at 7.7x is under the 1 s its workers take to start); the
-    # pair's window of the script's setting 1.2 s (cut after one block); a run started ahead 4.5 s
-    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.2 + 4.5
+    # pair's window of the script's setting 1.25 s (cut after one block); a run started ahead 4.5 s
+    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.25 + 4.5
 
 
 def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
     """Its set-up, 9 s still to run (the baseline's took that long before its first step),
-    outlasts the trials and their pair (6.2 s): the confirmation starts after it."""
+    outlasts the trials and their pair (6.25 s): the confirmation starts after it."""
     tuning = _tuning("dataloader-workers", **LATENCY)
     monkeypatch.setattr(tuning_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
     tuning.ahead_ready_at = 1009.0
     assert round(tuning.remaining_s(True), 6) == 9.0 + 4.5
     tuning.ahead_ready_at = 1005.0  # 5 s left: the trials and pair take longer
-    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.2 + 4.5
+    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 4.5
 
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:
@@ -196,3 +203,21 @@ def test_the_scripts_set_up_is_its_warm_up_less_its_warm_up_steps() -> None:
     assert setup_s(baseline) == 0.0
     baseline.shape = None
     assert setup_s(baseline) == 0.0
+
+
+def test_a_window_of_many_workers_settles_over_two_rounds_of_their_batches() -> None:
+    """The settling test's blocks hold two rounds of a window's workers' batches: 32 workers that
+    load at most 80 steps/s (each batch takes a worker 0.4 s) fill three blocks of 64 steps in
+    2.4 s, where the fix's bound (4x the baseline's 100 steps/s) would say 0.48 s; at 50 steps/s
+    it would be 3.84 s, past the trials' settling cap (3 s); 8 workers at 400 steps/s fill theirs
+    within the second a window's workers take to start."""
+    tuning = _tuning("dataloader-workers", **LATENCY)
+    assert round(tuning.cost_s("window", 4.0, (32, 80.0)), 6) == 2.4 + 1.0 + 0.5
+    assert round(tuning.cost_s("window", 4.0, (32, 50.0)), 6) == 3.0 + 1.0 + 0.5
+    assert round(tuning.cost_s("window", 4.0, (8, None)), 6) == 1.0 + 1.0 + 0.5
+    # a storage-latency loader whose in-process loading took 340 ms a batch: 8 workers load at
+    # most 23.5 batches a second, 16 at 47.1
+    workers = REGISTRY["dataloader-workers"]
+    likely = workers.likely_windows({**VALUES, **LATENCY, "data_wait_ms_per_step": 340.0})
+    assert [(n, round(pace or 0.0, 1)) for n, pace in likely] == [(8, 23.5), (16, 47.1)]
+    assert workers.likely_windows(VALUES) == [(2, None), (4, None)]  # bound by CPU: no loading pace

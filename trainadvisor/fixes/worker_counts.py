@@ -1,0 +1,73 @@
+"""The worker counts of the `dataloader-workers` search: where it starts, how far a count may
+go (four per core, at least 8, at most 32; HARD_CAP, or --max-workers, for loading bound by
+latency), and the leap to the next count from what the last window showed (`leap`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainadvisor.fixes.loader_waits import baseline_loader_busy, hideable_share, worker_load
+from trainadvisor.records import Trial
+
+HARD_CAP = 64  # workers, whatever the samples say
+WAITING_BUSY = 0.5  # share of a core below which a worker counts as waiting, not computing
+MAX_LEAP = 4  # the most the count grows from one trial to the next
+
+
+def max_workers(cpu_count: int) -> int:
+    return min(32, max(8, 4 * cpu_count))
+
+
+def fewer(current: int) -> list[int]:
+    """The counts tried below the script's own, first: half of it (while that is some), then none."""
+    return list(dict.fromkeys(count for count in (current // 2, 0) if count < current))
+
+
+def first_more(current: int) -> int:
+    """The first count tried above the script's own: twice it, 2 from none."""
+    return max(2, 2 * current)
+
+
+def hidden_by(workers: int, wait: float, start: int, most: int) -> int:
+    """The count, doubling from `start` up to `most`, that would hide a loop's wait share `wait`
+    on `workers` loaders (`workers / (1 - wait)`)."""
+    count, needed = start, workers / max(1.0 - wait, 1e-3)
+    while count < needed and count < most:
+        count *= 2
+    return count
+
+
+def first_count(values: dict[str, Any], current: int) -> int:
+    """The first count tried above the script's own: twice it (2 from none), or, where the
+    baseline's loading mostly waited (bound by latency) and the loop waited on it for a share
+    `w` of each step, the power of two that would hide that wait (`n / (1 - w)` for `n` loaders,
+    the training process itself where it has no workers), at most MAX_LEAP times twice it, and
+    never past four workers per core or --max-workers (nothing yet says how much memory more
+    workers take)."""
+    count = first_more(current)
+    busy, wait_pct = baseline_loader_busy(values, current), values.get("data_wait_pct")
+    if busy is None or wait_pct is None or busy >= WAITING_BUSY:
+        return count
+    ceiling = min(worker_cap(values)[0], max_workers(int(values.get("cpu_count") or 1)))
+    hidden = hidden_by(max(current, 1), wait_pct / 100.0, count, MAX_LEAP * count)
+    return max(count, min(hidden, ceiling))
+
+
+def leap(last: Trial, workers: int, ceiling: int) -> int:
+    """The next count after `workers`: twice it, or, where its workers mostly waited (loading
+    bound by latency) and the loop still waited on them, the power of two that would hide the
+    wait (`workers / (1 - wait)`), at most MAX_LEAP times `workers`; never past `ceiling`
+    (which is at least twice `workers`)."""
+    count = 2 * workers
+    load, wait = worker_load(last), hideable_share(last)
+    if load is not None and wait is not None and load[0] < WAITING_BUSY:
+        count = hidden_by(workers, wait, count, MAX_LEAP * workers)
+    return min(count, max(ceiling, 2 * workers))
+
+
+def worker_cap(values: dict[str, Any]) -> tuple[int, str]:
+    """The most workers the search may try, and what sets it: --max-workers, else HARD_CAP."""
+    given = values.get("worker_cap")
+    if given:
+        return int(given), f"--max-workers {int(given)}"
+    return HARD_CAP, f"the hard cap of {HARD_CAP} workers"
