@@ -167,14 +167,16 @@ def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: P
 
 
 def test_a_script_that_ends_during_the_trials_keeps_the_windows_measured(tmp_path: Path) -> None:
-    """45 steps in all: the baseline takes 24, the first trial window 3 + 2 + 10, the second
-    3 + 4 + 12 does not fit."""
-    report = _profile(tmp_path, *EXACT, SCRIPTS / "short_run.py", "--max-steps", "45")
+    """70 steps in all: the baseline takes 24, the first trial window (8 workers) 11 + 24 (its
+    share of the steps left), the second (8 with a deeper prefetch) does not fit. Each sample's
+    read takes 5 ms: the first window's workers do not keep up with the loop, and the search goes
+    on (where they keep up, it stops there)."""
+    report = _profile(tmp_path, *EXACT, SCRIPTS / "short_run.py", "--max-steps", "70", "--read-ms", "5")
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "in_process" and outcome["status"] == "kept"
     assert [t["status"] for t in outcome["trials"]] == ["measured", "failed"]
     assert (
-        "the script ended during trial window dataloader-workers-2, after 45 steps: dataloader-workers "
+        "the script ended during trial window dataloader-workers-2, after 70 steps: dataloader-workers "
         "was decided by the windows measured before that."
     ) in report["notes"]
 

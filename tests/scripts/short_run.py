@@ -1,7 +1,8 @@
 """A slow-input loop that stops after --max-steps optimizer steps, whatever its data: a script
 that can end before trainadvisor's trial windows do. Each step's own work takes as long as reading
 its batch (16 ms: a sleep, as a step waits on a GPU): two workers keep up, so the workers' search
-stops at four, not at the dozens of workers that reads alone would ask for."""
+stops there, not at the dozens of workers that reads alone would ask for. --read-ms sets each
+sample's read (0.5 ms): at 5 ms a batch takes 160 ms, and 8 workers do not keep up."""
 
 import argparse
 import time
@@ -15,12 +16,13 @@ class Slow(Dataset):
         return 100_000
 
     def __getitem__(self, index: int):
-        time.sleep(0.0005)
+        time.sleep(args.read_ms / 1e3)
         return torch.full((8,), (index % 11) / 11.0), torch.tensor(float(index % 2))
 
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--max-steps", type=int, default=30)
+parser.add_argument("--read-ms", type=float, default=0.5)
 args = parser.parse_args()
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
