@@ -277,16 +277,16 @@ def loaded_ahead(iterator: Any) -> bool | None:
     queue holds one. The loop's wait for such a batch is its hand-over (received from the worker
     and rebuilt in this process), which more workers cannot hide. None where it cannot be told: a
     loader without workers, an iterator that is not torch's, a queue that cannot count (macOS)."""
-    info = getattr(iterator, "_task_info", None)
-    queue = getattr(iterator, "_data_queue", None)
-    if not isinstance(info, dict) or queue is None:
-        return None
-    held = info.get(getattr(iterator, "_rcvd_idx", None))
-    if held is not None and len(held) == 2:  # (worker, batch): it arrived before the ones ahead of it
-        return True
-    try:
+    try:  # torch's private fields, read only: whatever another version holds there, training goes on
+        info = getattr(iterator, "_task_info", None)
+        queue = getattr(iterator, "_data_queue", None)
+        if not isinstance(info, dict) or queue is None:
+            return None
+        held = info.get(getattr(iterator, "_rcvd_idx", None))
+        if isinstance(held, tuple) and len(held) == 2:  # (worker, batch): it came before those ahead of it
+            return True
         return bool(queue.qsize() > 0)
-    except (NotImplementedError, OSError, AttributeError):
+    except Exception:  # NotImplementedError: macOS's queues cannot count
         return None
 
 

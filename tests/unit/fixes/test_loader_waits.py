@@ -83,6 +83,11 @@ def test_a_batch_is_loaded_ahead_where_one_waits_in_the_queue_or_the_one_needed_
     assert loaded_ahead(_Iterator(queued=None)) is None  # a queue that cannot count
     assert loaded_ahead(object()) is None  # no workers: loaded in the loop's own __next__
     assert loaded_ahead(_Iterator(queued=0, held={8: (2, "batch")})) is False  # a later one came early
+    odd = _Iterator(queued=1)
+    odd._task_info = {7: object()}  # another torch's bookkeeping: told from the queue
+    assert loaded_ahead(odd) is True
+    odd._data_queue = None  # type: ignore[assignment]
+    assert loaded_ahead(odd) is None
     thread_queue: queue.Queue[int] = queue.Queue()  # a pin-memory thread's queue
     thread_queue.put(1)
     iterator = _Iterator(queued=0)
