@@ -168,10 +168,11 @@ def test_a_script_that_ends_before_the_trials_falls_back_to_restarts(tmp_path: P
 
 def test_a_script_that_ends_during_the_trials_keeps_the_windows_measured(tmp_path: Path) -> None:
     """70 steps in all: the baseline takes 24, the first trial window (8 workers) 11 + 24 (its
-    share of the steps left), the second (8 with a deeper prefetch) does not fit. Each sample's
-    read takes 5 ms: the first window's workers do not keep up with the loop, and the search goes
-    on (where they keep up, it stops there)."""
-    report = _profile(tmp_path, *EXACT, SCRIPTS / "short_run.py", "--max-steps", "70", "--read-ms", "5")
+    share of the steps left), the second (16) does not fit. Each sample's read takes 20 ms, a
+    batch 640 ms: 8 workers load 12.5 a second, a third of what the loop's 16 ms steps take even
+    on a loaded machine, so the search goes on (where they keep up, it stops there)."""
+    script = (SCRIPTS / "short_run.py", "--max-steps", "70", "--read-ms", "20")
+    report = _profile(tmp_path, *EXACT, "--max-workers", "16", *script)
     outcome = _outcome(report, "dataloader-workers")
     assert outcome["mode"] == "in_process" and outcome["status"] == "kept"
     assert [t["status"] for t in outcome["trials"]] == ["measured", "failed"]

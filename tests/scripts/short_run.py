@@ -2,7 +2,7 @@
 that can end before trainadvisor's trial windows do. Each step's own work takes as long as reading
 its batch (16 ms: a sleep, as a step waits on a GPU): two workers keep up, so the workers' search
 stops there, not at the dozens of workers that reads alone would ask for. --read-ms sets each
-sample's read (0.5 ms): at 5 ms a batch takes 160 ms, and 8 workers do not keep up."""
+sample's read (0.5 ms): at 20 ms a batch takes 640 ms, and 8 workers do not keep up."""
 
 import argparse
 import time
