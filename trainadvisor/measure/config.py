@@ -96,10 +96,21 @@ def window_file(session_dir: Path, index: int) -> Path:
     return session_dir / f"window-{index}.result.json"
 
 
+# A run started ahead stopped at its gate, because the script set these variables after the run
+# had imported what reads them (`training.gate.READ_AT_IMPORT`): the parent measures a fresh run.
+AHEAD_ENV_CHANGED = "ahead_env_changed"
+
+
 def standing_file(gate_file: Path) -> Path:
     """Where a run started ahead says it has imported what it runs with (torch, trainadvisor's
     hooks) and is setting up the script at the lowest priority (`training.gate.hold`)."""
     return gate_file.with_name(f"{gate_file.name}.standing")
+
+
+def released_file(gate_file: Path) -> Path:
+    """Where the parent lets a run started ahead into the script (`training.gate.released`): the
+    baseline has taken its first step, so its own set-up is done."""
+    return gate_file.with_name(f"{gate_file.name}.released")
 
 
 def failed_write_file(result_file: str | Path) -> Path:

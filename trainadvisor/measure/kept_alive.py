@@ -5,13 +5,23 @@ written whole (temporary file and rename)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from trainadvisor import _serial
 from trainadvisor.measure import interrupts
-from trainadvisor.measure.config import WindowCommand, WindowSize, command_file, standing_file, window_file
+from trainadvisor.measure.config import (
+    WindowCommand,
+    WindowSize,
+    command_file,
+    released_file,
+    standing_file,
+    window_file,
+)
 from trainadvisor.measure.runner import (
     STOP_GRACE_S,
     Launched,
@@ -23,6 +33,7 @@ from trainadvisor.measure.runner import (
     stop,
     wait_for,
 )
+from trainadvisor.measure.watchdog import read_steps
 from trainadvisor.records import Overrides, RawRun
 from trainadvisor.units import signal_name
 
@@ -46,13 +57,14 @@ class LiveRun:
         self.final: RawRun | None = None  # what the child recorded last, once it has ended
         self._stop_sent: float | None = None  # time.monotonic() when the child was told to stop
 
-    def baseline(self) -> RawRun:
+    def baseline(self, first_step: Callable[[], None] | None = None) -> RawRun:
         """The baseline window, once the child has written it (the child then waits for its
-        first command); or the whole run, when it ended or failed before that."""
+        first command); or the whole run, when it ended or failed before that. `first_step` is
+        called once the child has taken its first step (its set-up done), if it does."""
         launched = self.launched
         assert launched is not None
         result = launched.files.result
-        if not self._await(result, self.spec.timeout_s, "the baseline window"):
+        if not self._await(result, self.spec.timeout_s, "the baseline window", first_step):
             return self._ended_run()
         raw = load_result(result, self.spec)
         raw.wall_s = time.monotonic() - launched.started
@@ -89,11 +101,16 @@ class LiveRun:
             self._finish(None)
         return raw
 
-    def _await(self, path: Path, timeout_s: float | None, what: str) -> bool:
-        """Wait for `path`; False when the child ended first or the wait timed out."""
+    def _await(
+        self, path: Path, timeout_s: float | None, what: str, first_step: Callable[[], None] | None = None
+    ) -> bool:
+        """Wait for `path`; False when the child ended first or the wait timed out. `first_step`
+        is called as soon as the child's heartbeat counts a step."""
         assert self.launched is not None
         started = time.monotonic()
+        stepped = _FirstStep(self.launched.files.heartbeat, first_step)
         while not path.exists():
+            stepped()
             code = self.launched.proc.poll()
             if code is not None:
                 self.ended = f"the script {_how_it_ended(code)} before {what} was measured"
@@ -154,16 +171,33 @@ def _how_it_ended(returncode: int) -> str:
 
 
 class Prestarted:
-    """A fresh run started before its settings are known (`training.gate`): its set-up overlaps
-    the trials; `run(...)` hands it the settings and measures it as `runner.measure` would."""
+    """A fresh run started before its settings are known (`training.gate`): it imports, then
+    waits before the script until `release()`; its set-up then overlaps what is measured next, at
+    the lowest priority; `run(...)` hands it the settings and measures it as `runner.measure`
+    would."""
 
     def __init__(self, spec: RunSpec) -> None:
         assert spec.gate_file is not None
         self.spec = spec
-        spec.gate_file.unlink(missing_ok=True)
-        standing_file(spec.gate_file).unlink(missing_ok=True)
+        for stale in (spec.gate_file, standing_file(spec.gate_file), released_file(spec.gate_file)):
+            stale.unlink(missing_ok=True)
         self.started_at = time.monotonic()
+        self.released_at: float | None = None  # when it was let into the script
         self.launched: Launched | None = launch(spec)
+        self.exiting: Launched | None = None  # measured, and ending by itself (`cancel` waits)
+
+    def release(self) -> None:
+        """Let it into the script: its set-up may run now."""
+        assert self.spec.gate_file is not None
+        if self.released_at is None:
+            self.released_at = time.monotonic()
+            with contextlib.suppress(OSError):  # a full disk: the settings let it in later
+                released_file(self.spec.gate_file).touch()
+
+    def ready_at(self, setup_s: float) -> float:
+        """When its set-up, taking `setup_s` from its release (from now, if not released yet),
+        should be done (time.monotonic())."""
+        return (self.released_at if self.released_at is not None else time.monotonic()) + setup_s
 
     def imported(self, most_s: float) -> None:
         """Return once the run has imported what it runs with (`config.standing_file`), or has
@@ -194,15 +228,63 @@ class Prestarted:
             0, spec.label, spec.overrides, spec.warmup, spec.steps, profile_steps, size=spec.size
         )
         _serial.save_json(command, self.spec.gate_file)
+        result = launched.files.result
         try:
-            result = launched.files.result
-            killed = wait_for(launched.proc, spec, [result], launched.watchdog)
-        finally:
+            killed = wait_for(launched.proc, spec, [result], launched.watchdog, done=_LastWord(result))
+        except BaseException:
+            stop(launched)
+            raise
+        if killed is None and launched.proc.poll() is None:  # its exit overlaps what comes next
+            launched.sampler.stop()
+            self.exiting = launched
+        else:
             stop(launched)
         return collect(launched, spec, killed)
 
     def cancel(self) -> None:
-        """Not needed after all: end it and everything it started."""
+        """End it and everything it started: at once where it was not needed after all; where
+        it was measured, once it has exited by itself (the user's exit handlers run), at most
+        STOP_GRACE_S from now."""
         launched, self.launched = self.launched, None
         if launched is not None:
             stop(launched)
+        exiting, self.exiting = self.exiting, None
+        if exiting is not None:
+            deadline = time.monotonic() + STOP_GRACE_S
+            while exiting.proc.poll() is None and time.monotonic() < deadline:
+                if interrupts.wait(POLL_S):
+                    break
+            stop(exiting)
+
+
+class _FirstStep:
+    """Polled: calls `then` once, at the first poll where the child's heartbeat counts a step
+    (its set-up done); nothing where `then` is None."""
+
+    def __init__(self, heartbeat: Path, then: Callable[[], None] | None) -> None:
+        self.heartbeat, self.then = heartbeat, then
+
+    def __call__(self) -> None:
+        if self.then is not None and (read_steps(self.heartbeat) or 0) > 0:
+            then, self.then = self.then, None
+            then()
+
+
+class _LastWord:
+    """Whether a child's result holds its exit too (its last write, `hooks.Recorder.write`):
+    what it measured is all there, and what it does next is end. Read again only where the file
+    was replaced (each write is whole: a new file renamed into place)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: tuple[int, int] | None = None
+
+    def __call__(self) -> bool:
+        try:
+            stat = self.path.stat()
+            if (stat.st_ino, stat.st_mtime_ns) == self.seen:
+                return False
+            self.seen = (stat.st_ino, stat.st_mtime_ns)
+            return json.loads(self.path.read_text()).get("exit_code") is not None
+        except (OSError, ValueError, AttributeError):
+            return False

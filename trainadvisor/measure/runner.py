@@ -141,13 +141,20 @@ def _stop_group(proc: subprocess.Popen[bytes], token: str | None = None) -> None
 
 
 def wait_for(
-    proc: subprocess.Popen[bytes], spec: RunSpec, result_files: list[Path], watchdog: Watchdog
+    proc: subprocess.Popen[bytes],
+    spec: RunSpec,
+    result_files: list[Path],
+    watchdog: Watchdog,
+    done: Callable[[], bool] | None = None,
 ) -> str | None:
-    """Wait for the child; returns why it was killed, or None if it ended by itself. With
-    several ranks, the grace period starts when the first rank has written its window."""
+    """Wait for the child (or until `done()`: it may still be exiting then); returns why it was
+    killed, or None. With several ranks, the grace period starts when the first rank has written
+    its window."""
     started = time.monotonic()
     written_at: float | None = None
     while proc.poll() is None:
+        if done is not None and done():
+            return None
         interrupts.pause(0.05)  # where a signal to trainadvisor is acted on
         now = time.monotonic()
         stuck = watchdog.stalled(now)

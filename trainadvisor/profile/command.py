@@ -19,10 +19,11 @@ from trainadvisor.analyze.run.summary import attach_trace, input_note, named_mea
 from trainadvisor.errors import Terminated, UsageError
 from trainadvisor.measure.config import WindowSize
 from trainadvisor.measure.kept_alive import LiveRun, Prestarted
-from trainadvisor.measure.runner import PROFILE_STEPS, measure
+from trainadvisor.measure.runner import measure
 from trainadvisor.profile import rescue
+from trainadvisor.profile.ahead import kept_ahead, start_ahead
 from trainadvisor.profile.baseline import check_steps, fitted_baseline, too_short
-from trainadvisor.profile.confirm import confirm, start_ahead
+from trainadvisor.profile.confirm import confirm
 from trainadvisor.profile.pace import setup_s
 from trainadvisor.profile.runs import (
     ProfileOptions,
@@ -30,6 +31,7 @@ from trainadvisor.profile.runs import (
     reproduce_command,
     run_of,
     spec_for,
+    window_words,
 )
 from trainadvisor.profile.trials import Echo, loss_noise, noise_note
 from trainadvisor.profile.tuning import Tuning
@@ -126,32 +128,21 @@ def profile(options: ProfileOptions, echo: Echo, save: Save | None = None) -> Pr
             raise
 
 
-def _window_words(options: ProfileOptions, size: WindowSize) -> str:
-    """The baseline's window as `size` will measure it: a count of steps where it has no
-    steadiness test or no time floor (under torchrun, or --max-warmup 0 / --min-time 0)."""
-    warmup = (
-        f"warm-up until step time settles, at least {options.warmup} steps"
-        if size.settle is not None
-        else f"a warm-up of {options.warmup} steps"
-    )
-    timed = (
-        f"timing at least {options.steps} steps and {size.min_time_s:g} s"
-        if size.min_time_s
-        else f"timing {options.steps} steps"
-    )
-    return f"{warmup}; {timed}; then tracing {PROFILE_STEPS} with torch.profiler"
-
-
 def _profile(job: _Job) -> ProfileReport:
     options, echo = job.options, job.echo
     spec = spec_for(options, "baseline", stop_after_window=not options.run_to_end)
-    echo(f"trainadvisor: running {options.script} ({_window_words(options, spec.size)})")
+    echo(f"trainadvisor: running {options.script} ({window_words(options, spec.size)})")
     why_restart = _why_restart(options)
     live, prestarted = None, None
     try:
         if why_restart is None:  # kept alive after its window, for trial windows
             live = LiveRun(replace(spec, session_dir=spec.out_dir / ".work" / "session"))
-        baseline = run_of(live.baseline(), spec) if live is not None else measure_run(spec)
+            prestarted = start_ahead(options)  # let into the script at the baseline's first step
+        let_in = prestarted.release if prestarted is not None else None
+        baseline = run_of(live.baseline(let_in), spec) if live is not None else measure_run(spec)
+        if prestarted is not None and (too_short(baseline.raw) or rescue.died_of_oom(baseline.raw)):
+            prestarted.cancel()  # fresh runs follow
+            prestarted = None
         fitted = fitted_baseline(options, spec, baseline, echo) if too_short(baseline.raw) else None
         cut = baseline.raw
         if fitted is not None:
@@ -169,7 +160,7 @@ def _profile(job: _Job) -> ProfileReport:
             return _after_oom(job, diagnosed)
         if blocked is None and options.apply_fixes:
             plan, values = diagnosed.plan, diagnosed.diagnosis.values
-            prestarted = start_ahead(options, plan, values) if live is not None else None
+            prestarted = kept_ahead(prestarted, plan, values)
             return _measure_fixes(job, diagnosed, live, why_restart, prestarted)
         if live is not None:  # diagnosis only: no fix outcome to report
             live.close()
@@ -200,7 +191,7 @@ def _measure_fixes(
     beside = max((h.main_rss_bytes for h in samples), default=0) if prestarted is not None else 0
     tuning = _tuning(options, diagnosed, job.echo, started, beside)
     if prestarted is not None:  # the confirmation waits for what is left of its set-up
-        tuning.ahead_ready_at = prestarted.started_at + setup_s(diagnosed.baseline.raw)
+        tuning.ahead_ready_at = prestarted.ready_at(setup_s(diagnosed.baseline.raw))
     tuning.on_progress = lambda: job.keep(
         _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
     )
@@ -224,10 +215,10 @@ def _measure_fixes(
         paired_last = tuning.again is not None and not tuning.walls["fresh"]
         adjacent = None if paired_last else tuning.measure_again
         report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted, adjacent)
+        job.keep(report)  # while the confirmation run exits
     finally:
         if prestarted is not None:
             prestarted.cancel()
-    job.keep(report)
     return report
 
 

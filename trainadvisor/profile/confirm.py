@@ -7,12 +7,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from trainadvisor import fixes
 from trainadvisor.compute.mfu import with_baseline_flops
 from trainadvisor.measure import priority
+from trainadvisor.measure.config import AHEAD_ENV_CHANGED
 from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile import quiet
@@ -25,7 +25,6 @@ from trainadvisor.profile.runs import (
     measure_run,
     reproduce_command,
     run_of,
-    spec_for,
 )
 from trainadvisor.profile.trials import Echo, tolerance
 from trainadvisor.profile.tuning import Tuning
@@ -33,16 +32,11 @@ from trainadvisor.records import (
     Comparison,
     FixOutcome,
     FixStatus,
-    PlannedFix,
     RawRun,
     Run,
     merge_overrides,
     timed_steps,
 )
-
-# The longest the trials wait for a run started ahead to import torch and trainadvisor's hooks
-# (2.5 s on 2 cores, at 1.3 CPU-s; a first trial window beside it took 2.3 s longer to settle).
-PRESTART_IMPORTS_S = 10.0
 
 # Outcomes whose setting the report gives as a change to the script: kept, recommended (memory),
 # and measured faster but not confirmed or not applied (a gain is never left without its change)
@@ -118,16 +112,16 @@ def confirm(
 
 def _ahead_or_fresh(ready: Prestarted, tuning: Tuning, echo: Echo) -> Callable[[RunSpec], Run]:
     """The run started ahead, its set-up done while the trials ran, measured with `spec`'s
-    settings. Where a thread of it could not get its priority back, it stopped at its gate (its
-    speed beside a busy core would be a starved thread's): a fresh run is measured instead, where
+    settings. Where a thread of it could not get its priority back (its speed beside a busy core
+    would be a starved thread's), or the script set a variable that what it imported ahead reads
+    (`config.AHEAD_ENV_CHANGED`), it stopped at its gate: a fresh run is measured instead, where
     the budget has room for one."""
 
     def first(spec: RunSpec) -> Run:
         raw = ready.run(spec, PROFILE_STEPS)
-        lowered = raw.runtime.get(priority.LOWERED)
-        if not lowered:
+        why = _stood_aside(raw)
+        if why is None:
             return run_of(raw, spec)
-        why = f"{lowered} thread(s) of the run started ahead could not get their CPU priority back"
         estimate_s = tuning.cost_s("fresh")
         if not tuning.fits(estimate_s):
             error = f"{why}, and a fresh run (about {estimate_s:.0f} s) would have run past the --budget"
@@ -138,6 +132,19 @@ def _ahead_or_fresh(ready: Prestarted, tuning: Tuning, echo: Echo) -> Callable[[
         return run
 
     return first
+
+
+def _stood_aside(raw: RawRun) -> str | None:
+    """Why the run started ahead stopped at its gate, or None where it was measured."""
+    lowered, changed = raw.runtime.get(priority.LOWERED), raw.runtime.get(AHEAD_ENV_CHANGED)
+    if lowered:
+        return f"{lowered} thread(s) of the run started ahead could not get their CPU priority back"
+    if changed:
+        return (
+            f"the script set {', '.join(changed)} after the run started ahead had imported "
+            "torch._dynamo, which reads them when imported"
+        )
+    return None
 
 
 def _once(measure: Callable[[], Run | None] | None) -> Callable[[], Run | None] | None:
@@ -377,30 +384,3 @@ def _final(
         change = fix_change(options.script, outcome.fix, outcome.settings, raw)
         outcome = replace(outcome, diff=change.diff, setting_change=change.setting)
     return outcome
-
-
-def start_ahead(options: ProfileOptions, plan: list[PlannedFix], values: dict[str, Any]) -> Prestarted | None:
-    """The confirmation run, started before the trials where it can confirm what they may
-    choose, so that the script's set-up (imports, loading, building the model) overlaps them
-    instead of coming after them: where every fix the diagnosis plans is a DataLoader setting
-    (applied when the first loader is built). It runs at the lowest CPU priority, waits at its
-    first DataLoader for the settings to confirm, and steps aside (exits) if memory runs short.
-    Not where this user may not raise a lowered priority back (`priority.restorable`).
-    Not started before the baseline is diagnosed: a script that fails, or whose diagnosis plans
-    other fixes, would pay its set-up twice. Not on a machine with a GPU: a second process there
-    would hold GPU memory beside the trials. The trials start once it has imported torch (at
-    most PRESTART_IMPORTS_S): what the script does next runs at the lowest priority."""
-    applicable = [p for p in plan if p.applicable]
-    loaders_only = applicable and all(fixes.REGISTRY[p.fix].switches_loaders for p in applicable)
-    if not loaders_only or values.get("cuda_used") or _gpu_here() or not priority.restorable():
-        return None
-    spec = spec_for(options, "after", show_output=False)
-    ahead = Prestarted(replace(spec, gate_file=spec.out_dir / ".work" / "after.gate.json"))
-    ahead.imported(PRESTART_IMPORTS_S)  # not beside the first trial window
-    return ahead
-
-
-def _gpu_here() -> bool:
-    """Whether this machine has an NVIDIA or AMD GPU driver loaded (its device files)."""
-    dev = Path("/dev")
-    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists() or (dev / "dxg").exists()

@@ -179,6 +179,22 @@ def trial_spec(
     return fresh_spec(options, label, overrides, length, memory_step, settle_cap_s, race_below, **changes)
 
 
+def window_words(options: ProfileOptions, size: WindowSize) -> str:
+    """The baseline's window as `size` will measure it: a count of steps where it has no
+    steadiness test or no time floor (under torchrun, or --max-warmup 0 / --min-time 0)."""
+    warmup = (
+        f"warm-up until step time settles, at least {options.warmup} steps"
+        if size.settle is not None
+        else f"a warm-up of {options.warmup} steps"
+    )
+    timed = (
+        f"timing at least {options.steps} steps and {size.min_time_s:g} s"
+        if size.min_time_s
+        else f"timing {options.steps} steps"
+    )
+    return f"{warmup}; {timed}; then tracing {PROFILE_STEPS} with torch.profiler"
+
+
 def confirmation_spec(
     options: ProfileOptions, overrides: Overrides, length: RunLength | None, settle_cap_s: float | None = None
 ) -> RunSpec:

@@ -108,6 +108,11 @@ def main() -> int:
     from trainadvisor.training import hooks
 
     config = load_config(config_path)
+    lowered_from = None
+    if config.gate_file is not None:  # started ahead: its imports, too, at the lowest priority
+        from trainadvisor.measure import priority
+
+        lowered_from = priority.lower()
     # Under torchrun every rank runs this with the same config: each writes files of its own.
     rank = os.environ.get("RANK", "0")
     config.result_file = config.result_file.replace("{rank}", rank)
@@ -133,9 +138,11 @@ def main() -> int:
 
         recorder.session = Session(Path(config.session_dir))
     if config.gate_file is not None:  # started ahead of its settings
-        from trainadvisor.training.gate import hold
+        from trainadvisor.training.gate import hold, released
 
-        hold(recorder, Path(config.gate_file))
+        hold(recorder, Path(config.gate_file), lowered_from)
+        if not released(Path(config.gate_file)):
+            return 0  # trainadvisor is gone before the script began
     if config.heartbeat_file is not None:  # the stall watchdog's, and the steps so far (`progress`)
         from trainadvisor.measure.journal import progress_file
         from trainadvisor.measure.watchdog import Heartbeat

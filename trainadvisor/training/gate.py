@@ -1,9 +1,11 @@
-"""A run started before its settings are known (the confirmation run, while the trials still
-run): the script's set-up (imports, loading, building the model) goes on at the lowest CPU
-priority, so it takes nothing from the windows being measured, and the script waits at its first
-DataLoader, backward() or step until the parent writes the settings. Only settings applied from
-that point on can be confirmed this way: DataLoader arguments (the parent starts such a run only
-when every fix in question is one)."""
+"""A run started before its settings are known (the confirmation run, started beside the
+baseline): it imports torch and trainadvisor's hooks, lowers its CPU priority, and waits before the
+script until the parent lets it in (`released`: the baseline has taken its first step, so the two
+runs' set-ups never run at once). The script's set-up (imports, loading, building the model) then
+goes on at the lowest priority beside the baseline's window and the trials, and the script waits
+at its first DataLoader, backward() or step until the parent writes the settings. Only settings
+applied from that point on can be confirmed this way: DataLoader arguments (the parent keeps such
+a run only where every fix in question is one)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import psutil
 
 from trainadvisor import _serial
 from trainadvisor.measure import priority
-from trainadvisor.measure.config import WindowCommand, standing_file
+from trainadvisor.measure.config import AHEAD_ENV_CHANGED, WindowCommand, released_file, standing_file
 from trainadvisor.training.hooks import Recorder, WindowComplete
 
 POLL_S = 0.005
@@ -30,10 +32,16 @@ MIN_AVAILABLE_PCT = 15.0
 
 # What training scripts import lazily after their first DataLoader: torch's optimizers import
 # torch._dynamo when first built (about 1 CPU-s on 2 cores, measured after the gate opened, before
-# the confirmation's first step). Imported while the run stands by for its settings (at the lowest
-# priority, while the trials run), the same modules in the same process, only earlier: what the
-# run measures after its gate is the script's own loop.
+# the confirmation's first step). Imported before the run is let into the script, at the lowest
+# priority, while the baseline sets up (imported at its gate, it ran beside a trial window and
+# slowed its warm-up 2.3-fold): the same modules in the same process, only earlier, so that what
+# the run measures after its gate is the script's own loop.
 IMPORTED_AHEAD = ("torch._dynamo",)
+
+# What those modules read from the environment when imported (torch._dynamo's and inductor's
+# settings): where the script sets one of these before its first DataLoader, the run imported
+# ahead would not run as the script does, and stands aside (`config.AHEAD_ENV_CHANGED`).
+READ_AT_IMPORT = ("TORCH", "PYTORCH", "TRITON")
 
 
 def _step_aside_on_low_memory(opened: threading.Event) -> None:
@@ -42,12 +50,16 @@ def _step_aside_on_low_memory(opened: threading.Event) -> None:
             os._exit(75)  # EX_TEMPFAIL: this run is not needed; its workers end with its group
 
 
-def hold(recorder: Recorder, path: Path) -> None:
-    """Lower this process's priority now, and say so (`standing_file`: its imports are done);
-    at the script's first gate, wait for `path`, then
-    restore the priority of every thread (`priority.restore`). Where a thread stays lowered, the
-    run stops there, recording how many (`priority.LOWERED`): the parent measures a fresh run."""
-    before = priority.lower()
+def hold(recorder: Recorder, path: Path, before: int | None) -> None:
+    """In a process lowered to the lowest priority from `before` (`priority.lower`, before its
+    imports: they run beside the baseline's), import what the script would import after its
+    first DataLoader (IMPORTED_AHEAD), and say so (`standing_file`: its imports are done); at the
+    script's first gate, wait for `path`, then restore the priority of every thread
+    (`priority.restore`). Where a thread stays lowered, the run stops there, recording how many
+    (`priority.LOWERED`); where the script set a variable those imports read
+    (`config.AHEAD_ENV_CHANGED`), too: the parent measures a fresh run."""
+    _import_ahead()
+    environ = _read_at_import()  # as the imports left it (inductor sets its cache folder's)
     with contextlib.suppress(OSError):  # the parent's trial windows wait for this, a while at most
         standing_file(path).touch()
     parent = os.getppid()
@@ -57,8 +69,6 @@ def hold(recorder: Recorder, path: Path) -> None:
     ).start()
 
     def wait_and_apply() -> None:
-        if not path.exists():  # time to stand by: what the script would import next, now
-            _import_ahead()
         while not path.exists():
             if os.getppid() != parent:
                 raise WindowComplete()  # the parent is gone: nobody will read the result
@@ -67,6 +77,10 @@ def hold(recorder: Recorder, path: Path) -> None:
         command = _serial.load_json(WindowCommand, path)
         if command.stop:
             raise WindowComplete()
+        changed = sorted(k for k in {*environ, *_read_at_import()} if environ.get(k) != os.environ.get(k))
+        if changed:  # the script's torch._dynamo would have read these
+            recorder.held_facts[AHEAD_ENV_CHANGED] = changed
+            raise WindowComplete()
         lowered = priority.restore(before) if before is not None else 0
         if lowered:  # its speed would be a starved thread's: the parent measures a fresh run
             recorder.held_facts[priority.LOWERED] = lowered
@@ -74,6 +88,24 @@ def hold(recorder: Recorder, path: Path) -> None:
         _apply(recorder, command)
 
     recorder.gate = wait_and_apply
+
+
+def released(path: Path) -> bool:
+    """Wait before the script until the parent lets it in (`config.released_file`) or hands it
+    its settings (`path`). The script sets up only once the baseline's own set-up is done: a
+    dataset downloaded or a folder made at start is never made by two runs at once. False where
+    the parent is gone: nobody would read the result."""
+    parent = os.getppid()
+    let_in = released_file(path)
+    while not (let_in.exists() or path.exists()):
+        if os.getppid() != parent:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _read_at_import() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(READ_AT_IMPORT)}
 
 
 def _import_ahead() -> None:

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from trainadvisor.measure import kept_alive
-from trainadvisor.measure.config import WindowSize, standing_file
-from trainadvisor.measure.kept_alive import Prestarted, _how_it_ended
+from trainadvisor.measure.config import WindowSize, released_file, standing_file
+from trainadvisor.measure.kept_alive import Prestarted, _FirstStep, _how_it_ended, _LastWord
 from trainadvisor.measure.runner import RunSpec
+from trainadvisor.measure.watchdog import Heartbeat
 from trainadvisor.records import Overrides, RawRun
 
 WORKERS = Overrides(loaders={"train.py:12": {"num_workers": 4}})
@@ -34,11 +35,20 @@ class FakeChild:
         return self.code
 
 
+class FakeSampler:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
 def _launched(tmp_path: Path, code: int | None = None) -> Any:
     return types.SimpleNamespace(
         proc=FakeChild(code),
         files=types.SimpleNamespace(result=tmp_path / "after.result.json"),
         watchdog="dog",
+        sampler=FakeSampler(),
     )
 
 
@@ -48,7 +58,7 @@ def _prestarted(tmp_path: Path, launched: Any) -> Prestarted:
     ahead.spec = RunSpec(
         "after", Path("train.py"), ["--lr", "0.1"], tmp_path, 5, 20, gate_file=tmp_path / "gate.json"
     )
-    ahead.launched = launched
+    ahead.launched, ahead.exiting, ahead.released_at = launched, None, None
     return ahead
 
 
@@ -56,7 +66,8 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, killed: str | None = None, fail: 
     """runner's wait_for, stop and collect replaced: each call recorded in order."""
     calls: list[Any] = []
 
-    def wait_for(proc: Any, spec: RunSpec, files: list[Path], watchdog: Any) -> str | None:
+    def wait_for(proc: Any, spec: RunSpec, files: list[Path], watchdog: Any, done: Any) -> str | None:
+        assert isinstance(done, _LastWord) and done.path == files[0]
         calls.append(("wait_for", proc, spec, files, watchdog))
         if fail:
             raise KeyboardInterrupt
@@ -198,3 +209,79 @@ def test_cancelling_a_run_started_ahead_stops_it_once(
     assert calls == [("stop", launched)]
     assert not ahead.waiting()
     assert not (tmp_path / "gate.json").exists()  # never handed settings
+
+
+def test_a_measured_run_started_ahead_ends_by_itself_while_the_report_is_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Its last word written, it is collected at once (its sampling stopped) and left to exit;
+    `cancel` then waits for its exit and stops what is left of it, once."""
+    calls = _recorded(monkeypatch)
+    launched = _launched(tmp_path)  # still running when the wait returns: exiting
+    ahead = _prestarted(tmp_path, launched)
+    ahead.run(RunSpec("after", Path("train.py"), [], tmp_path, 3, 12), profile_steps=4)
+    assert [c[0] for c in calls] == ["wait_for", "collect"] and launched.sampler.stopped == 1
+    assert ahead.exiting is launched and ahead.launched is None
+    polls: list[int] = []
+
+    def wait(seconds: float) -> bool:
+        polls.append(launched.proc.polls)
+        launched.proc.code = 0 if len(polls) == 3 else None  # it ends at the third wait
+        return False
+
+    monkeypatch.setattr(kept_alive.interrupts, "wait", wait)
+    ahead.cancel()
+    ahead.cancel()
+    assert len(polls) == 3 and calls[2:] == [("stop", launched)] and ahead.exiting is None
+
+
+def test_a_childs_last_word_is_its_result_with_its_exit_read_once_each_time_it_is_replaced(
+    tmp_path: Path,
+) -> None:
+    result = tmp_path / "after.result.json"
+    last_word = _LastWord(result)
+    assert not last_word()  # nothing written yet
+    result.write_text(json.dumps({"status": "window_complete", "exit_code": None}))
+    assert not last_word()  # the window's measurements, written as it closed: the script goes on
+    result.write_text("{not json")  # never seen whole (each write is a rename): read as not yet
+    assert not last_word()
+    replaced = tmp_path / "new.json"
+    replaced.write_text(json.dumps({"status": "window_complete", "exit_code": 0}))
+    replaced.rename(result)
+    assert last_word()
+
+
+def test_a_run_started_ahead_is_let_into_the_script_once_and_counts_its_set_up_from_then(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(kept_alive, "time", clock)
+    ahead = _prestarted(tmp_path, _launched(tmp_path))
+    assert ahead.ready_at(9.5) == 109.5  # not let in yet: its set-up would start now
+    ahead.release()
+    assert released_file(tmp_path / "gate.json").exists() and ahead.released_at == 100.0
+    clock.sleep(3.0)
+    ahead.release()  # the first step is the one that lets it in
+    assert ahead.released_at == 100.0 and ahead.ready_at(9.5) == 109.5
+
+
+def test_the_baseline_lets_the_run_started_ahead_in_at_its_first_step(tmp_path: Path) -> None:
+    """Polled while the baseline window is awaited, the child's heartbeat: the call comes at the
+    first poll that counts a step (a batch alone is not one), and once only."""
+    heartbeat = Heartbeat(str(tmp_path / "baseline.heartbeat"))
+    let_in: list[int] = []
+    first_step = _FirstStep(tmp_path / "baseline.heartbeat", lambda: let_in.append(heartbeat.steps))
+    first_step()
+    heartbeat.beat()  # a batch
+    first_step()
+    assert let_in == []
+    heartbeat.steps = 1
+    heartbeat.beat()
+    first_step()
+    heartbeat.steps = 2
+    heartbeat.beat()
+    first_step()
+    assert let_in == [1]
+    _FirstStep(tmp_path / "baseline.heartbeat", None)()  # nothing to call: nothing read
+    _FirstStep(tmp_path / "no.heartbeat", lambda: let_in.append(-1))()  # none written yet
+    assert let_in == [1]

@@ -20,13 +20,13 @@ from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.frameworks import change as framework_change
 from trainadvisor.frameworks.change import Change
 from trainadvisor.measure import priority
+from trainadvisor.measure.config import AHEAD_ENV_CHANGED
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
 from trainadvisor.profile import confirm as confirming
 from trainadvisor.profile.confirm import (
     _adjacent,
     _comparison,
     _final,
-    _gpu_here,
     _Judge,
     _length_note,
     _over_budget,
@@ -36,7 +36,6 @@ from trainadvisor.profile.confirm import (
     _together,
     _unsure,
     confirm,
-    start_ahead,
 )
 from trainadvisor.profile.runs import ProfileOptions
 from trainadvisor.profile.tuning import Tuning
@@ -46,7 +45,6 @@ from trainadvisor.records import (
     FixStatus,
     LossCheck,
     Overrides,
-    PlannedFix,
     RawRun,
     Run,
     RunLength,
@@ -498,23 +496,38 @@ def test_a_run_started_ahead_is_handed_the_confirmation_and_its_wall_time_is_not
 
 
 class _StoppedAtItsGate:
-    """A run started ahead whose threads could not get their priority back: it stopped at its
-    gate, measuring nothing, and said how many."""
+    """A run started ahead that stopped at its gate, measuring nothing, and said why: threads
+    that could not get their priority back (how many), or variables the script set that its
+    imports ahead had read."""
+
+    def __init__(self, facts: dict[str, Any] | None = None) -> None:
+        self.facts = facts or {priority.LOWERED: 2}
 
     def waiting(self) -> bool:
         return True
 
     def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
         raw = replace(_windows_at(3.0).raw, steps=[], status="window_complete")
-        raw.runtime[priority.LOWERED] = 2
+        raw.runtime.update(self.facts)
         return raw
 
 
-def test_a_run_started_ahead_whose_threads_stayed_lowered_is_measured_afresh(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("facts", "why"),
+    [
+        ({priority.LOWERED: 2}, "2 thread(s) of the run started ahead could not get their CPU priority back"),
+        (
+            {AHEAD_ENV_CHANGED: ["TORCHINDUCTOR_CACHE_DIR", "TORCH_LOGS"]},
+            "the script set TORCHINDUCTOR_CACHE_DIR, TORCH_LOGS after the run started ahead had imported "
+            "torch._dynamo, which reads them when imported",
+        ),
+    ],
+)
+def test_a_run_started_ahead_that_stopped_at_its_gate_is_measured_afresh(
+    monkeypatch: pytest.MonkeyPatch, facts: dict[str, Any], why: str
 ) -> None:
-    """Its speed beside a busy core would be a starved thread's: the confirmation is a fresh run,
-    and its wall time the next fresh run's estimate."""
+    """Its speed beside a busy core would be a starved thread's, or it would not run as the
+    script does: the confirmation is a fresh run, and its wall time the next fresh run's estimate."""
     fresh = _windows_at(25.0)
     fresh.raw.wall_s = 33.0
     measured: list[RunSpec] = []
@@ -523,12 +536,9 @@ def test_a_run_started_ahead_whose_threads_stayed_lowered_is_measured_afresh(
     echoed: list[str] = []
     baseline = _windows_at(10.0)
     tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)])
-    done = confirm(OPTIONS, baseline, tuning, None, echoed.append, _StoppedAtItsGate())  # type: ignore[arg-type]
+    done = confirm(OPTIONS, baseline, tuning, None, echoed.append, _StoppedAtItsGate(facts))  # type: ignore[arg-type]
     assert [(spec.label, spec.overrides) for spec in measured] == [("after", WORKERS)]
-    assert echoed[1:] == [
-        "trainadvisor: 2 thread(s) of the run started ahead could not get their CPU priority back; "
-        "confirming in a fresh run"
-    ]
+    assert echoed[1:] == [f"trainadvisor: {why}; confirming in a fresh run"]
     assert tuning.walls["fresh"] == [33.0]
     assert [(o.status, o.reason) for o in done.outcomes] == [
         ("kept", "measured 2.50x steps/s (range 2.50-2.50x)")
@@ -602,96 +612,3 @@ def test_a_machine_that_sped_up_makes_a_windows_choice_unconfirmed_and_a_fresh_r
         ),
         ("inconclusive", f"measured 1.40x samples/s; but {MACHINE_FASTER}", ""),
     ]
-
-
-# ---- a confirmation run started ahead ----
-
-
-class Started:
-    """Prestarted's stand-in: the spec it would have launched."""
-
-    specs: list[RunSpec] = []
-    waited_s: list[float] = []  # how long the trials would wait for its imports, at most
-
-    def __init__(self, spec: RunSpec) -> None:
-        self.specs.append(spec)
-
-    def imported(self, most_s: float) -> None:
-        self.waited_s.append(most_s)
-
-
-def _ahead(
-    monkeypatch: pytest.MonkeyPatch,
-    plan: list[PlannedFix],
-    gpu: bool = False,
-    restorable: bool = True,
-    **values: Any,
-) -> Any:
-    Started.specs, Started.waited_s = [], []
-    monkeypatch.setattr(confirming, "Prestarted", Started)
-    monkeypatch.setattr(confirming, "_gpu_here", lambda: gpu)
-    monkeypatch.setattr(priority, "restorable", lambda: restorable)
-    return start_ahead(replace(OPTIONS, stage_dir=Path("stage")), plan, values)
-
-
-def _planned(fix: str, applicable: bool = True) -> PlannedFix:
-    return PlannedFix(fix, "data-stall", applicable, "" if applicable else "not here")
-
-
-def test_a_plan_of_dataloader_settings_only_starts_the_confirmation_run_ahead(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    started = _ahead(
-        monkeypatch, [_planned("dataloader-workers"), _planned("pin-memory"), _planned("tf32", False)]
-    )
-    assert isinstance(started, Started)
-    [spec] = Started.specs
-    assert (spec.label, spec.show_output, spec.out_dir) == ("after", False, Path("stage"))
-    assert spec.gate_file == Path("stage/.work/after.gate.json")
-    assert Started.waited_s == [confirming.PRESTART_IMPORTS_S]  # its imports, not the first window's
-
-
-@pytest.mark.parametrize(
-    ("plan", "gpu", "values"),
-    [
-        ([], False, {}),  # nothing to confirm
-        ([("tf32", False)], False, {}),  # nothing applicable
-        ([("dataloader-workers", True), ("tf32", True)], False, {}),  # a fix that needs a restart's set-up
-        ([("dataloader-workers", True)], False, {"cuda_used": True}),  # GPU memory beside the trials
-        ([("dataloader-workers", True)], True, {}),  # a GPU driver on this machine
-    ],
-)
-def test_no_confirmation_run_starts_ahead_where_it_would_not_help_or_would_hold_the_gpu(
-    monkeypatch: pytest.MonkeyPatch, plan: list[tuple[str, bool]], gpu: bool, values: dict[str, Any]
-) -> None:
-    assert _ahead(monkeypatch, [_planned(fix, ok) for fix, ok in plan], gpu, **values) is None
-    assert Started.specs == []
-
-
-def test_no_confirmation_run_starts_ahead_where_its_priority_could_not_be_raised_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A user without CAP_SYS_NICE: the run would be measured at the lowest priority."""
-    assert _ahead(monkeypatch, [_planned("dataloader-workers")], restorable=False) is None
-    assert Started.specs == []
-    assert isinstance(_ahead(monkeypatch, [_planned("dataloader-workers")], restorable=True), Started)
-
-
-@pytest.mark.parametrize(
-    ("files", "found"),
-    [
-        ([], False),
-        (["nvidiactl", "nvidia-uvm"], False),  # the driver's control files alone: no device
-        (["nvidiactl", "nvidia0"], True),
-        (["nvidia12"], True),
-        (["kfd"], True),  # AMD
-        (["dxg"], True),  # WSL
-    ],
-)
-def test_a_gpu_is_here_where_its_device_files_are(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: list[str], found: bool
-) -> None:
-    for name in files:
-        (tmp_path / name).touch()
-    monkeypatch.setattr(confirming, "Path", lambda path: tmp_path if path == "/dev" else Path(path))
-    assert _gpu_here() is found

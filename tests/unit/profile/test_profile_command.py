@@ -30,10 +30,9 @@ from trainadvisor.profile.command import (
     _tuning,
     _why_no_fixes,
     _why_restart,
-    _window_words,
     profile,
 )
-from trainadvisor.profile.runs import ProfileOptions, size_for
+from trainadvisor.profile.runs import ProfileOptions, size_for, window_words
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, ProfileReport, Run, RunLength
 from trainadvisor.report.render import load_report
 
@@ -248,7 +247,7 @@ def test_the_fixes_search_counts_the_memory_free_less_a_run_started_ahead(
 
 
 def _words(options: ProfileOptions) -> str:
-    return _window_words(options, size_for(options, Overrides()))
+    return window_words(options, size_for(options, Overrides()))
 
 
 def test_the_first_line_says_the_window_as_it_will_be_measured() -> None:

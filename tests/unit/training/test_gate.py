@@ -17,7 +17,13 @@ import pytest
 
 from trainadvisor import _serial
 from trainadvisor.measure import priority
-from trainadvisor.measure.config import ChildConfig, WindowCommand, WindowSize
+from trainadvisor.measure.config import (
+    AHEAD_ENV_CHANGED,
+    ChildConfig,
+    WindowCommand,
+    WindowSize,
+    released_file,
+)
 from trainadvisor.records import Overrides
 from trainadvisor.training import gate
 from trainadvisor.training.hooks import Recorder, WindowComplete
@@ -43,6 +49,7 @@ class _Os:
         self.calls: list[tuple[Any, ...]] = []
         self.parents = [1000]  # getppid answers these in turn, then the last one on
         self.nices = {self.MAIN: 0}
+        self.environ = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_user", "HOME": "/home/user"}
 
     def nice(self, increment: int) -> int:
         self.calls.append(("nice", increment))
@@ -165,12 +172,15 @@ def _written_later(path: Path, command: WindowCommand, clock: _Time) -> threadin
     return thread
 
 
-def test_hold_lowers_the_priority_and_sets_a_gate_without_waiting(fake_os: _Os, tmp_path: Path) -> None:
+def test_hold_imports_ahead_in_the_lowered_process_and_sets_a_gate_without_waiting(
+    fake_os: _Os, tmp_path: Path
+) -> None:
     recorder = _recorder(tmp_path)
     window = recorder.window
-    gate.hold(recorder, tmp_path / "after.gate.json")
+    gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
     assert fake_os.calls == [("nice", 19)]
-    assert (tmp_path / "after.gate.json.standing").exists()  # torch imported: the trials may begin
+    assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # before the script
+    assert (tmp_path / "after.gate.json.standing").exists()  # its imports done: the trials may begin
     assert callable(recorder.gate)
     assert recorder.window is window and recorder.config.warmup == 3  # nothing applied yet
 
@@ -180,7 +190,7 @@ def test_hold_goes_on_at_normal_priority_where_lowering_it_is_not_permitted(
 ) -> None:
     fake_os.nice_allowed = False
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json")
+    gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
     assert fake_os.calls == [("nice", 19)]
     assert (tmp_path / "after.gate.json.standing").exists()  # torch imported: the trials may begin
     assert callable(recorder.gate)
@@ -192,7 +202,7 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     path = tmp_path / "after.gate.json"
     recorder = _recorder(tmp_path)
     old_window = recorder.window
-    gate.hold(recorder, path)
+    gate.hold(recorder, path, priority.lower())
     clock = _Time(polls=3)
     monkeypatch.setattr(gate, "time", clock)
     overrides = Overrides(loaders={SITE: {"num_workers": 4, "persistent_workers": True}})
@@ -218,17 +228,79 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     # lowered at hold, back to normal once the settings came
     assert fake_os.calls == [("nice", 19), ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 0)]
     assert recorder.held_facts == {}
-    assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # while it stood by
+    assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # once, at hold
 
 
-def test_a_gate_whose_settings_are_there_already_imports_nothing_ahead(
+@pytest.mark.parametrize(
+    ("set_by_script", "changed"),
+    [
+        ({}, None),
+        ({"HOME": "/elsewhere", "OMP_NUM_THREADS": "1"}, None),  # not read by what was imported ahead
+        ({"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_user"}, None),  # set as the imports left it
+        ({"TORCH_LOGS": "+dynamo"}, ["TORCH_LOGS"]),
+        ({"TORCHINDUCTOR_CACHE_DIR": "/data/cache", "TRITON_CACHE_DIR": "/data/t"},
+         ["TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"]),
+        ({"TORCHINDUCTOR_CACHE_DIR": None}, ["TORCHINDUCTOR_CACHE_DIR"]),  # removed
+    ],
+)  # fmt: skip
+def test_a_script_that_sets_what_the_imports_ahead_read_stops_the_run_at_its_gate(
+    fake_os: _Os,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    set_by_script: dict[str, str | None],
+    changed: list[str] | None,
+) -> None:
+    """torch._dynamo, imported before the script, read the environment then: where the script
+    changes a variable it reads before its first DataLoader, the run would not run as the script
+    does. It stops at its gate and says which (the parent measures a fresh run)."""
+    recorder = _held(tmp_path)
+    for name, value in set_by_script.items():
+        if value is None:
+            del fake_os.environ[name]
+        else:
+            fake_os.environ[name] = value
+    if changed is None:
+        _opened(recorder, tmp_path, monkeypatch)
+        assert recorder.config.steps == 4 and recorder.held_facts == {}
+        return
+    with pytest.raises(WindowComplete):
+        _opened(recorder, tmp_path, monkeypatch)
+    assert recorder.held_facts == {AHEAD_ENV_CHANGED: changed}
+    assert recorder.config.steps == 10  # nothing applied
+    assert fake_os.calls == [("nice", 19)]  # it is not measured: left lowered
+
+
+def test_the_script_waits_until_the_parent_lets_it_in_or_hands_its_settings(
     fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The trials ended before the set-up did: an import now would only delay its first step."""
-    recorder = _held(tmp_path)
-    _opened(recorder, tmp_path, monkeypatch)
-    assert gate.importlib.imported == []  # type: ignore[attr-defined]
-    assert recorder.config.steps == 4
+    path = tmp_path / "after.gate.json"
+    clock = _Time(polls=2)
+    monkeypatch.setattr(gate, "time", clock)
+
+    def let_in() -> None:
+        assert clock.ready.wait(10)
+        released_file(path).touch()
+        clock.written.set()
+
+    thread = threading.Thread(target=let_in)
+    thread.start()
+    assert gate.released(path)
+    thread.join()
+    assert clock.slept == [gate.POLL_S] * 2
+    released_file(path).unlink()
+    _serial.save_json(WindowCommand(index=0, warmup=1, steps=4), path)  # the settings let it in too
+    monkeypatch.setattr(gate, "time", _Time(polls=1))
+    assert gate.released(path)
+
+
+def test_the_script_never_starts_where_the_parent_is_gone(
+    fake_os: _Os, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_os.parents = [1000, 1000, 1000, 1]  # re-parented to init at the third poll
+    clock = _Time(polls=100)
+    monkeypatch.setattr(gate, "time", clock)
+    assert not gate.released(tmp_path / "after.gate.json")
+    assert clock.slept == [gate.POLL_S] * 2
 
 
 def test_an_import_ahead_that_fails_leaves_the_gate_to_open_as_before(
@@ -238,7 +310,7 @@ def test_an_import_ahead_that_fails_leaves_the_gate_to_open_as_before(
     monkeypatch.setattr(gate, "importlib", importer)
     path = tmp_path / "after.gate.json"
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, path)
+    gate.hold(recorder, path, priority.lower())
     clock = _Time(polls=1)
     monkeypatch.setattr(gate, "time", clock)
     writer = _written_later(path, WindowCommand(index=0, warmup=1, steps=4), clock)
@@ -252,7 +324,7 @@ def test_an_import_ahead_that_fails_leaves_the_gate_to_open_as_before(
 def _held(tmp_path: Path) -> Recorder:
     """A recorder standing by (`hold`), its command file to come at `after.gate.json`."""
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json")
+    gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
     return recorder
 
 
@@ -315,7 +387,7 @@ def test_a_file_already_there_is_read_at_once(
     path = tmp_path / "after.gate.json"
     _serial.save_json(WindowCommand(index=0, warmup=1, steps=4), path)
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, path)
+    gate.hold(recorder, path, priority.lower())
     clock = _Time(polls=1)
     monkeypatch.setattr(gate, "time", clock)
     assert recorder.gate is not None
@@ -331,7 +403,7 @@ def test_a_stop_command_ends_the_run_with_nothing_applied(
     path = tmp_path / "after.gate.json"
     recorder = _recorder(tmp_path)
     window = recorder.window
-    gate.hold(recorder, path)
+    gate.hold(recorder, path, priority.lower())
     clock = _Time(polls=2)
     monkeypatch.setattr(gate, "time", clock)
     writer = _written_later(path, WindowCommand(index=0, warmup=9, steps=9, stop=True), clock)
@@ -351,7 +423,7 @@ def test_the_gate_stops_the_run_when_the_parent_is_gone(
     """The parent at hold is 1000; on the gate's second poll it is 1 (the process was reparented)."""
     fake_os.parents = [1000, 1000, 1]
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "never.json")
+    gate.hold(recorder, tmp_path / "never.json", priority.lower())
     clock = _Time(polls=0)
     monkeypatch.setattr(gate, "time", clock)
     assert recorder.gate is not None
@@ -367,7 +439,7 @@ def test_the_standby_thread_runs_until_the_settings_are_read(
     path = tmp_path / "after.gate.json"
     before = set(threading.enumerate())
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, path)
+    gate.hold(recorder, path, priority.lower())
     started = [t for t in set(threading.enumerate()) - before if t.name == "trainadvisor-standby"]
     assert len(started) == 1 and started[0].daemon and started[0].is_alive()
     _serial.save_json(WindowCommand(index=0, warmup=1, steps=1), path)
