@@ -1,13 +1,14 @@
 """`measure.priority` in a real process whose thread was started while it stood lowered, as
 torch's intra-op pool is when a script's set-up runs while its run stands by (`training.gate`):
 raising the calling thread alone leaves that thread at 19, starved beside a busy core; `restore`
-raises both. In a user namespace (a rootless container) CAP_SYS_NICE shows in the capability
-bits but the kernel refuses to raise a priority back: `restorable` says so, and `restore`
-counts both threads left lowered."""
+raises both, and takes both out of the idle scheduling class. In a user namespace (a rootless
+container) CAP_SYS_NICE shows in the capability bits but the kernel refuses to raise a priority
+back: `restorable` says so, and `restore` counts both threads left lowered."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,12 +29,15 @@ CHILD = textwrap.dedent(
     def nices():
         return sorted(os.getpriority(os.PRIO_PROCESS, tid) for tid in priority.threads())
 
+    def classes():
+        return sorted(os.sched_getscheduler(tid) for tid in priority.threads())
+
     restorable = priority.restorable()
     before = priority.lower()
     thread = threading.Thread(target=pool_thread, daemon=True)
     thread.start()
     started.wait()
-    lowered = nices()
+    lowered, lowered_classes = nices(), classes()
     try:
         os.setpriority(os.PRIO_PROCESS, 0, before)  # the calling thread alone, as the gate once did
     except PermissionError:
@@ -41,7 +45,8 @@ CHILD = textwrap.dedent(
     main_only = nices()
     left = priority.restore(before)
     print(json.dumps({"restorable": restorable, "before": before, "lowered": lowered,
-                      "main_only": main_only, "left": left, "after": nices()}))
+                      "main_only": main_only, "left": left, "after": nices(),
+                      "lowered_classes": lowered_classes, "after_classes": classes()}))
     done.set()
     """
 )
@@ -70,10 +75,13 @@ def test_restore_raises_every_thread_back_where_the_kernel_permits() -> None:
     assert seen["main_only"] == [before, 19]  # the thread started while lowered stays there
     assert seen["left"] == 0
     assert seen["after"] == [before, before]
+    assert seen["lowered_classes"] == [os.SCHED_IDLE, os.SCHED_IDLE]  # both in the idle class
+    assert seen["after_classes"] == [os.SCHED_OTHER, os.SCHED_OTHER]
 
 
 def test_in_a_user_namespace_nothing_is_raised_back_and_restorable_says_so() -> None:
     seen = _seen(_in_user_namespace())
     assert seen["restorable"] is False
     assert seen["lowered"] == seen["main_only"] == seen["after"] == [19, 19]
+    assert seen["lowered_classes"] == seen["after_classes"] == [os.SCHED_IDLE, os.SCHED_IDLE]
     assert seen["left"] == 2

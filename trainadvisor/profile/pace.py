@@ -114,6 +114,9 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
 # window, 1.8-2.9 s a run's end).
 WINDOW_OVERHEAD_S = 0.5
 RUN_END_S = 2.5
+# A run started ahead's end: its traced steps and export, then the report, made while it exits
+# (`Prestarted.cancel`): 1.4-1.6 s from its timed steps' end to the command's on 2 cores.
+AHEAD_END_S = 1.5
 # About how long a candidate's window takes to start its workers and settle, at least, for the
 # estimates (its cap stays TRIAL_SETTLE_MIN_S): 0.8-1.2 s measured on 2 cores for 8 and 16
 # workers, 1.9-2.4 s for 32 (1.4-3.4 s while a run started ahead still imported torch beside the
@@ -164,7 +167,7 @@ def cost_s(
     blocks_s = _loader_blocks_s(baseline, speedup, *loading)
     settle_s = min(cap, max(settled_s / max(speedup, 1.0), WINDOW_SETTLE_S, blocks_s))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
-    return settle_s + timed_s + (WINDOW_OVERHEAD_S if kind == "window" else RUN_END_S)
+    return settle_s + timed_s + {"window": WINDOW_OVERHEAD_S, "prestarted": AHEAD_END_S}.get(kind, RUN_END_S)
 
 
 def _loader_blocks_s(baseline: RawRun, speedup: float, workers: int, load_pace: float | None) -> float:

@@ -16,14 +16,18 @@ from trainadvisor.measure import priority
 
 
 class _Threads:
-    """`os` as `priority` sees it: each thread's nice value; raising one is refused unless
-    `raise_allowed` (CAP_SYS_NICE, or an RLIMIT_NICE that allows it)."""
+    """`os` as `priority` sees it: each thread's nice value and scheduling class (SCHED_OTHER
+    unless `idle` names it); raising a nice value, or leaving the idle class, is refused unless
+    `raise_allowed` (CAP_SYS_NICE, or an RLIMIT_NICE that allows it). `calls`: (thread, nice) for
+    each nice value set, (thread, "idle" or "other") for each class."""
 
     PRIO_PROCESS = os.PRIO_PROCESS
+    SCHED_IDLE, SCHED_OTHER = os.SCHED_IDLE, os.SCHED_OTHER
 
-    def __init__(self, nices: dict[int, int], raise_allowed: bool) -> None:
+    def __init__(self, nices: dict[int, int], raise_allowed: bool, idle: tuple[int, ...] = ()) -> None:
         self.nices, self.raise_allowed = nices, raise_allowed
-        self.calls: list[tuple[int, int]] = []
+        self.classes = {tid: os.SCHED_IDLE if tid in idle else os.SCHED_OTHER for tid in nices}
+        self.calls: list[tuple[int, int | str]] = []
 
     def getpriority(self, which: int, who: int) -> int:
         if who not in self.nices:  # the probe's own thread starts at its creator's value
@@ -36,6 +40,16 @@ class _Threads:
             raise PermissionError(13, "Permission denied")
         self.nices[who] = nice
 
+    def sched_getscheduler(self, who: int) -> int:
+        return self.classes.setdefault(who, self.classes[0])
+
+    def sched_setscheduler(self, who: int, policy: int, param: os.sched_param) -> None:
+        self.calls.append((who, "idle" if policy == os.SCHED_IDLE else "other"))
+        leaving = self.sched_getscheduler(who) == os.SCHED_IDLE and policy != os.SCHED_IDLE
+        if leaving and not self.raise_allowed:
+            raise PermissionError(1, "Operation not permitted")
+        self.classes[who] = policy
+
     def listdir(self, path: Path) -> list[str]:
         return [str(tid) for tid in self.nices if tid]
 
@@ -43,8 +57,13 @@ class _Threads:
         return getattr(os, name)
 
 
-def _faked(monkeypatch: pytest.MonkeyPatch, nices: dict[int, int], raise_allowed: bool = True) -> _Threads:
-    threads = _Threads(nices, raise_allowed)
+def _faked(
+    monkeypatch: pytest.MonkeyPatch,
+    nices: dict[int, int],
+    raise_allowed: bool = True,
+    idle: tuple[int, ...] = (),
+) -> _Threads:
+    threads = _Threads(nices, raise_allowed, idle)
     monkeypatch.setattr(priority, "os", threads)
     return threads
 
@@ -57,14 +76,37 @@ def test_restorable_lowers_a_thread_of_its_own_by_one_and_tries_to_raise_it_back
     assert priority.restorable() is allowed
     [probe] = [tid for tid in threads.nices if tid]
     assert probe != threading.get_native_id()  # never the calling thread
-    assert threads.calls == [(probe, nice + 1), (probe, nice)]
+    tried = [(probe, nice + 1), (probe, nice), (probe, "idle"), (probe, "other")]
+    assert threads.calls == (tried if allowed else tried[:2])  # refused at the first raise
 
 
-def test_at_the_lowest_already_nothing_needs_raising_and_nothing_is_tried(
+@pytest.mark.parametrize("allowed", [True, False])
+def test_at_the_lowest_nice_already_the_idle_class_is_tried_alone(
+    monkeypatch: pytest.MonkeyPatch, allowed: bool
+) -> None:
+    threads = _faked(monkeypatch, {0: 19}, raise_allowed=allowed)
+    assert priority.restorable() is allowed
+    [probe] = [tid for tid in threads.classes if tid]
+    assert threads.calls == [(probe, "idle"), (probe, "other")]
+
+
+def test_where_the_kernel_has_no_idle_class_at_the_lowest_nice_nothing_is_tried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     threads = _faked(monkeypatch, {0: 19}, raise_allowed=False)
+    monkeypatch.setattr(priority, "IDLE", None)
     assert priority.restorable() is True and threads.calls == []
+
+
+def test_lower_takes_the_calling_thread_to_the_lowest_nice_and_the_idle_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads = _faked(monkeypatch, {0: 3})
+    monkeypatch.setattr(
+        threads, "nice", lambda increment: threads.nices.update({0: 3 + increment}), raising=False
+    )
+    assert priority.lower() == 3
+    assert threads.nices[0] == 19 and threads.classes[0] == os.SCHED_IDLE
 
 
 def test_where_threads_have_no_priority_of_their_own_no_run_is_restorable(
@@ -77,14 +119,20 @@ def test_where_threads_have_no_priority_of_their_own_no_run_is_restorable(
 def test_restore_raises_what_stands_at_the_lowest_and_leaves_what_the_script_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    threads = _faked(monkeypatch, {0: 19, 10: 19, 11: 19, 12: 10, 13: 2})
+    """Thread 12's nice value the script set (10): it leaves the idle class and keeps its value."""
+    threads = _faked(monkeypatch, {0: 19, 10: 19, 11: 19, 12: 10, 13: 2}, idle=(0, 10, 11, 12))
     assert priority.restore(5) == 0
     assert threads.nices == {0: 19, 10: 5, 11: 5, 12: 10, 13: 2}  # 0: the calling thread's alias
-    assert threads.calls == [(10, 5), (11, 5)]
+    assert threads.calls == [(10, "other"), (10, 5), (11, "other"), (11, 5), (12, "other")]
+    assert {tid: c == os.SCHED_OTHER for tid, c in threads.classes.items() if tid} == dict.fromkeys(
+        [10, 11, 12, 13], True
+    )
 
 
 def test_restore_counts_the_threads_it_could_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _faked(monkeypatch, {0: 19, 10: 19, 11: 19}, raise_allowed=False)
+    threads = _faked(monkeypatch, {0: 19, 10: 19, 11: 19}, raise_allowed=False, idle=(0, 10, 11))
     assert priority.restore(0) == 2
-    assert threads.calls == [(10, 0), (11, 0)] * 3  # three passes
-    assert priority.restore(19) == 0  # nothing was lowered
+    assert threads.calls == [(10, "other"), (11, "other")] * 3  # three passes, refused at the class
+    threads.calls.clear()
+    assert priority.restore(19) == 2  # at nice 19 already, still in the idle class
+    assert threads.calls == [(10, "other"), (11, "other")] * 3

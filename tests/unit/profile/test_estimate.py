@@ -67,9 +67,9 @@ def test_a_search_counts_both_windows_of_its_pair_and_a_run_started_ahead_skips_
     # and 4, which finds no gain and stops it (it may try 8 and a deeper prefetch too); the
     # pair's 1.25 s (at up to 4x, one pair decides: the script's setting is cut after one block of
     # 0.2 s, not its 0.6 s timed) and the choice again (2.5 s); the run started ahead: 1 s
-    # settling, 1 s timed (0.6 s at 4x the pace is under the minimum) and 2.5 s of traced steps
-    # and exit
-    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 2.5 + (1.25 + 2.5) + 4.5
+    # settling, 1 s timed (0.6 s at 4x the pace is under the minimum) and 1.5 s of traced steps
+    # and the report made while it exits
+    assert round(_left_s("dataloader-workers", prestarted=True), 6) == 2 * 2.5 + (1.25 + 2.5) + 3.5
 
 
 # The training process used 30% of a core while it waited on its input (no workers) 87% of each
@@ -98,8 +98,8 @@ def test_a_loader_bound_by_latency_counts_the_doubling_past_the_hiding_count_and
     assert [n for n, _ in workers.likely_windows(deep)] == [8, 32, 32]
     assert not workers.likely_ends_on_choice(deep)
     # each window 2.5 s (0.5 s settling at 7.7x is under the 1 s its workers take to start); the
-    # pair's window of the script's setting 1.25 s (cut after one block); a run started ahead 4.5 s
-    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.25 + 4.5
+    # pair's window of the script's setting 1.25 s (cut after one block); a run started ahead 3.5 s
+    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.25 + 3.5
 
 
 def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,9 +108,9 @@ def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done(monkeypatch: p
     tuning = _tuning("dataloader-workers", **LATENCY)
     monkeypatch.setattr(tuning_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
     tuning.ahead_ready_at = 1009.0
-    assert round(tuning.remaining_s(True), 6) == 9.0 + 4.5
+    assert round(tuning.remaining_s(True), 6) == 9.0 + 3.5
     tuning.ahead_ready_at = 1005.0  # 5 s left: the trials and pair take longer
-    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 4.5
+    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 3.5
 
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:

@@ -241,7 +241,7 @@ def test_a_windows_estimate_takes_the_trials_settle_cap_not_a_slow_baselines_war
     settled.shape.timed_s = 0.4
     assert pace.cost_s("pair", [], settled, speedup=8.0) == pytest.approx(3.0 + 0.2 + 0.5)
     settled.shape.timed_s = 1.2
-    assert pace.cost_s("prestarted", [], settled) == pytest.approx(3.5 + 1.2 + 2.5)  # and its end
+    assert pace.cost_s("prestarted", [], settled) == pytest.approx(3.5 + 1.2 + 1.5)  # and its end
     unsettled = _shape("time cap", 60.0)
     assert unsettled.shape is not None
     unsettled.shape.timed_s = 1.2

@@ -49,6 +49,7 @@ class _Os:
         self.calls: list[tuple[Any, ...]] = []
         self.parents = [1000]  # getppid answers these in turn, then the last one on
         self.nices = {self.MAIN: 0}
+        self.classes = {self.MAIN: os.SCHED_OTHER}
         self.environ = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_user", "HOME": "/home/user"}
 
     def nice(self, increment: int) -> int:
@@ -70,6 +71,18 @@ class _Os:
     def listdir(self, path: Path) -> list[str]:
         assert path == priority.TASKS
         return [str(tid) for tid in self.nices]
+
+    SCHED_IDLE, SCHED_OTHER, sched_param = os.SCHED_IDLE, os.SCHED_OTHER, os.sched_param
+
+    def sched_getscheduler(self, who: int) -> int:
+        return self.classes.setdefault(who or self.MAIN, os.SCHED_OTHER)
+
+    def sched_setscheduler(self, who: int, policy: int, param: os.sched_param) -> None:
+        self.calls.append(("sched", who or self.MAIN, "idle" if policy == os.SCHED_IDLE else "other"))
+        leaving = self.sched_getscheduler(who) == os.SCHED_IDLE and policy != os.SCHED_IDLE
+        if leaving and not self.raise_allowed:
+            raise PermissionError(1, "Operation not permitted")
+        self.classes[who or self.MAIN] = policy
 
     def getppid(self) -> int:
         return self.parents.pop(0) if len(self.parents) > 1 else self.parents[0]
@@ -178,7 +191,7 @@ def test_hold_imports_ahead_in_the_lowered_process_and_sets_a_gate_without_waiti
     recorder = _recorder(tmp_path)
     window = recorder.window
     gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
-    assert fake_os.calls == [("nice", 19)]
+    assert fake_os.calls == [("nice", 19), ("sched", _Os.MAIN, "idle")]
     assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # before the script
     assert (tmp_path / "after.gate.json.standing").exists()  # its imports done: the trials may begin
     assert callable(recorder.gate)
@@ -226,7 +239,12 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     assert (plan.warmup, plan.steps, plan.profile_steps) == (2, 7, 3)
     assert (plan.min_time_s, plan.max_steps) == (0.5, 200)
     # lowered at hold, back to normal once the settings came
-    assert fake_os.calls == [("nice", 19), ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 0)]
+    assert fake_os.calls == [
+        ("nice", 19),
+        ("sched", _Os.MAIN, "idle"),
+        ("sched", _Os.MAIN, "other"),
+        ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 0),
+    ]
     assert recorder.held_facts == {}
     assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # once, at hold
 
@@ -267,7 +285,7 @@ def test_a_script_that_sets_what_the_imports_ahead_read_stops_the_run_at_its_gat
         _opened(recorder, tmp_path, monkeypatch)
     assert recorder.held_facts == {AHEAD_ENV_CHANGED: changed}
     assert recorder.config.steps == 10  # nothing applied
-    assert fake_os.calls == [("nice", 19)]  # it is not measured: left lowered
+    assert fake_os.calls == [("nice", 19), ("sched", _Os.MAIN, "idle")]  # it is not measured: left lowered
 
 
 def test_the_script_waits_until_the_parent_lets_it_in_or_hands_its_settings(
@@ -346,12 +364,18 @@ def test_threads_started_while_standing_by_get_their_priority_back_too(
     recorder = _held(tmp_path)
     fake_os.nices[101] = fake_os.nices[_Os.MAIN]  # started during set-up
     fake_os.nices[103] = 10  # one the script set to 10 during set-up
+    fake_os.classes.update({101: os.SCHED_IDLE, 102: os.SCHED_OTHER, 103: os.SCHED_IDLE})  # inherited
     _opened(recorder, tmp_path, monkeypatch)
     assert fake_os.nices == {_Os.MAIN: 5, 102: 2, 101: 5, 103: 10}  # the user's own, not above it
+    assert set(fake_os.classes.values()) == {os.SCHED_OTHER}
     assert fake_os.calls == [
         ("nice", 14),
+        ("sched", _Os.MAIN, "idle"),
+        ("sched", _Os.MAIN, "other"),
         ("setpriority", os.PRIO_PROCESS, _Os.MAIN, 5),
+        ("sched", 101, "other"),
         ("setpriority", os.PRIO_PROCESS, 101, 5),
+        ("sched", 103, "other"),  # its nice value is the script's
     ]
     assert recorder.held_facts == {} and recorder.config.steps == 4  # its settings applied
 
@@ -362,13 +386,14 @@ def test_a_run_whose_threads_could_not_get_their_priority_back_stops_at_its_gate
     """Its speed beside a busy core would be a starved thread's: it says so, and measures nothing."""
     fake_os.raise_allowed = False
     recorder = _held(tmp_path)
-    fake_os.nices[101] = 19
+    fake_os.nices[101], fake_os.classes[101] = 19, os.SCHED_IDLE
     with pytest.raises(WindowComplete):
         _opened(recorder, tmp_path, monkeypatch)
     assert fake_os.nices == {_Os.MAIN: 19, 101: 19}
+    assert set(fake_os.classes.values()) == {os.SCHED_IDLE}
     assert recorder.held_facts == {priority.LOWERED: 2}
     assert (recorder.config.warmup, recorder.config.steps) == (3, 10)  # nothing applied
-    tried = [call for call in fake_os.calls if call[0] == "setpriority"]
+    tried = [call for call in fake_os.calls if call[0] == "sched" and call[2] == "other"]
     assert len(tried) == 6  # each thread, in each of three passes
 
 
@@ -414,7 +439,7 @@ def test_a_stop_command_ends_the_run_with_nothing_applied(
     assert clock.slept == [gate.POLL_S] * 2
     assert (recorder.config.warmup, recorder.config.steps) == (3, 10)
     assert recorder.window is window
-    assert fake_os.calls == [("nice", 19)]  # never back to normal priority
+    assert fake_os.calls == [("nice", 19), ("sched", _Os.MAIN, "idle")]  # never back to normal priority
 
 
 def test_the_gate_stops_the_run_when_the_parent_is_gone(
