@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainadvisor import _serial
-from trainadvisor.measure import interrupts
+from trainadvisor.measure import interrupts, priority
 from trainadvisor.measure.config import (
     WindowCommand,
     WindowSize,
@@ -227,6 +227,9 @@ class Prestarted:
         command = WindowCommand(
             0, spec.label, spec.overrides, spec.warmup, spec.steps, profile_steps, size=spec.size
         )
+        # what is left of its set-up is the confirmation's to wait for now: at normal priority (in
+        # the idle class it would crawl where every core is busy); its gate restores it too
+        priority.restore(priority.current(), launched.proc.pid)
         _serial.save_json(command, self.spec.gate_file)
         result = launched.files.result
         try:

@@ -81,21 +81,22 @@ def lower() -> int | None:
     return before
 
 
-def threads() -> list[int]:
-    """This process's threads (the calling thread alone where /proc is not there)."""
+def threads(pid: int | None = None) -> list[int]:
+    """This process's threads (the calling thread alone where /proc is not there), or process
+    `pid`'s (none where it has ended)."""
     try:
-        return sorted(int(tid) for tid in os.listdir(TASKS))
+        return sorted(int(tid) for tid in os.listdir(TASKS if pid is None else Path(f"/proc/{pid}/task")))
     except OSError:
-        return [0]
+        return [0] if pid is None else []
 
 
-def restore(nice: int) -> int:
-    """Every thread of this process lowered (at LOWEST, or in the idle class) back to `nice` and
-    the normal class: those lowered with it and those created while it was (a pass repeats where
-    a thread started meanwhile is found lowered; a thread whose nice value the script set to
-    another is left at it); how many stay lowered."""
+def restore(nice: int, pid: int | None = None) -> int:
+    """Every thread of this process (or of process `pid`, a child of the same user) lowered (at
+    LOWEST, or in the idle class) back to `nice` and the normal class: those lowered with it and
+    those created while it was (a pass repeats where a thread started meanwhile is found lowered;
+    a thread whose nice value the script set to another is left at it); how many stay lowered."""
     for _ in range(3):
-        lowered = [tid for tid in threads() if _lowered(tid, nice)]
+        lowered = [tid for tid in threads(pid) if _lowered(tid, nice)]
         if not lowered:
             return 0
         for tid in lowered:
@@ -104,7 +105,7 @@ def restore(nice: int) -> int:
                     os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
                 if nice < LOWEST and _nice_of(tid) == LOWEST:
                     os.setpriority(os.PRIO_PROCESS, tid, nice)
-    return sum(1 for tid in threads() if _lowered(tid, nice))
+    return sum(1 for tid in threads(pid) if _lowered(tid, nice))
 
 
 def _lowered(tid: int, nice: int) -> bool:

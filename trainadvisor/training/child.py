@@ -108,11 +108,6 @@ def main() -> int:
     from trainadvisor.training import hooks
 
     config = load_config(config_path)
-    lowered_from = None
-    if config.gate_file is not None:  # started ahead: its imports, too, at the lowest priority
-        from trainadvisor.measure import priority
-
-        lowered_from = priority.lower()
     # Under torchrun every rank runs this with the same config: each writes files of its own.
     rank = os.environ.get("RANK", "0")
     config.result_file = config.result_file.replace("{rank}", rank)
@@ -140,7 +135,7 @@ def main() -> int:
     if config.gate_file is not None:  # started ahead of its settings
         from trainadvisor.training.gate import hold, released
 
-        hold(recorder, Path(config.gate_file), lowered_from)
+        hold(recorder, Path(config.gate_file))
         if not released(Path(config.gate_file)):
             return 0  # trainadvisor is gone before the script began
     if config.heartbeat_file is not None:  # the stall watchdog's, and the steps so far (`progress`)

@@ -1,11 +1,12 @@
 """A run started before its settings are known (the confirmation run, started beside the
-baseline): it imports torch and trainadvisor's hooks, lowers its CPU priority, and waits before the
-script until the parent lets it in (`released`: the baseline has taken its first step, so the two
-runs' set-ups never run at once). The script's set-up (imports, loading, building the model) then
-goes on at the lowest priority beside the baseline's window and the trials, and the script waits
-at its first DataLoader, backward() or step until the parent writes the settings. Only settings
-applied from that point on can be confirmed this way: DataLoader arguments (the parent keeps such
-a run only where every fix in question is one)."""
+baseline): it imports torch, trainadvisor's hooks and torch._dynamo, lowers its CPU priority
+(nice 19 and the idle scheduling class), and waits before the script until the parent lets it in
+(`released`: the baseline has taken its first step, so the two runs' set-ups never run at once).
+The script's set-up (imports, loading, building the model) then goes on at the lowest priority
+beside the baseline's window and the trials, and the script waits at its first DataLoader,
+backward() or step until the parent writes the settings. Only settings applied from that point
+on can be confirmed this way: DataLoader arguments (the parent keeps such a run only where every
+fix in question is one)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ MIN_AVAILABLE_PCT = 15.0
 # What training scripts import lazily after their first DataLoader: torch's optimizers import
 # torch._dynamo when first built (about 1 CPU-s on 2 cores, measured after the gate opened, before
 # the confirmation's first step). Imported before the run is let into the script, at the lowest
-# priority, while the baseline sets up (imported at its gate, it ran beside a trial window and
-# slowed its warm-up 2.3-fold): the same modules in the same process, only earlier, so that what
-# the run measures after its gate is the script's own loop.
+# priority, while the baseline sets up (imported at its gate, it ran beside a trial window, whose
+# first blocks ran 112-124 ms a step against 84-93 settled): the same modules in the same
+# process, only earlier, so that what the run measures after its gate is the script's own loop.
 IMPORTED_AHEAD = ("torch._dynamo",)
 
 # What those modules read from the environment when imported (torch._dynamo's and inductor's
@@ -50,16 +51,17 @@ def _step_aside_on_low_memory(opened: threading.Event) -> None:
             os._exit(75)  # EX_TEMPFAIL: this run is not needed; its workers end with its group
 
 
-def hold(recorder: Recorder, path: Path, before: int | None) -> None:
-    """In a process lowered to the lowest priority from `before` (`priority.lower`, before its
-    imports: they run beside the baseline's), import what the script would import after its
-    first DataLoader (IMPORTED_AHEAD), and say so (`standing_file`: its imports are done); at the
-    script's first gate, wait for `path`, then restore the priority of every thread
-    (`priority.restore`). Where a thread stays lowered, the run stops there, recording how many
-    (`priority.LOWERED`); where the script set a variable those imports read
-    (`config.AHEAD_ENV_CHANGED`), too: the parent measures a fresh run."""
+def hold(recorder: Recorder, path: Path) -> None:
+    """Import what the script would import after its first DataLoader (IMPORTED_AHEAD), beside
+    the baseline's own imports and at the same priority (in the idle class they crawl on a
+    machine whose cores are all busy); then lower this process (`priority.lower`) and say so
+    (`standing_file`: its imports are done). At the script's first gate, wait for `path`, then
+    restore the priority of every thread (`priority.restore`). Where a thread stays lowered, the
+    run stops there, recording how many (`priority.LOWERED`); where the script set a variable
+    those imports read (`config.AHEAD_ENV_CHANGED`), too: the parent measures a fresh run."""
     _import_ahead()
     environ = _read_at_import()  # as the imports left it (inductor sets its cache folder's)
+    before = priority.lower()
     with contextlib.suppress(OSError):  # the parent's trial windows wait for this, a while at most
         standing_file(path).touch()
     parent = os.getppid()

@@ -29,6 +29,7 @@ class FakeChild:
     def __init__(self, code: int | None = None) -> None:
         self.code = code
         self.polls = 0
+        self.pid = 4242
 
     def poll(self) -> int | None:
         self.polls += 1
@@ -78,6 +79,10 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, killed: str | None = None, fail: 
         return RawRun(spec.label, "window_complete", 0, None, spec.warmup, spec.steps, 2, 30, [], [], None)
 
     monkeypatch.setattr(kept_alive, "wait_for", wait_for)
+    monkeypatch.setattr(kept_alive.priority, "current", lambda: 3)
+    monkeypatch.setattr(
+        kept_alive.priority, "restore", lambda nice, pid: calls.append(("restore", pid, nice)) or 0
+    )
     monkeypatch.setattr(kept_alive, "stop", lambda launched: calls.append(("stop", launched)))
     monkeypatch.setattr(kept_alive, "collect", collect)
     return calls
@@ -172,6 +177,9 @@ def test_a_run_started_ahead_is_handed_the_settings_and_window_of_the_spec_it_is
         "stop": False,
         "size": {"min_time_s": 0.5, "settle": None, "max_steps": 40, "race_below": None, "race_warmup": True},
     }
+    # its priority raised first: what is left of its set-up is the confirmation's to wait for
+    assert calls[0] == ("restore", 4242, 3)
+    calls.pop(0)
     assert [c[0] for c in calls] == ["wait_for", "stop", "collect"]
     _, proc, waited, files, watchdog = calls[0]
     assert (proc, files, watchdog) == (launched.proc, [tmp_path / "after.result.json"], "dog")
@@ -192,10 +200,10 @@ def test_a_run_started_ahead_is_stopped_when_its_wait_is_interrupted(
     ahead = _prestarted(tmp_path, launched)
     with pytest.raises(KeyboardInterrupt):
         ahead.run(RunSpec("after", Path("train.py"), [], tmp_path, 3, 12), profile_steps=4)
-    assert [c[0] for c in calls] == ["wait_for", "stop"] and calls[1] == ("stop", launched)
+    assert [c[0] for c in calls] == ["restore", "wait_for", "stop"] and calls[2] == ("stop", launched)
     assert ahead.launched is None
     ahead.cancel()  # nothing left to stop
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 def test_cancelling_a_run_started_ahead_stops_it_once(
@@ -220,7 +228,7 @@ def test_a_measured_run_started_ahead_ends_by_itself_while_the_report_is_made(
     launched = _launched(tmp_path)  # still running when the wait returns: exiting
     ahead = _prestarted(tmp_path, launched)
     ahead.run(RunSpec("after", Path("train.py"), [], tmp_path, 3, 12), profile_steps=4)
-    assert [c[0] for c in calls] == ["wait_for", "collect"] and launched.sampler.stopped == 1
+    assert [c[0] for c in calls] == ["restore", "wait_for", "collect"] and launched.sampler.stopped == 1
     assert ahead.exiting is launched and ahead.launched is None
     polls: list[int] = []
 
@@ -232,7 +240,7 @@ def test_a_measured_run_started_ahead_ends_by_itself_while_the_report_is_made(
     monkeypatch.setattr(kept_alive.interrupts, "wait", wait)
     ahead.cancel()
     ahead.cancel()
-    assert len(polls) == 3 and calls[2:] == [("stop", launched)] and ahead.exiting is None
+    assert len(polls) == 3 and calls[3:] == [("stop", launched)] and ahead.exiting is None
 
 
 def test_a_childs_last_word_is_its_result_with_its_exit_read_once_each_time_it_is_replaced(

@@ -136,3 +136,23 @@ def test_restore_counts_the_threads_it_could_not_raise(monkeypatch: pytest.Monke
     threads.calls.clear()
     assert priority.restore(19) == 2  # at nice 19 already, still in the idle class
     assert threads.calls == [(10, "other"), (11, "other")] * 3
+
+
+def test_restore_reads_another_processs_threads_where_given_its_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's side: a run started ahead whose settings came while it still set up."""
+    threads = _faked(monkeypatch, {0: 0, 20: 19, 21: 19}, idle=(20, 21))
+    listed: list[Path] = []
+    real_listdir = threads.listdir
+
+    def listdir(path: Path) -> list[str]:
+        listed.append(path)
+        if path == Path("/proc/99/task"):
+            raise FileNotFoundError(path)  # that process has ended
+        return real_listdir(path)
+
+    monkeypatch.setattr(threads, "listdir", listdir)
+    assert priority.restore(0, pid=77) == 0
+    assert listed[0] == Path("/proc/77/task")
+    assert threads.calls == [(20, "other"), (20, 0), (21, "other"), (21, 0)]
+    threads.calls.clear()
+    assert priority.restore(0, pid=99) == 0 and threads.calls == []

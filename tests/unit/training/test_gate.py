@@ -190,7 +190,7 @@ def test_hold_imports_ahead_in_the_lowered_process_and_sets_a_gate_without_waiti
 ) -> None:
     recorder = _recorder(tmp_path)
     window = recorder.window
-    gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
+    gate.hold(recorder, tmp_path / "after.gate.json")
     assert fake_os.calls == [("nice", 19), ("sched", _Os.MAIN, "idle")]
     assert gate.importlib.imported == ["torch._dynamo"]  # type: ignore[attr-defined]  # before the script
     assert (tmp_path / "after.gate.json.standing").exists()  # its imports done: the trials may begin
@@ -203,7 +203,7 @@ def test_hold_goes_on_at_normal_priority_where_lowering_it_is_not_permitted(
 ) -> None:
     fake_os.nice_allowed = False
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
+    gate.hold(recorder, tmp_path / "after.gate.json")
     assert fake_os.calls == [("nice", 19)]
     assert (tmp_path / "after.gate.json.standing").exists()  # torch imported: the trials may begin
     assert callable(recorder.gate)
@@ -215,7 +215,7 @@ def test_the_gate_waits_for_the_file_then_applies_its_settings_to_the_recorder(
     path = tmp_path / "after.gate.json"
     recorder = _recorder(tmp_path)
     old_window = recorder.window
-    gate.hold(recorder, path, priority.lower())
+    gate.hold(recorder, path)
     clock = _Time(polls=3)
     monkeypatch.setattr(gate, "time", clock)
     overrides = Overrides(loaders={SITE: {"num_workers": 4, "persistent_workers": True}})
@@ -328,7 +328,7 @@ def test_an_import_ahead_that_fails_leaves_the_gate_to_open_as_before(
     monkeypatch.setattr(gate, "importlib", importer)
     path = tmp_path / "after.gate.json"
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, path, priority.lower())
+    gate.hold(recorder, path)
     clock = _Time(polls=1)
     monkeypatch.setattr(gate, "time", clock)
     writer = _written_later(path, WindowCommand(index=0, warmup=1, steps=4), clock)
@@ -342,7 +342,7 @@ def test_an_import_ahead_that_fails_leaves_the_gate_to_open_as_before(
 def _held(tmp_path: Path) -> Recorder:
     """A recorder standing by (`hold`), its command file to come at `after.gate.json`."""
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "after.gate.json", priority.lower())
+    gate.hold(recorder, tmp_path / "after.gate.json")
     return recorder
 
 
@@ -412,7 +412,7 @@ def test_a_file_already_there_is_read_at_once(
     path = tmp_path / "after.gate.json"
     _serial.save_json(WindowCommand(index=0, warmup=1, steps=4), path)
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, path, priority.lower())
+    gate.hold(recorder, path)
     clock = _Time(polls=1)
     monkeypatch.setattr(gate, "time", clock)
     assert recorder.gate is not None
@@ -428,7 +428,7 @@ def test_a_stop_command_ends_the_run_with_nothing_applied(
     path = tmp_path / "after.gate.json"
     recorder = _recorder(tmp_path)
     window = recorder.window
-    gate.hold(recorder, path, priority.lower())
+    gate.hold(recorder, path)
     clock = _Time(polls=2)
     monkeypatch.setattr(gate, "time", clock)
     writer = _written_later(path, WindowCommand(index=0, warmup=9, steps=9, stop=True), clock)
@@ -448,7 +448,7 @@ def test_the_gate_stops_the_run_when_the_parent_is_gone(
     """The parent at hold is 1000; on the gate's second poll it is 1 (the process was reparented)."""
     fake_os.parents = [1000, 1000, 1]
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, tmp_path / "never.json", priority.lower())
+    gate.hold(recorder, tmp_path / "never.json")
     clock = _Time(polls=0)
     monkeypatch.setattr(gate, "time", clock)
     assert recorder.gate is not None
@@ -464,7 +464,7 @@ def test_the_standby_thread_runs_until_the_settings_are_read(
     path = tmp_path / "after.gate.json"
     before = set(threading.enumerate())
     recorder = _recorder(tmp_path)
-    gate.hold(recorder, path, priority.lower())
+    gate.hold(recorder, path)
     started = [t for t in set(threading.enumerate()) - before if t.name == "trainadvisor-standby"]
     assert len(started) == 1 and started[0].daemon and started[0].is_alive()
     _serial.save_json(WindowCommand(index=0, warmup=1, steps=1), path)
