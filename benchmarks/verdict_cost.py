@@ -1,11 +1,14 @@
 """Issue 36's figures: what a full verdict costs against a diagnosis-only run, on a quiet machine
 and beside another process that keeps one core busy (started by this benchmark).
 
-    .venv/bin/python benchmarks/verdict_cost.py [--busy] [--part slow-start|ceiling|short|compile|budget|all]
+    .venv/bin/python benchmarks/verdict_cost.py [--busy] [--part PART|all]
 
 slow-start  the slow-input example behind 8 s of set-up (loading, building the model): the wall
             time of `profile --no-fix` and of the full verdict, their ratio (target <= 1.5 quiet,
             <= 2.5 busy), the fix kept and its speedup.
+cpu-start   the same behind 8 CPU-seconds of set-up instead of a sleep: the ratio, and the
+            baseline's steps/s in both runs (a set-up beside the baseline's window must leave
+            it as `--no-fix` measures it).
 ceiling     a loader bound by storage latency (5 ms a sample, 64 a batch): the kept setting's
             steps/s against the same loop without the latency, measured quietly (the busy
             process stopped meanwhile; target >= 0.5 quiet, >= 0.3 busy) and the loss check.
@@ -41,6 +44,14 @@ COMPILE = ROOT / "tests" / "scripts" / "elementwise_mlp.py"
 SLOW_START = """\
 import runpy, sys, time
 time.sleep({setup_s})  # loading checkpoints, dataset indexes, building the model...
+sys.argv = [{example!r}, *sys.argv[1:]]
+runpy.run_path({example!r}, run_name="__main__")
+"""
+CPU_START = """\
+import runpy, sys, time
+started = time.process_time()
+while time.process_time() - started < {setup_s}:  # building an index, tokenizing... on one core
+    sum(i * i for i in range(1000))
 sys.argv = [{example!r}, *sys.argv[1:]]
 runpy.run_path({example!r}, run_name="__main__")
 """
@@ -147,6 +158,20 @@ def slow_start(work: Path) -> None:
     print(f"  {windows(report)}")
 
 
+def cpu_start(work: Path) -> None:
+    script = work / "cpu_start.py"
+    script.write_text(CPU_START.format(setup_s=8, example=str(EXAMPLE)))
+    args = (script, "--samples", "400000", "--latency-ms", "1")
+    diagnose_s, alone, _ = profile(work, "--no-fix", *args)
+    verdict_s, report, estimate = profile(work, *args)
+    ratio = verdict_s / diagnose_s
+    before, after = alone["baseline"]["steps_per_s"], report["baseline"]["steps_per_s"]
+    print(f"cpu-start: --no-fix {diagnose_s:.1f} s, full verdict {verdict_s:.1f} s: {ratio:.2f}x")
+    print(f"  the baseline: {before:.1f} steps/s in --no-fix, {after:.1f} in the full verdict")
+    print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
+    print(f"  {estimate}")
+
+
 def ceiling(work: Path) -> None:
     loader = ("--samples", "400000", "--latency-ms", "5", "--batch-size", "64")
     wall_s, report, estimate = profile(work, EXAMPLE, *loader)
@@ -201,6 +226,7 @@ def budget(work: Path) -> None:
 
 PARTS = {
     "slow-start": slow_start,
+    "cpu-start": cpu_start,
     "ceiling": ceiling,
     "short": short,
     "compile": compile_fix,
