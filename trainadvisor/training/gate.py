@@ -39,9 +39,10 @@ MIN_AVAILABLE_PCT = 15.0
 # process, only earlier, so that what the run measures after its gate is the script's own loop.
 IMPORTED_AHEAD = ("torch._dynamo",)
 
-# What those modules read from the environment when imported (torch._dynamo's and inductor's
-# settings): where the script sets one of these before its first DataLoader, the run imported
-# ahead would not run as the script does, and stands aside (`config.AHEAD_ENV_CHANGED`).
+# Most of what those modules read from the environment when imported (torch._dynamo's and
+# inductor's settings; a few others, such as CXX and AOT_INDUCTOR_*, are not checked): where the
+# script sets one of these before its first DataLoader, the run imported ahead would not run as
+# the script does, and stands aside (`config.AHEAD_ENV_CHANGED`).
 READ_AT_IMPORT = ("TORCH", "PYTORCH", "TRITON")
 
 
