@@ -145,28 +145,30 @@ def outcome_of(report: dict[str, Any], fix: str) -> str:
     return "not planned"
 
 
-def slow_start(work: Path) -> None:
-    script = work / "slow_start.py"
-    script.write_text(SLOW_START.format(setup_s=8, example=str(EXAMPLE)))
+def behind_setup(work: Path, name: str, template: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The slow-input example behind 8 s of `template`'s set-up, profiled with `--no-fix` and as a
+    full verdict: the two wall times and their ratio printed; both reports and the verdict's
+    estimate line returned."""
+    script = work / f"{name.replace('-', '_')}.py"
+    script.write_text(template.format(setup_s=8, example=str(EXAMPLE)))
     args = (script, "--samples", "400000", "--latency-ms", "1")
-    diagnose_s, _, _ = profile(work, "--no-fix", *args)
+    diagnose_s, alone, _ = profile(work, "--no-fix", *args)
     verdict_s, report, estimate = profile(work, *args)
     ratio = verdict_s / diagnose_s
-    print(f"slow-start: --no-fix {diagnose_s:.1f} s, full verdict {verdict_s:.1f} s: {ratio:.2f}x")
+    print(f"{name}: --no-fix {diagnose_s:.1f} s, full verdict {verdict_s:.1f} s: {ratio:.2f}x")
+    return alone, report, estimate
+
+
+def slow_start(work: Path) -> None:
+    _, report, estimate = behind_setup(work, "slow-start", SLOW_START)
     print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
     print(f"  windows: {len(report['trial_windows'])}; {estimate}")
     print(f"  {windows(report)}")
 
 
 def cpu_start(work: Path) -> None:
-    script = work / "cpu_start.py"
-    script.write_text(CPU_START.format(setup_s=8, example=str(EXAMPLE)))
-    args = (script, "--samples", "400000", "--latency-ms", "1")
-    diagnose_s, alone, _ = profile(work, "--no-fix", *args)
-    verdict_s, report, estimate = profile(work, *args)
-    ratio = verdict_s / diagnose_s
+    alone, report, estimate = behind_setup(work, "cpu-start", CPU_START)
     before, after = alone["baseline"]["steps_per_s"], report["baseline"]["steps_per_s"]
-    print(f"cpu-start: --no-fix {diagnose_s:.1f} s, full verdict {verdict_s:.1f} s: {ratio:.2f}x")
     print(f"  the baseline: {before:.1f} steps/s in --no-fix, {after:.1f} in the full verdict")
     print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
     print(f"  {estimate}")
