@@ -93,6 +93,8 @@ def confirm(
             # a gain the load made, kept or within a change of the machine's speed: neither kept
             # nor rejected, and no change given (a fix chosen in windows is not left unconfirmed)
             loaded = judge.loaded() if status in ("kept", "inconclusive") else None
+            if status == "no_gain":  # a gain its trials measured, not found beside other processes
+                loaded = judge.contradicted()
             if loaded is not None:
                 verdicts = {
                     o.fix: ("inconclusive", _together(f"{reason}; but {loaded}", chosen)) for o in chosen
@@ -229,6 +231,23 @@ class _Judge:
         return (
             f"{quiet.waits(own, cores)}; judged with those waits taken out of its steps (the fix's "
             f"run as measured): {reason}; a quiet machine would not keep it"
+        )
+
+    def contradicted(self) -> str | None:
+        """Where the confirmation measured no gain while other processes used CPU during a
+        compared window, though the trial of every fix in it measured a gain whose slow windows
+        beat the baseline's fast ones: why, in words; else None. The load may have decided, not
+        the fix: it is neither kept nor reported as no gain (a fix worth 4.7x on a quiet machine
+        read 0.69x in a confirmation run beside 1.7 busy cores)."""
+        if not self.chosen or any((o.gain_low or 0.0) <= 1.0 for o in self.chosen):
+            return None
+        cores = quiet.load_cores([run for run in (self.baseline, self.whole_again, self.after) if run])
+        if cores is None:
+            return None
+        trials = ", ".join(f"{o.fix}'s trial measured {o.gain or 0.0:.2f}x {o.unit}" for o in self.chosen)
+        return (
+            f"other processes used {cores:.1f} cores during the compared windows, where {trials}: "
+            "the load may have decided, not the fix; measure again on a quiet machine"
         )
 
 
