@@ -107,6 +107,12 @@ def standing_file(gate_file: Path) -> Path:
     return gate_file.with_name(f"{gate_file.name}.standing")
 
 
+def at_gate_file(gate_file: Path) -> Path:
+    """Where a run started ahead says its set-up is done: it waits at the script's first
+    DataLoader, backward() or step for its settings (`training.gate.hold`)."""
+    return gate_file.with_name(f"{gate_file.name}.at-gate")
+
+
 def released_file(gate_file: Path) -> Path:
     """Where the parent lets a run started ahead into the script (`training.gate.released`): the
     baseline has taken its first step, so its own set-up is done."""

@@ -17,11 +17,13 @@ from trainadvisor.measure import interrupts, priority
 from trainadvisor.measure.config import (
     WindowCommand,
     WindowSize,
+    at_gate_file,
     command_file,
     released_file,
     standing_file,
     window_file,
 )
+from trainadvisor.measure.proctable import PROC
 from trainadvisor.measure.runner import (
     STOP_GRACE_S,
     Launched,
@@ -33,11 +35,16 @@ from trainadvisor.measure.runner import (
     stop,
     wait_for,
 )
+from trainadvisor.measure.sampling import queued_ns_of
 from trainadvisor.measure.watchdog import read_steps
 from trainadvisor.records import Overrides, RawRun
 from trainadvisor.units import signal_name
 
 POLL_S = 0.02
+# From this share of the time since its release spent waiting for a CPU, a run started ahead is
+# starved: in the idle class beside cores all busy (another process on one, the trials on the
+# other), its set-up got 0.1 CPU-s in 48 s, and was done only once its settings came.
+STARVED_SHARE = 0.5
 
 
 class LiveRun:
@@ -179,10 +186,13 @@ class Prestarted:
     def __init__(self, spec: RunSpec) -> None:
         assert spec.gate_file is not None
         self.spec = spec
-        for stale in (spec.gate_file, standing_file(spec.gate_file), released_file(spec.gate_file)):
+        gate = spec.gate_file
+        for stale in (gate, standing_file(gate), released_file(gate), at_gate_file(gate)):
             stale.unlink(missing_ok=True)
         self.started_at = time.monotonic()
         self.released_at: float | None = None  # when it was let into the script
+        self.proc = PROC  # where its threads' waits for a CPU are read
+        self._queued_ns: int | None = None  # its main thread's, when it was let in
         self.launched: Launched | None = launch(spec)
         self.exiting: Launched | None = None  # measured, and ending by itself (`cancel` waits)
 
@@ -191,13 +201,27 @@ class Prestarted:
         assert self.spec.gate_file is not None
         if self.released_at is None:
             self.released_at = time.monotonic()
+            if self.launched is not None:
+                self._queued_ns = queued_ns_of(self.launched.proc.pid, self.proc)
             with contextlib.suppress(OSError):  # a full disk: the settings let it in later
                 released_file(self.spec.gate_file).touch()
 
-    def ready_at(self, setup_s: float) -> float:
-        """When its set-up, taking `setup_s` from its release (from now, if not released yet),
-        should be done (time.monotonic())."""
-        return (self.released_at if self.released_at is not None else time.monotonic()) + setup_s
+    def setup_left(self, setup_s: float) -> tuple[float, bool]:
+        """About how long its set-up, `setup_s` where it runs as the baseline's did, has left
+        (all of it where not let in yet; none once it waits at its gate, `config.at_gate_file`),
+        and whether it is starved (STARVED_SHARE): counted from its release in the time its main
+        thread did not wait for a CPU (in wall time where the kernel keeps no such count). A
+        starved set-up goes on once its settings come, after the trials, not beside them."""
+        assert self.spec.gate_file is not None
+        if at_gate_file(self.spec.gate_file).exists():
+            return 0.0, False
+        if self.released_at is None or self.launched is None:
+            return setup_s, False
+        elapsed_s = time.monotonic() - self.released_at
+        now_ns, then_ns = queued_ns_of(self.launched.proc.pid, self.proc), self._queued_ns
+        waited_s = max(0.0, (now_ns - then_ns) / 1e9) if now_ns is not None and then_ns is not None else 0.0
+        starved = elapsed_s > 0.0 and waited_s >= STARVED_SHARE * elapsed_s
+        return max(0.0, setup_s - (elapsed_s - waited_s)), starved
 
     def imported(self, most_s: float) -> None:
         """Return once the run has imported what it runs with (`config.standing_file`), or has

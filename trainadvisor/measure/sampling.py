@@ -180,15 +180,14 @@ class QueueWait:
     waits is the time a quiet machine would not have taken (`profile.quiet`)."""
 
     def __init__(self, pid: int, proc: Path = PROC, tid: int | None = None) -> None:
-        self.path = proc / str(pid) / "task" / str(tid if tid is not None else pid) / "schedstat"
+        self.pid, self.tid, self.proc = pid, tid, proc
         self._last: tuple[float, int] | None = None  # (clock s, queued ns)
 
     def pct(self, now_s: float) -> float | None:
         """Percent of the time since the last call spent waiting for a CPU (None at the first
         call, or where the kernel keeps no such count)."""
-        try:
-            queued_ns = int(self.path.read_text().split()[1])
-        except (OSError, IndexError, ValueError):
+        queued_ns = queued_ns_of(self.pid, self.proc, self.tid)
+        if queued_ns is None:
             self._last = None
             return None
         last, self._last = self._last, (now_s, queued_ns)
@@ -238,3 +237,13 @@ def _busy_cpu_s() -> float:
     times = psutil.cpu_times()
     total_s = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
     return total_s - times.idle - getattr(times, "iowait", 0.0)
+
+
+def queued_ns_of(pid: int, proc: Path = PROC, tid: int | None = None) -> int | None:
+    """Nanoseconds thread `tid` of process `pid` (its main thread by default) spent waiting for a
+    CPU since it started (`QueueWait`); None where it ended or the kernel keeps no such count."""
+    path = proc / str(pid) / "task" / str(tid if tid is not None else pid) / "schedstat"
+    try:
+        return int(path.read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

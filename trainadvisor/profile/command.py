@@ -191,7 +191,8 @@ def _measure_fixes(
     beside = max((h.main_rss_bytes for h in samples), default=0) if prestarted is not None else 0
     tuning = _tuning(options, diagnosed, job.echo, started, beside)
     if prestarted is not None:  # the confirmation waits for what is left of its set-up
-        tuning.ahead_ready_at = prestarted.ready_at(setup_s(diagnosed.baseline.raw))
+        its_setup_s = setup_s(diagnosed.baseline.raw)
+        tuning.ahead_left = lambda: prestarted.setup_left(its_setup_s)
     tuning.on_progress = lambda: job.keep(
         _report(options, diagnosed, started, tuning.outcomes, noise_rel=None, tuning=tuning)
     )

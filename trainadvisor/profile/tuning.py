@@ -64,8 +64,8 @@ class Tuning:
     settle: pace.SettleCap | None = None  # the trials' longest warm-up (`pace`), set on the first
     # what each trial window ("window") and each fresh run ("fresh") took, seconds, as measured
     walls: dict[str, list[float]] = field(default_factory=lambda: {"window": [], "fresh": []})
-    # the confirmation run was started ahead: when its set-up should be done (time.monotonic())
-    ahead_ready_at: float | None = None
+    # a run started ahead: what is left of its set-up, and whether it is starved (`Prestarted.setup_left`)
+    ahead_left: Callable[[], tuple[float, bool]] | None = None
     ran_fresh: set[str] = field(default_factory=set)  # fixes with a fresh run measured (`once_s`)
     refused: set[str] = field(default_factory=set)  # fixes not tried: past the budget
 
@@ -108,7 +108,7 @@ class Tuning:
         picked = self._chosen()
         gains = [o.gain for o in picked.values() if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
-        kind, once_s = "prestarted" if self.ahead_ready_at is not None else "fresh", 0.0
+        kind, once_s = "prestarted" if self.ahead_left is not None else "fresh", 0.0
         workers = max((int(o.settings.loader().get("num_workers") or 0) for o in picked.values()), default=0)
         for p in self._may_confirm():
             if kind == "fresh" and p.fix in self.ran_fresh:
@@ -175,10 +175,13 @@ class Tuning:
         # a pair of windows checks a choice made in windows, and stands beside the confirmation
         # run; fresh runs get the script's own setting measured again after it; neither where
         # nothing can be confirmed (a compile that cannot pay is only recommended). A run started
-        # ahead is measured once its set-up, overlapping all that, is done.
+        # ahead is measured once its set-up, overlapping all that, is done; a starved one sets up
+        # after all that.
         if not self._may_confirm():
             return total
-        setup_left_s = max(0.0, self.ahead_ready_at - time.monotonic()) if self.ahead_ready_at else 0.0
+        setup_left_s, starved = self.ahead_left() if self.ahead_left is not None else (0.0, False)
+        if starved:
+            return total + beside + setup_left_s + self.confirmation_cost_s()
         return max(total + beside, setup_left_s) + self.confirmation_cost_s()
 
     def _pair_window_s(self, speedup: float) -> float:

@@ -21,7 +21,13 @@ import psutil
 
 from trainadvisor import _serial
 from trainadvisor.measure import priority
-from trainadvisor.measure.config import AHEAD_ENV_CHANGED, WindowCommand, released_file, standing_file
+from trainadvisor.measure.config import (
+    AHEAD_ENV_CHANGED,
+    WindowCommand,
+    at_gate_file,
+    released_file,
+    standing_file,
+)
 from trainadvisor.training.hooks import Recorder, WindowComplete
 
 POLL_S = 0.005
@@ -56,10 +62,11 @@ def hold(recorder: Recorder, path: Path) -> None:
     """Import what the script would import after its first DataLoader (IMPORTED_AHEAD), beside
     the baseline's own imports and at the same priority (in the idle class they crawl on a
     machine whose cores are all busy); then lower this process (`priority.lower`) and say so
-    (`standing_file`: its imports are done). At the script's first gate, wait for `path`, then
-    restore the priority of every thread (`priority.restore`). Where a thread stays lowered, the
-    run stops there, recording how many (`priority.LOWERED`); where the script set a variable
-    those imports read (`config.AHEAD_ENV_CHANGED`), too: the parent measures a fresh run."""
+    (`standing_file`: its imports are done). At the script's first gate, say so (`at_gate_file`:
+    its set-up is done), wait for `path`, then restore the priority of every thread
+    (`priority.restore`). Where a thread stays lowered, the run stops there, recording how many
+    (`priority.LOWERED`); where the script set a variable those imports read
+    (`config.AHEAD_ENV_CHANGED`), too: the parent measures a fresh run."""
     _import_ahead()
     environ = _read_at_import()  # as the imports left it (inductor sets its cache folder's)
     before = priority.lower()
@@ -72,6 +79,8 @@ def hold(recorder: Recorder, path: Path) -> None:
     ).start()
 
     def wait_and_apply() -> None:
+        with contextlib.suppress(OSError):  # the parent's estimate of what is left reads this
+            at_gate_file(path).touch()
         while not path.exists():
             if os.getppid() != parent:
                 raise WindowComplete()  # the parent is gone: nobody will read the result

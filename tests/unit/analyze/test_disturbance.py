@@ -259,4 +259,6 @@ def test_a_threads_wait_for_a_cpu_is_its_run_queue_time_between_readings(tmp_pat
     path.write_text("9 2300000000 9\n")
     assert queue.pct(13.0) == 100.0  # never more than all the time (a tick late: 1 s in 0.5 s)
     assert sampling.QueueWait(8, tmp_path).pct(1.0) is None  # no such thread
-    assert sampling.QueueWait(7, tmp_path, tid=9).path == tmp_path / "7" / "task" / "9" / "schedstat"
+    (tmp_path / "7" / "task" / "9").mkdir(parents=True)
+    (tmp_path / "7" / "task" / "9" / "schedstat").write_text("9 4500000000 9\n")  # another thread's
+    assert sampling.queued_ns_of(7, tmp_path, tid=9) == 4_500_000_000

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from trainadvisor.measure import kept_alive
-from trainadvisor.measure.config import WindowSize, released_file, standing_file
+from trainadvisor.measure.config import WindowSize, at_gate_file, released_file, standing_file
 from trainadvisor.measure.kept_alive import Prestarted, _FirstStep, _how_it_ended, _LastWord
 from trainadvisor.measure.runner import RunSpec
 from trainadvisor.measure.watchdog import Heartbeat
@@ -60,6 +60,7 @@ def _prestarted(tmp_path: Path, launched: Any) -> Prestarted:
         "after", Path("train.py"), ["--lr", "0.1"], tmp_path, 5, 20, gate_file=tmp_path / "gate.json"
     )
     ahead.launched, ahead.exiting, ahead.released_at = launched, None, None
+    ahead.proc, ahead._queued_ns = tmp_path / "proc", None  # no schedstat: another OS
     return ahead
 
 
@@ -265,12 +266,43 @@ def test_a_run_started_ahead_is_let_into_the_script_once_and_counts_its_set_up_f
     clock = FakeTime()
     monkeypatch.setattr(kept_alive, "time", clock)
     ahead = _prestarted(tmp_path, _launched(tmp_path))
-    assert ahead.ready_at(9.5) == 109.5  # not let in yet: its set-up would start now
+    assert ahead.setup_left(9.5) == (9.5, False)  # not let in yet: all of its set-up is left
     ahead.release()
     assert released_file(tmp_path / "gate.json").exists() and ahead.released_at == 100.0
     clock.sleep(3.0)
     ahead.release()  # the first step is the one that lets it in
-    assert ahead.released_at == 100.0 and ahead.ready_at(9.5) == 109.5
+    assert ahead.released_at == 100.0 and ahead.setup_left(9.5) == (6.5, False)  # counted in wall time
+    at_gate_file(tmp_path / "gate.json").touch()
+    assert ahead.setup_left(9.5) == (0.0, False)  # it waits for its settings: its set-up is done
+
+
+def _queued(tmp_path: Path, pid: int, waited_ns: int) -> None:
+    """Process `pid`'s main thread as /proc/<pid>/task/<pid>/schedstat gives it: on a CPU, waiting
+    for one, time slices (ns, ns, count)."""
+    folder = tmp_path / "proc" / str(pid) / "task" / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "schedstat").write_text(f"3800000000 {waited_ns} 912\n")
+
+
+@pytest.mark.parametrize(
+    ("waited_s", "left_s", "starved"),
+    [
+        (0.5, 6.0, False),  # it ran (or slept) 3.5 s of the 4: that much of its set-up is done
+        (3.5, 9.0, True),  # it waited for a CPU 3.5 s of the 4: in the idle class beside busy cores
+        (2.0, 7.5, True),  # half of the time, from which it is starved
+    ],
+)
+def test_a_run_started_ahead_counts_its_set_up_in_the_time_it_did_not_wait_for_a_cpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, waited_s: float, left_s: float, starved: bool
+) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(kept_alive, "time", clock)
+    ahead = _prestarted(tmp_path, _launched(tmp_path))
+    _queued(tmp_path, 4242, 1_000_000_000)
+    ahead.release()
+    clock.sleep(4.0)
+    _queued(tmp_path, 4242, 1_000_000_000 + int(waited_s * 1e9))
+    assert ahead.setup_left(9.5) == (pytest.approx(left_s), starved)
 
 
 def test_the_baseline_lets_the_run_started_ahead_in_at_its_first_step(tmp_path: Path) -> None:

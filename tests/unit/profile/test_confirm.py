@@ -566,6 +566,35 @@ def test_a_run_started_ahead_whose_threads_stayed_lowered_is_not_replaced_past_t
     ]
 
 
+@pytest.mark.parametrize(("setup_left_s", "measured"), [(30.0, False), (0.0, True)])
+def test_a_run_started_ahead_counts_what_is_left_of_its_set_up_against_the_budget(
+    monkeypatch: pytest.MonkeyPatch, setup_left_s: float, measured: bool
+) -> None:
+    """Starved beside busy cores, its set-up (30 s) is left whole when the settings come: with its
+    5 s of windows, past the budget's 30 s left; done, it fits."""
+    handed: list[RunSpec] = []
+
+    class Waiting:
+        def waiting(self) -> bool:
+            return True
+
+        def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
+            handed.append(spec)
+            return _windows_at(25.0).raw
+
+    _stage(monkeypatch, FreshRun(None, call_first=True))
+    baseline = _windows_at(10.0)
+    options = replace(OPTIONS, budget_s=30.0)
+    tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)], options)
+    monkeypatch.setattr(tuning, "confirmation_cost_s", lambda: 5.0)
+    tuning.ahead_left = lambda: (setup_left_s, setup_left_s > 0)
+    done = confirm(options, baseline, tuning, None, lambda line: None, Waiting())  # type: ignore[arg-type]
+    assert bool(handed) is measured
+    (outcome,) = done.outcomes
+    assert outcome.status == ("kept" if measured else "unconfirmed")
+    assert measured or "a confirmation run (about 35 s) would have run past the --budget" in outcome.reason
+
+
 def test_a_run_started_ahead_that_stepped_aside_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     class SteppedAside:
         def waiting(self) -> bool:

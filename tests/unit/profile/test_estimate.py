@@ -12,7 +12,6 @@ could be kept; --budget counts it too."""
 from __future__ import annotations
 
 import time
-import types
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from support.race import _run, _windows_at
 
 from trainadvisor.fixes import REGISTRY
 from trainadvisor.fixes.compile import COMPILE_FIXED_S, COMPILE_PER_OP_S
-from trainadvisor.profile import tuning as tuning_module
 from trainadvisor.profile.pace import setup_s
 from trainadvisor.profile.runs import ProfileOptions
 from trainadvisor.profile.tuning import Tuning
@@ -51,7 +49,7 @@ def _tuning(*fixes_planned: str, budget_s: float | None = None, **values: Any) -
 
 def _left_s(*fixes_planned: str, live: bool = True, prestarted: bool = False, **values: Any) -> float:
     tuning = _tuning(*fixes_planned, **values)
-    tuning.ahead_ready_at = 0.0 if prestarted else None  # its set-up done long ago
+    tuning.ahead_left = (lambda: (0.0, False)) if prestarted else None  # its set-up done long ago
     return tuning.remaining_s(live)
 
 
@@ -102,15 +100,17 @@ def test_a_loader_bound_by_latency_counts_the_doubling_past_the_hiding_count_and
     assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.25 + 3.5
 
 
-def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done() -> None:
     """Its set-up, 9 s still to run (the baseline's took that long before its first step),
-    outlasts the trials and their pair (6.25 s): the confirmation starts after it."""
+    outlasts the trials and their pair (6.25 s): the confirmation starts after it. Starved (in the
+    idle class beside busy cores), its set-up runs after them, once its settings come."""
     tuning = _tuning("dataloader-workers", **LATENCY)
-    monkeypatch.setattr(tuning_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
-    tuning.ahead_ready_at = 1009.0
+    tuning.ahead_left = lambda: (9.0, False)
     assert round(tuning.remaining_s(True), 6) == 9.0 + 3.5
-    tuning.ahead_ready_at = 1005.0  # 5 s left: the trials and pair take longer
+    tuning.ahead_left = lambda: (5.0, False)  # 5 s left: the trials and pair take longer
     assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 3.5
+    tuning.ahead_left = lambda: (5.0, True)
+    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 5.0 + 3.5
 
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:
@@ -158,7 +158,7 @@ def test_once_a_compiled_run_was_measured_its_wall_stands_for_the_compile() -> N
     assert tuning.confirmation_cost_s() == 31.0  # the compiled trial's run: the longest fresh one
     # a run started ahead is estimated from the baseline's shape: plus the compile its trial
     # measured (the confirmation reads the inductor cache that trial left), else the prior
-    tuning.ahead_ready_at = 0.0
+    tuning.ahead_left = lambda: (0.0, False)
     started_ahead_s = tuning.cost_s("prestarted", 1.0)
     tuning.outcomes[0] = replace(tuning.outcomes[0], compile_s=9.5)
     assert round(tuning.confirmation_cost_s() - started_ahead_s, 6) == 9.5
@@ -183,7 +183,7 @@ def test_a_compile_refused_for_the_budget_counts_in_no_estimate_after() -> None:
     )
     tuning.outcomes[0] = FixOutcome("tf32", "rule", "unconfirmed", "", Overrides(), [], gain=1.3)
     tuning.tried.add("tf32")
-    tuning.ahead_ready_at = 0.0
+    tuning.ahead_left = lambda: (0.0, False)
     before_s = tuning.confirmation_cost_s()
     assert round(before_s - tuning.cost_s("prestarted", 1.3), 6) == 17.4  # compile could still be confirmed
     tuning.run(tuning.plan[1], lambda *args: pytest.fail("measured past the budget"), "restart")
