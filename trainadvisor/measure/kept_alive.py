@@ -42,8 +42,8 @@ from trainadvisor.units import signal_name
 
 POLL_S = 0.02
 # From this share of the time since its release spent waiting for a CPU, a run started ahead is
-# starved: in the idle class beside cores all busy (another process on one, the trials on the
-# other), its set-up got 0.1 CPU-s in 48 s, and was done only once its settings came.
+# starved: in the idle class beside processes that kept both cores busy, its set-up got 0.1 CPU-s
+# in the 48 s of the baseline's window and the trials, and was done only once its settings came.
 STARVED_SHARE = 0.5
 
 
