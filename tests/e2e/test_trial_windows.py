@@ -288,9 +288,14 @@ def test_a_gain_that_only_a_process_beside_the_loop_makes_is_not_kept(tmp_path: 
     read = [pct for pct in waits if pct is not None]
     # the loop shares its core: its waits were read (19-49% of its time in the runs beside it)
     assert len(read) >= 3 and sum(read) / len(read) > 5.0, waits
-    if outcome["status"] == "inconclusive":
-        assert "judged with those waits taken out of its steps" in outcome["reason"], outcome["reason"]
-        assert outcome["reason"].endswith("a quiet machine would not keep it")
+    if outcome["status"] == "inconclusive":  # kept as measured, not without the waits; or no gain
+        # in the confirmation where its trial gained, beside the load (`confirm._Judge.contradicted`)
+        reason = outcome["reason"]
+        without_waits = "judged with those waits taken out of its steps" in reason
+        assert (without_waits and reason.endswith("a quiet machine would not keep it")) or (
+            "not a reliable gain; but other processes used" in reason
+            and reason.endswith("the load may have decided, not the fix; measure again on a quiet machine")
+        ), reason
 
 
 @pytest.mark.long_run

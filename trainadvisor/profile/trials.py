@@ -178,17 +178,23 @@ class _OwnLength:
 
 
 def windows(
-    live: LiveRun, options: ProfileOptions, baseline: Run, budget: Budget, settle_cap_s: float | None = None
+    live: LiveRun,
+    options: ProfileOptions,
+    baseline: Run,
+    budget: Budget,
+    settle_cap_s: float | None = None,
+    time_left: Callable[[], float | None] = lambda: None,
 ) -> Measurer:
     """Each candidate in a window of the live baseline run, switched at a step boundary, fitted
     into the steps `budget` says the window may use, its warm-up's blocks capped at
-    `settle_cap_s` (`pace`)."""
+    `settle_cap_s` (`pace`) and by what `time_left` says is left of --budget (`budget_cap_s`)."""
     step_s = (baseline.step_time_ms.median or 100.0) / 1e3
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
         overrides = candidate.overrides
         warmup, steps, most = fit(*window_steps(options, overrides), budget())
-        cap = min(c for c in (settle_cap_s, candidate.settle_s, float("inf")) if c is not None)
+        caps = (settle_cap_s, candidate.settle_s, budget_cap_s(time_left(), options.min_time_s))
+        cap = min(c for c in (*caps, float("inf")) if c is not None)
         capped = cap if cap < float("inf") else None
         size = size_for(options, overrides, most, capped, candidate.race_below, candidate.race_warmup)
         # generous: a candidate may be slower than the baseline, and workers take time to start
@@ -206,6 +212,21 @@ def windows(
         return Measured(summarize(raw), raw, "measured", cut_short(raw) or None)
 
     return measure_candidate
+
+
+# The least a window's warm-up may wait to settle where --budget is nearly spent: one block.
+BUDGET_SETTLE_MIN_S = 1.0
+
+
+def budget_cap_s(left_s: float | None, min_time_s: float) -> float | None:
+    """The longest a window's warm-up may wait for its step time to settle so that the window,
+    its timed steps (`min_time_s`) and its overhead after them, ends within `left_s` of --budget
+    (at least BUDGET_SETTLE_MIN_S); None without a budget. A window starts only where its
+    estimate fits, but beside a busy core a warm-up that never settled ran to its cap and the
+    command ended 14-25% past a 30 s budget: cut there, the window is named unsettled instead."""
+    if left_s is None:
+        return None
+    return max(BUDGET_SETTLE_MIN_S, left_s - min_time_s - pace.WINDOW_OVERHEAD_S)
 
 
 def tune(

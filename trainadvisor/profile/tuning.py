@@ -292,11 +292,10 @@ class Tuning:
             return
         self.windows.append(_window("baseline", "", AS_SCRIPT, self.baseline, 0.0))
         self.live_steps = self.baseline.raw.steps_seen
-        measure = self._recording(
-            windows(
-                live, self.options, self.baseline, lambda: self.window_budget(eligible), self.settle_cap_s
-            )
-        )
+        budget_s = self.options.budget_s
+        left = lambda: None if budget_s is None else budget_s - self.elapsed_s()  # noqa: E731
+        steps = lambda: self.window_budget(eligible)  # noqa: E731
+        measure = self._recording(windows(live, self.options, self.baseline, steps, self.settle_cap_s, left))
         for planned in eligible:
             if live.ended is not None:
                 break
