@@ -32,7 +32,8 @@ def test_a_loop_that_starts_slow_is_timed_on_its_settled_steps(tmp_path: Path) -
     baseline = report["baseline"]
     shape = baseline["raw"]["shape"]
     assert shape["warmup_end"] == "settled" and shape["warmup_s"] >= 1.5
-    assert baseline["step_time_ms"]["p90"] < 5.0  # no 20 ms step among the timed ones
+    # no 20 ms step among the timed ones (beside a busy core and the suite, their p90 read 7.8 ms)
+    assert baseline["step_time_ms"]["p90"] < 10.0
     assert shape["timed_s"] >= 1.0 and baseline["steps"] >= 100  # the time floor, not 10 steps
     assert any(n.startswith("Warm-up: the baseline's step time") for n in report["details"])
 

@@ -120,7 +120,7 @@ def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Pat
     # the reads got faster by themselves (their latency halves over 10 s): by more than the 5% a
     # kept fix must gain, so that the first trial judged against the first window alone would pass
     # (18% in a quiet run whose windows settled in 1-2 s: the run is over before the cache is warm)
-    assert again > 1.1 * first
+    assert again > 1.05 * first  # 1.07x beside a busy core and the suite
     # the bracket catches it; where a trial's own noise got past it, the confirmation run does: no
     # gain, or inconclusive where other processes used CPU beside it (a test beside it under -n)
     assert outcome["status"] in ("no_gain", "inconclusive"), outcome
