@@ -73,10 +73,10 @@ def confirm(
     verdicts: dict[str, tuple[FixStatus, str]] = {}
     changed = None
     waiting = prestarted if prestarted is not None and prestarted.waiting() else None
-    if waiting is not None and tuning.ahead_left is not None:  # and what is left of its set-up
-        estimate_s = tuning.confirmation_cost_s() + tuning.ahead_left()[0]
-    else:
-        estimate_s = tuning.confirmation_cost_s() if waiting is not None else tuning.cost_s("fresh")
+    if waiting is None:
+        estimate_s = tuning.cost_s("fresh")
+    else:  # and what is left of its set-up
+        estimate_s = tuning.confirmation_cost_s() + (tuning.ahead_left()[0] if tuning.ahead_left else 0.0)
     if chosen and not tuning.fits(estimate_s):
         verdicts = {o.fix: ("unconfirmed", _over_budget(options, o, chosen, estimate_s)) for o in chosen}
     elif chosen:
