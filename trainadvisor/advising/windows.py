@@ -22,9 +22,10 @@ from torch.utils.data import DataLoader
 
 from trainadvisor import fixes
 from trainadvisor.analyze.run.summary import summarize
+from trainadvisor.profile.pace import ordered
 from trainadvisor.profile.runs import ProfileOptions, window_steps
 from trainadvisor.profile.trials import decide
-from trainadvisor.profile.tuning import AS_SCRIPT, ordered
+from trainadvisor.profile.tuning import AS_SCRIPT
 from trainadvisor.records import (
     FixOutcome,
     LoaderInfo,

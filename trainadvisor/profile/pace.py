@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
+from trainadvisor import fixes
 from trainadvisor.analyze.run.summary import percentile, summarize
 from trainadvisor.measure.race import RACE_MARGIN
 from trainadvisor.measure.settle import BLOCK_S, BLOCK_STEPS, BLOCKS, TOLERANCE
-from trainadvisor.records import RawRun, Run, Trial, timed_steps
+from trainadvisor.records import PlannedFix, RawRun, Run, Trial, timed_steps
 
 # A trial's warm-up waits for its step time to settle at most this many times as long as the
 # baseline's did (its loop is the baseline's, with one setting changed: a new DataLoader's
@@ -298,3 +300,20 @@ def machine_changed(first: Run, adjacent: Run) -> str | None:
             "measurements of one loop differ by)"
         )
     return None
+
+
+# ---- which fix first ----
+
+
+def gain_bound(planned: PlannedFix, values: dict[str, Any]) -> float:
+    """The most a fix can speed the step up: 1 / (1 - the share its bottleneck takes)."""
+    share = values.get(fixes.REGISTRY[planned.fix].bound_by) if planned.fix in fixes.REGISTRY else None
+    if not isinstance(share, (int, float)):
+        return 1.0
+    return 1.0 / max(1.0 - min(float(share), 99.0) / 100.0, 0.01)
+
+
+def ordered(plan: list[PlannedFix], values: dict[str, Any]) -> list[int]:
+    """The applicable fixes' places in the plan, most to gain first (ties keep plan order)."""
+    applicable = [i for i, p in enumerate(plan) if p.applicable]
+    return sorted(applicable, key=lambda i: -gain_bound(plan[i], values))

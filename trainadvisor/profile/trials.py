@@ -229,6 +229,20 @@ def budget_cap_s(left_s: float | None, min_time_s: float) -> float | None:
     return max(BUDGET_SETTLE_MIN_S, left_s - min_time_s - pace.WINDOW_OVERHEAD_S)
 
 
+def run_cap_s(
+    cap_s: float | None, left_s: float | None, estimate_s: float, unsettled_s: float
+) -> float | None:
+    """The longest a fresh run's warm-up may wait to settle (the confirmation, the script's
+    setting measured next to it): `cap_s`, and where `left_s` of --budget is left, the settling
+    its estimate counts (`estimate_s` less `unsettled_s`, the estimate without any) plus what
+    the budget leaves beyond the estimate, BUDGET_SETTLE_MIN_S at least. Cut there, the run is
+    named unsettled, as a window cut by `budget_cap_s` is."""
+    if left_s is None:
+        return cap_s
+    budgeted_s = max(BUDGET_SETTLE_MIN_S, max(0.0, estimate_s - unsettled_s) + left_s - estimate_s)
+    return budgeted_s if cap_s is None else min(cap_s, budgeted_s)
+
+
 def tune(
     fix: fixes.Fix,
     values: dict[str, Any],

@@ -17,28 +17,15 @@ from trainadvisor.measure.kept_alive import LiveRun
 from trainadvisor.profile import attribution, pace
 from trainadvisor.profile.baseline import loader_problem
 from trainadvisor.profile.judge import KEEP_MIN_SPEEDUP, usable
+from trainadvisor.profile.pace import gain_bound, ordered
 from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, chosen_trial, pair_choice
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
-from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, tune, windows
+from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, run_cap_s, tune, windows
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
 
 # A trial window fitted into a short run gets at least this many steps (warm-up and timed):
 # fewer would time too few steps to count (`judge.MIN_TIMED_STEPS`).
 MIN_WINDOW_STEPS = 15
-
-
-def gain_bound(planned: PlannedFix, values: dict[str, Any]) -> float:
-    """The most a fix can speed the step up: 1 / (1 - the share its bottleneck takes)."""
-    share = values.get(fixes.REGISTRY[planned.fix].bound_by) if planned.fix in fixes.REGISTRY else None
-    if not isinstance(share, (int, float)):
-        return 1.0
-    return 1.0 / max(1.0 - min(float(share), 99.0) / 100.0, 0.01)
-
-
-def ordered(plan: list[PlannedFix], values: dict[str, Any]) -> list[int]:
-    """The applicable fixes' places in the plan, most to gain first (ties keep plan order)."""
-    applicable = [i for i, p in enumerate(plan) if p.applicable]
-    return sorted(applicable, key=lambda i: -gain_bound(plan[i], values))
 
 
 @dataclass
@@ -91,20 +78,29 @@ class Tuning:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
-    def cost_s(self, kind: str, speedup: float = 1.0, loading: tuple[int, float | None] = (0, None)) -> float:
+    def cost_s(
+        self,
+        kind: str,
+        speedup: float = 1.0,
+        loading: tuple[int, float | None] = (0, None),
+        settle_cap_s: float | None = None,
+    ) -> float:
         """About how long the next trial window ("window"), window of the script's own setting
         in a pair ("pair"), fresh run ("fresh") or run started ahead ("prestarted") takes, for a
-        setting up to `speedup` x as fast as the script's (`pace`)."""
+        setting up to `speedup` x as fast as the script's (`pace`), its warm-up capped at
+        `settle_cap_s` where given (else the cap of its kind)."""
         caps = {"window": self.settle_cap_s, "prestarted": self.compared_settle_cap_s}
+        cap = settle_cap_s if settle_cap_s is not None else caps.get(kind)
         walls = self.walls.get(kind, [])
         counted = self.options.warmup if kind == "pair" else 0
-        return pace.cost_s(kind, walls, self.baseline.raw, speedup, caps.get(kind), loading, counted)
+        return pace.cost_s(kind, walls, self.baseline.raw, speedup, cap, loading, counted)
 
-    def confirmation_cost_s(self) -> float:
+    def confirmation_cost_s(self, settle_cap_s: float | None = None) -> float:
         """About how long the confirmation run takes: its timed steps at the pace its chosen
         fixes measured (where none is chosen yet, the most the fixes to try can give), and what
         the fixes it may hold pay once (compiling: as measured where chosen, else the prior),
-        unless a fresh run's wall counts it already."""
+        unless a fresh run's wall counts it already; its warm-up capped at `settle_cap_s` where
+        given."""
         picked = self._chosen()
         gains = [o.gain for o in picked.values() if o.gain]
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
@@ -116,7 +112,7 @@ class Tuning:
             fix = fixes.REGISTRY[p.fix]
             measured = fix.measured_once_s(picked[p.fix]) if p.fix in picked else None
             once_s += measured if measured is not None else fix.once_s(self.values)
-        return self.cost_s(kind, speedup, (workers, None)) + once_s
+        return self.cost_s(kind, speedup, (workers, None), settle_cap_s) + once_s
 
     def _chosen(self) -> dict[str, FixOutcome]:
         """The fixes chosen so far, waiting for the confirmation run, by id."""
@@ -412,12 +408,15 @@ class Tuning:
     def measure_again(self) -> Run | None:
         """The script's own setting measured again next to the confirmation run (`confirm`), in
         a fresh run; None where the budget leaves no time for it, or it measured nothing."""
-        if not self.fits(self.cost_s("fresh")):
+        estimate_s, budget_s = self.cost_s("fresh"), self.options.budget_s
+        if not self.fits(estimate_s):
             self.notes.append(
                 "The script's own setting was not measured again next to the confirmation run: "
-                f"it (about {_clock(self.cost_s('fresh'))}) would have run past the --budget."
+                f"it (about {_clock(estimate_s)}) would have run past the --budget."
             )
             return None
+        left_s = None if budget_s is None else budget_s - self.elapsed_s()
+        unsettled_s = self.cost_s("fresh", settle_cap_s=0.0)
         quiet = {"profile": False, "show_output": False, "timeout_s": max(60.0, 5 * self.baseline.raw.wall_s)}
         spec = fresh_spec(
             self.options,
@@ -425,7 +424,7 @@ class Tuning:
             Overrides(),
             self.length,
             0,
-            self.compared_settle_cap_s,
+            run_cap_s(self.compared_settle_cap_s, left_s, estimate_s, unsettled_s),
             **quiet,
         )
         run = measure_run(spec)

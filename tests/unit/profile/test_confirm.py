@@ -554,7 +554,7 @@ def test_a_run_started_ahead_whose_threads_stayed_lowered_is_not_replaced_past_t
     baseline.raw.wall_s = 60.0  # a fresh run takes as long as the baseline's whole run
     options = replace(OPTIONS, budget_s=40.0)
     tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)], options)
-    monkeypatch.setattr(tuning, "confirmation_cost_s", lambda: 5.0)  # its set-up done: it fits
+    monkeypatch.setattr(tuning, "confirmation_cost_s", lambda settle_cap_s=None: 5.0)  # set up: it fits
     assert not tuning.fits(tuning.cost_s("fresh"))
     done = confirm(options, baseline, tuning, None, lambda line: None, _StoppedAtItsGate())  # type: ignore[arg-type]
     assert [(o.status, o.reason) for o in done.outcomes] == [
@@ -586,13 +586,49 @@ def test_a_run_started_ahead_counts_what_is_left_of_its_set_up_against_the_budge
     baseline = _windows_at(10.0)
     options = replace(OPTIONS, budget_s=30.0)
     tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)], options)
-    monkeypatch.setattr(tuning, "confirmation_cost_s", lambda: 5.0)
+    monkeypatch.setattr(tuning, "confirmation_cost_s", lambda settle_cap_s=None: 5.0)
     tuning.ahead_left = lambda: (setup_left_s, setup_left_s > 0)
     done = confirm(options, baseline, tuning, None, lambda line: None, Waiting())  # type: ignore[arg-type]
     assert bool(handed) is measured
     (outcome,) = done.outcomes
     assert outcome.status == ("kept" if measured else "unconfirmed")
     assert measured or "a confirmation run (about 35 s) would have run past the --budget" in outcome.reason
+
+
+@pytest.mark.parametrize(
+    ("budget_s", "unsettled_s", "cap_s"),
+    [(None, 3.0, 60.0), (100.0, 3.0, 60.0), (29.0, 3.0, 6.0), (26.5, 6.0, 1.0)],
+)
+def test_the_confirmations_warm_up_ends_within_the_budget(
+    monkeypatch: pytest.MonkeyPatch, budget_s: float | None, unsettled_s: float, cap_s: float
+) -> None:
+    """20 s into a profile, a confirmation estimated at 6 s, 3 s of it settling: under a budget of
+    29 s it may settle those 3 s and the 3 s the budget leaves beyond its estimate; one whose
+    estimate counts no settling (6 s without it too) and fits with 0.5 s to spare gets the floor,
+    1 s; without a budget, or with room, the comparison's own cap (60 s: the baseline's warm-up
+    did not settle)."""
+    handed: list[RunSpec] = []
+
+    class Waiting:
+        def waiting(self) -> bool:
+            return True
+
+        def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
+            handed.append(spec)
+            return _windows_at(25.0).raw
+
+    _stage(monkeypatch, FreshRun(None, call_first=True))
+    baseline = _windows_at(10.0)
+    options = replace(OPTIONS, budget_s=budget_s)
+    tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)], options)
+    tuning.started = time.monotonic() - 20.0
+    monkeypatch.setattr(
+        tuning, "confirmation_cost_s", lambda settle_cap_s=None: unsettled_s if settle_cap_s == 0 else 6.0
+    )
+    tuning.ahead_left = lambda: (0.0, False)
+    confirm(options, baseline, tuning, None, lambda line: None, Waiting())  # type: ignore[arg-type]
+    (spec,) = handed
+    assert spec.size.settle.blocks_max_s == pytest.approx(cap_s, abs=0.05)
 
 
 def test_a_run_started_ahead_that_stepped_aside_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,11 +42,18 @@ def test_a_windows_warm_up_ends_within_what_is_left_of_the_budget() -> None:
     from trainadvisor.fixes import REGISTRY
     from trainadvisor.fixes.common import Setting
     from trainadvisor.profile.runs import ProfileOptions
-    from trainadvisor.profile.trials import budget_cap_s, windows
+    from trainadvisor.profile.trials import budget_cap_s, run_cap_s, windows
     from trainadvisor.records import Overrides
 
     options = ProfileOptions(Path("train.py"), [], Path("out"), min_time_s=1.0)
     assert (budget_cap_s(None, 1.0), budget_cap_s(10.0, 1.0), budget_cap_s(1.2, 1.0)) == (None, 8.5, 1.0)
+    # a fresh run's: the settling its estimate counts (8 s of 12) and what the budget leaves beyond it
+    runs = [
+        run_cap_s(20.0, None, 12.0, 4.0),
+        run_cap_s(20.0, 15.0, 12.0, 4.0),
+        run_cap_s(None, 12.5, 12.0, 12.0),
+    ]
+    assert runs + [run_cap_s(5.0, 15.0, 12.0, 4.0)] == [20.0, 11.0, 1.0, 5.0]
     caps = []
     for left_s, pair_s in [(None, None), (40.0, None), (10.0, None), (10.0, 3.0), (0.5, None)]:
         live = _Recorded()
