@@ -15,7 +15,7 @@ from trainadvisor.measure import priority
 from trainadvisor.measure.config import AHEAD_ENV_CHANGED
 from trainadvisor.measure.kept_alive import Prestarted
 from trainadvisor.measure.runner import PROFILE_STEPS, RunSpec
-from trainadvisor.profile import quiet
+from trainadvisor.profile import pace, quiet
 from trainadvisor.profile.judge import MIN_TIMED_STEPS, compare, usable, verdict
 from trainadvisor.profile.pace import MACHINE_DRIFT, machine_changed, machine_drift, raced
 from trainadvisor.profile.runs import (
@@ -80,7 +80,7 @@ def confirm(
         echo("trainadvisor: confirming the chosen settings in a fresh profiled run")
         merged = merge_overrides([o.settings for o in chosen])
         first = measure_run if waiting is None else _ahead_or_fresh(waiting, tuning, echo)
-        cap = _settle_cap_s(tuning, estimate_s, _estimate_s(tuning, waiting is not None, settle_cap_s=0.0))
+        cap = _settle_cap_s(tuning, estimate_s, _estimate_s(tuning, waiting is not None, unsettled=True))
         spec_of = lambda known: confirmation_spec(options, merged, known, cap)  # noqa: E731
         after = with_baseline_flops(
             measure_fitted(spec_of, lambda: tuning.length, tuning.learn, first), baseline
@@ -112,11 +112,13 @@ def confirm(
     return Confirmed(final, after, comparison, [note for note in notes if note])
 
 
-def _estimate_s(tuning: Tuning, ahead: bool, settle_cap_s: float | None = None) -> float:
+def _estimate_s(tuning: Tuning, ahead: bool, unsettled: bool = False) -> float:
     """About how long the confirmation takes: a fresh run's, or the run started `ahead`'s and what
-    is left of its set-up; its warm-up capped at `settle_cap_s` where given."""
+    is left of its set-up; `unsettled`: without the settling of its warm-up."""
     if not ahead:
-        return tuning.cost_s("fresh", settle_cap_s=settle_cap_s)
+        walls = tuning.walls["fresh"]
+        return pace.fresh_unsettled_s(walls, tuning.baseline.raw) if unsettled else tuning.cost_s("fresh")
+    settle_cap_s = 0.0 if unsettled else None
     return tuning.confirmation_cost_s(settle_cap_s) + (tuning.ahead_left()[0] if tuning.ahead_left else 0.0)
 
 

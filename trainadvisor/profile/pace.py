@@ -215,6 +215,13 @@ def _fresh_s(baseline: RawRun, settle_cap_s: float | None) -> float:
     return baseline.wall_s - max(0.0, shape.warmup_s - cap)
 
 
+def fresh_unsettled_s(walls: list[float], baseline: RawRun) -> float:
+    """A fresh run's estimate (`cost_s("fresh")`) without the settling of its warm-up: its
+    set-up (`setup_s`), which no settling cap shortens, stays in it."""
+    whole_s = cost_s("fresh", walls, baseline)
+    return min(whole_s, cost_s("fresh", walls, baseline, settle_cap_s=0.0) + setup_s(baseline))
+
+
 # ---- paired windows: a choice made in windows, measured against the baseline's setting next to it ----
 
 # At most this many pairs of adjacent windows (the baseline's setting, then the candidate's).

@@ -416,7 +416,7 @@ class Tuning:
             )
             return None
         left_s = None if budget_s is None else budget_s - self.elapsed_s()
-        unsettled_s = self.cost_s("fresh", settle_cap_s=0.0)
+        unsettled_s = pace.fresh_unsettled_s(self.walls["fresh"], self.baseline.raw)
         quiet = {"profile": False, "show_output": False, "timeout_s": max(60.0, 5 * self.baseline.raw.wall_s)}
         spec = fresh_spec(
             self.options,

@@ -15,7 +15,7 @@ from trainadvisor.measure.config import WindowCommand
 from trainadvisor.measure.settle import Settling
 from trainadvisor.profile import pace
 from trainadvisor.profile.runs import ProfileOptions, size_for
-from trainadvisor.records import Overrides, RawRun, Trial, WindowShape
+from trainadvisor.records import Overrides, RawRun, StepRecord, Trial, WindowShape
 from trainadvisor.training.hooks import window_plan
 from trainadvisor.training.window import Window
 from trainadvisor.training.window_plan import WindowPlan
@@ -262,6 +262,18 @@ def test_a_fresh_runs_estimate_is_the_baselines_whole_run_with_its_warmup_capped
     quick = _shape("settled", 1.5)
     quick.wall_s = 12.0
     assert pace.cost_s("fresh", [], quick) == 12.0  # a warm-up under the cap counts whole
+
+
+def test_a_fresh_runs_estimate_without_its_settling_keeps_its_set_up() -> None:
+    """A baseline of 30 s whose 12 s warm-up held 4 s of set-up and 80 steps of 100 ms: a fresh run
+    is estimated at 28 s (its warm-up capped at 10 s), 22 s of it neither settling nor capped
+    (the 18 s after the warm-up and the 4 s of set-up); where a fresh run measured 29 s, no part
+    of the estimate is known to be settling."""
+    steps = [StepRecord(i, i * 100.0, 100.0, 0.0) for i in range(100)]
+    baseline = RawRun("baseline", "window_complete", None, None, 80, 20, 0, 25, steps, [], None)
+    baseline.shape, baseline.wall_s = WindowShape(80, 12.0, "time cap"), 30.0
+    assert (pace.setup_s(baseline), pace.cost_s("fresh", [], baseline)) == (4.0, 28.0)
+    assert (pace.fresh_unsettled_s([], baseline), pace.fresh_unsettled_s([29.0], baseline)) == (22.0, 29.0)
 
 
 def test_a_confirmations_warmup_waits_as_long_as_the_baseline_settled_in_not_3x_it() -> None:
