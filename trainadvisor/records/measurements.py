@@ -186,6 +186,7 @@ _DECLARED: dict[str, tuple[str, str, str]] = {
     "workers_busy_cores": ("count", "cores the DataLoader workers kept busy", _STEP),
     "lr_scheduler": ("bool", "the script steps a learning-rate scheduler", _RUNTIME),
     "data_parallel_modules": ("count", "modules wrapped in DataParallel", _RUNTIME),
+    "intra_op_threads": ("count", "torch's intra-op threads in the training process", _RUNTIME),
     "ddp_modules": ("count", "DistributedDataParallel modules alive at the window", _PARALLEL),
     "ddp_call_site": ("text", "file:line that built the first DistributedDataParallel", _PARALLEL),
     "ddp_find_unused_parameters": (

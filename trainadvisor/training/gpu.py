@@ -58,6 +58,7 @@ def torch_facts(
         "tf32_api": tf32_api(),
         "data_parallel_modules": data_parallel_modules,
         "amp_override": amp_override,
+        "intra_op_threads": torch.get_num_threads(),
     }
     if cuda_used:
         facts.update(

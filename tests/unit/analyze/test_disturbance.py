@@ -18,6 +18,7 @@ from trainadvisor.analyze.run.disturbance import (
     disturbance_note,
     disturbed_cores,
     other_cores,
+    threads_note,
 )
 from trainadvisor.measure import proctable, sampling
 from trainadvisor.records import HostSample
@@ -49,6 +50,25 @@ def test_several_disturbed_windows_share_one_note() -> None:
         "the host's): their timings may be disturbed; measure again on a quiet machine."
     )
     assert disturbance_note({}, 2) is None
+
+
+def test_torchs_threads_beyond_the_cores_other_processes_left_get_a_note() -> None:
+    """Two intra-op threads on 2 cores, one of which another process kept busy: a note with the
+    one thread the cores left, not measured; none where the threads fit in what was left, on one
+    thread, or with no window disturbed."""
+    disturbed = {"the baseline window": 1.0, "the confirmation run's window": 0.6}
+    assert threads_note(2, disturbed, 2) == (
+        "The training process ran 2 of torch's intra-op threads on the machine's 2 cores while other "
+        "processes used up to 1.0 of them: a parallel op waits for its slowest thread, and a thread "
+        "that shares a core with a busy process waits for its turn. Not measured here: where this "
+        "machine stays shared, torch.set_num_threads(1) at the start of the script may make each step "
+        "faster (on a quiet machine, keep torch's default)."
+    )
+    assert "torch.set_num_threads(6)" in (threads_note(8, {"the baseline window": 1.5}, 8) or "")
+    assert [threads_note(4, disturbed, 8), threads_note(1, disturbed, 2), threads_note(2, {}, 2)] == [
+        None
+    ] * 3
+    assert threads_note(None, disturbed, 2) is None  # a run recorded before the threads were read
 
 
 def test_a_quiet_window_is_not_disturbed() -> None:

@@ -228,8 +228,8 @@ def test_died_before_the_window_records_the_oom_and_torchs_facts_with_the_first_
     assert found["oom"]["breakdown"] == {"parameters": 60, "gradients": 60, "optimizer_state": 60}
     assert set(found) == {
         "oom", "cuda_used", "anomaly_detection", "float32_matmul_precision", "tf32_api",
-        "data_parallel_modules", "amp_override", "optimizer", "lr_scheduler", "optimizer_fused",
-        "optimizer_foreach", "optimizer_has_foreach", "optimizer_fusable",
+        "data_parallel_modules", "amp_override", "intra_op_threads", "optimizer", "lr_scheduler",
+        "optimizer_fused", "optimizer_foreach", "optimizer_has_foreach", "optimizer_fusable",
     }  # fmt: skip
     assert (found["cuda_used"], found["amp_override"], found["data_parallel_modules"]) == (False, "bf16", 0)
     assert (found["optimizer"], found["lr_scheduler"], found["optimizer_fused"]) == ("SGD", False, False)

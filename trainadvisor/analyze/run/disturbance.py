@@ -12,6 +12,7 @@ to take a core's time from it for a good part of the window."""
 from __future__ import annotations
 
 from statistics import fmean
+from typing import Any
 
 from trainadvisor.analyze.run.summary import window_samples
 from trainadvisor.records import FixOutcome, HostSample, RawRun, Run
@@ -83,8 +84,33 @@ def disturbance_notes(baseline: Run, outcomes: list[FixOutcome], after: Run | No
             samples += inside
     cpu_count = baseline.raw.device.cpu_count if baseline.raw.device else None
     note = disturbance_note(disturbed, cpu_count, busiest(samples))
+    threads = threads_note(baseline.raw.runtime.get("intra_op_threads"), disturbed, cpu_count)
     gpu = gpu_note({window: gpu_intruders(raw) for window, raw in runs.items() if raw})
-    return [n for n in (note, gpu) if n]
+    return [n for n in (note, threads, gpu) if n]
+
+
+def threads_note(threads: Any, disturbed: dict[str, float], cpu_count: int | None) -> str | None:
+    """Where other processes disturbed a window and the training process ran more of torch's
+    intra-op threads (`torch.get_num_threads()`, read in the baseline window) than the cores they
+    left it, a note saying so, and what to try where the machine stays shared; None elsewhere.
+    A parallel op waits for its slowest thread, and a thread sharing a core with a busy process
+    waits for its turn: `benchmarks/busy_threads.py` measured a loop fed by DataLoader workers
+    1.5-2.6x faster on one thread than on torch's two beside one busy core of 2 (1.03-1.10x
+    quietly). Not a fix: its gain is the load's, and a quiet machine would not keep it."""
+    if not disturbed or not cpu_count or not isinstance(threads, int) or threads < 2:
+        return None
+    cores = max(disturbed.values())
+    left = cpu_count - cores
+    if threads <= left:
+        return None
+    fewer = max(1, int(left))
+    return (
+        f"The training process ran {threads} of torch's intra-op threads on the machine's {cpu_count} "
+        f"cores while other processes used up to {cores:.1f} of them: a parallel op waits for its "
+        "slowest thread, and a thread that shares a core with a busy process waits for its turn. Not "
+        f"measured here: where this machine stays shared, torch.set_num_threads({fewer}) at the "
+        "start of the script may make each step faster (on a quiet machine, keep torch's default)."
+    )
 
 
 def gpu_intruders(raw: RawRun) -> dict[str, list[int]]:
