@@ -566,30 +566,39 @@ def test_a_run_started_ahead_whose_threads_stayed_lowered_is_not_replaced_past_t
     ]
 
 
+class _Waiting:
+    """A run started ahead, waiting at its gate: the specs it was handed; it measures 25 steps/s."""
+
+    def __init__(self) -> None:
+        self.handed: list[RunSpec] = []
+
+    def waiting(self) -> bool:
+        return True
+
+    def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
+        self.handed.append(spec)
+        return _windows_at(25.0).raw
+
+
+def _waiting(monkeypatch: pytest.MonkeyPatch) -> _Waiting:
+    _stage(monkeypatch, FreshRun(None, call_first=True))
+    return _Waiting()
+
+
 @pytest.mark.parametrize(("setup_left_s", "measured"), [(30.0, False), (0.0, True)])
 def test_a_run_started_ahead_counts_what_is_left_of_its_set_up_against_the_budget(
     monkeypatch: pytest.MonkeyPatch, setup_left_s: float, measured: bool
 ) -> None:
     """Starved beside busy cores, its set-up (30 s) is left whole when the settings come: with its
     5 s of windows, past the budget's 30 s left; done, it fits."""
-    handed: list[RunSpec] = []
-
-    class Waiting:
-        def waiting(self) -> bool:
-            return True
-
-        def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
-            handed.append(spec)
-            return _windows_at(25.0).raw
-
-    _stage(monkeypatch, FreshRun(None, call_first=True))
+    ahead = _waiting(monkeypatch)
     baseline = _windows_at(10.0)
     options = replace(OPTIONS, budget_s=30.0)
     tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)], options)
     monkeypatch.setattr(tuning, "confirmation_cost_s", lambda settle_cap_s=None: 5.0)
     tuning.ahead_left = lambda: (setup_left_s, setup_left_s > 0)
-    done = confirm(options, baseline, tuning, None, lambda line: None, Waiting())  # type: ignore[arg-type]
-    assert bool(handed) is measured
+    done = confirm(options, baseline, tuning, None, lambda line: None, ahead)  # type: ignore[arg-type]
+    assert bool(ahead.handed) is measured
     (outcome,) = done.outcomes
     assert outcome.status == ("kept" if measured else "unconfirmed")
     assert measured or "a confirmation run (about 35 s) would have run past the --budget" in outcome.reason
@@ -607,17 +616,7 @@ def test_the_confirmations_warm_up_ends_within_the_budget(
     estimate counts no settling (6 s without it too) and fits with 0.5 s to spare gets the floor,
     1 s; without a budget, or with room, the comparison's own cap (60 s: the baseline's warm-up
     did not settle)."""
-    handed: list[RunSpec] = []
-
-    class Waiting:
-        def waiting(self) -> bool:
-            return True
-
-        def run(self, spec: RunSpec, profile_steps: int) -> RawRun:
-            handed.append(spec)
-            return _windows_at(25.0).raw
-
-    _stage(monkeypatch, FreshRun(None, call_first=True))
+    ahead = _waiting(monkeypatch)
     baseline = _windows_at(10.0)
     options = replace(OPTIONS, budget_s=budget_s)
     tuning = _tuning(baseline, [_outcome("dataloader-workers", settings=WORKERS)], options)
@@ -626,8 +625,9 @@ def test_the_confirmations_warm_up_ends_within_the_budget(
         tuning, "confirmation_cost_s", lambda settle_cap_s=None: unsettled_s if settle_cap_s == 0 else 6.0
     )
     tuning.ahead_left = lambda: (0.0, False)
-    confirm(options, baseline, tuning, None, lambda line: None, Waiting())  # type: ignore[arg-type]
-    (spec,) = handed
+    confirm(options, baseline, tuning, None, lambda line: None, ahead)  # type: ignore[arg-type]
+    (spec,) = ahead.handed
+    assert spec.size.settle is not None
     assert spec.size.settle.blocks_max_s == pytest.approx(cap_s, abs=0.05)
 
 
