@@ -114,6 +114,15 @@ class Fix:
         they can load at most (None: not known)."""
         return [(0, None)] * self.likely_trials(values)
 
+    def likely_kept(self, values: dict[str, Any]) -> tuple[int, float | None]:
+        """The candidate the search usually keeps, as `likely_windows` gives it: its last where
+        the search usually ends on its choice (`likely_ends_on_choice`), else the one before."""
+        windows = self.likely_windows(values)
+        if not windows:
+            return (0, None)
+        ends_on_it = self.likely_ends_on_choice(values) or len(windows) < 2
+        return windows[-1] if ends_on_it else windows[-2]
+
     def likely_ends_on_choice(self, values: dict[str, Any]) -> bool:
         """Whether the search's last candidate is usually the one it chooses: the pair that
         checks the choice then reuses its window (`profile.pairs`), one window fewer."""

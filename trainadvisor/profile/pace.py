@@ -115,6 +115,9 @@ def race_note(raw: RawRun, below: float, whose: str) -> str | None:
 # fresh run's traced steps, its profiler's export and its exit (measured on 2 cores: 0.2-1.2 s a
 # window, 1.8-2.9 s a run's end).
 WINDOW_OVERHEAD_S = 0.5
+# A confirmation run times at least this many steps a DataLoader worker of its setting: three
+# throughput windows of two rounds of the workers' batches each (`runs.confirmation_spec`).
+CONFIRMATION_ROUNDS = 6
 RUN_END_S = 2.5
 # A run started ahead's end: its traced steps and export, then the report, made while it exits
 # (`Prestarted.cancel`): 1.4-1.6 s from its timed steps' end to the command's on 2 cores.
@@ -169,6 +172,9 @@ def cost_s(
     blocks_s = _loader_blocks_s(baseline, speedup, *loading)
     settle_s = min(cap, max(settled_s / max(speedup, 1.0), WINDOW_SETTLE_S, blocks_s))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
+    if kind == "prestarted" and loading[0]:  # a confirmation times CONFIRMATION_ROUNDS of its workers'
+        # batches at least (32 workers: 192 steps, 3.6 s where 1 s had been estimated)
+        timed_s = max(timed_s, CONFIRMATION_ROUNDS * loading[0] / _steps_per_s(baseline, speedup, loading[1]))
     return settle_s + timed_s + {"window": WINDOW_OVERHEAD_S, "prestarted": AHEAD_END_S}.get(kind, RUN_END_S)
 
 
@@ -180,9 +186,16 @@ def _loader_blocks_s(baseline: RawRun, speedup: float, workers: int, load_pace: 
     shape, timed = baseline.shape, len(timed_steps(baseline))
     if not workers or shape is None or not timed or shape.timed_s <= 0:
         return 0.0
+    return BLOCKS * max(BLOCK_S, max(BLOCK_STEPS, 2 * workers) / _steps_per_s(baseline, speedup, load_pace))
+
+
+def _steps_per_s(baseline: RawRun, speedup: float, load_pace: float | None) -> float:
+    """The baseline's timed pace `speedup` x as fast, at most `load_pace` where given."""
+    shape, timed = baseline.shape, len(timed_steps(baseline))
+    if shape is None or not timed or shape.timed_s <= 0:
+        return float("inf")
     pace = timed / shape.timed_s * max(speedup, 1.0)
-    pace = min(pace, load_pace) if load_pace else pace
-    return BLOCKS * max(BLOCK_S, max(BLOCK_STEPS, 2 * workers) / pace)
+    return min(pace, load_pace) if load_pace else pace
 
 
 def setup_s(baseline: RawRun) -> float:

@@ -24,6 +24,7 @@ from trainadvisor.options.table import (
     torchrun_argv,
 )
 from trainadvisor.profile.judge import usable
+from trainadvisor.profile.pace import CONFIRMATION_ROUNDS
 from trainadvisor.records import Overrides, RawRun, Run, RunLength
 from trainadvisor.redact import mask_arguments
 
@@ -204,7 +205,7 @@ def confirmation_spec(
     verdict is judged on), and the whole of it fits in the steps the script has."""
     traced = PROFILER_WARMUP_STEPS + PROFILE_STEPS
     spec = fresh_spec(options, "after", overrides, length, traced, settle_cap_s, show_output=False)
-    steps = max(spec.steps, 6 * overrides.workers())
+    steps = max(spec.steps, CONFIRMATION_ROUNDS * overrides.workers())
     if spec.size.max_steps is not None:
         steps = min(steps, max(2, spec.size.max_steps - spec.warmup))
     return replace(spec, steps=steps)

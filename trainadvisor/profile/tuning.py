@@ -106,13 +106,16 @@ class Tuning:
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
         kind, once_s = "prestarted" if self.ahead_left is not None else "fresh", 0.0
         workers = max((int(o.settings.loader().get("num_workers") or 0) for o in picked.values()), default=0)
+        likely = [fixes.REGISTRY[p.fix].likely_kept(self.values) for p in self._may_confirm() if not picked]
+        # none chosen yet: the workers a search usually keeps
+        loading = max(likely, key=lambda kept: kept[0], default=(workers, None))
         for p in self._may_confirm():
             if kind == "fresh" and p.fix in self.ran_fresh:
                 continue  # its fresh run's wall counts it (`cost_s`)
             fix = fixes.REGISTRY[p.fix]
             measured = fix.measured_once_s(picked[p.fix]) if p.fix in picked else None
             once_s += measured if measured is not None else fix.once_s(self.values)
-        return self.cost_s(kind, speedup, (workers, None), settle_cap_s) + once_s
+        return self.cost_s(kind, speedup, loading, settle_cap_s) + once_s
 
     def _chosen(self) -> dict[str, FixOutcome]:
         """The fixes chosen so far, waiting for the confirmation run, by id."""

@@ -221,3 +221,18 @@ def test_a_window_of_many_workers_settles_over_two_rounds_of_their_batches() -> 
     likely = workers.likely_windows({**VALUES, **LATENCY, "data_wait_ms_per_step": 340.0})
     assert [(n, round(pace or 0.0, 1)) for n, pace in likely] == [(8, 23.5), (16, 47.1)]
     assert workers.likely_windows(VALUES) == [(2, None), (4, None)]  # bound by CPU: no loading pace
+
+
+def test_a_confirmation_before_any_choice_is_estimated_with_the_workers_a_search_usually_keeps() -> None:
+    """The count the search usually keeps: its last where it usually ends on its choice (bound by
+    latency: 16), the one before where a doubling past it finds no gain (bound by CPU: 2 of 2, 4)
+    or a deeper prefetch follows (32 of 8, 32, 32). With 16 workers loading at most 47.1 steps/s, a
+    run started ahead settles over three blocks of 32 steps (2.04 s) and times six rounds of their
+    batches, 96 steps (2.04 s), then 1.5 s: 5.58 s, where no workers counted said 3.5 s."""
+    workers = REGISTRY["dataloader-workers"]
+    deep = {**VALUES, **LATENCY, "data_wait_pct": 98.0}
+    kept = [workers.likely_kept(values) for values in (VALUES, {**VALUES, **LATENCY}, deep)]
+    assert kept == [(2, None), (16, None), (32, None)]
+    tuning = _tuning("dataloader-workers", **LATENCY, data_wait_ms_per_step=340.0)
+    tuning.ahead_left = lambda: (0.0, False)
+    assert (round(tuning.confirmation_cost_s(), 6), tuning.cost_s("prestarted", 7.7)) == (5.58, 3.5)

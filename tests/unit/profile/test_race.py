@@ -264,6 +264,21 @@ def test_a_fresh_runs_estimate_is_the_baselines_whole_run_with_its_warmup_capped
     assert pace.cost_s("fresh", [], quick) == 12.0  # a warm-up under the cap counts whole
 
 
+def test_a_confirmation_of_workers_times_six_rounds_of_their_batches() -> None:
+    """A baseline of 10 steps/s (20 timed steps in 2 s), its fix up to 4x: a run started ahead
+    with 32 workers settles over three blocks of 64 steps and times 192 (six rounds), at 40
+    steps/s 4.8 s each, at the 20 steps/s they can load 9.6 s; then 1.5 s. A trial's window of
+    those workers times what the baseline's did (at 4x, under the minimum 1 s), then 0.5 s."""
+    steps = [StepRecord(i, i * 100.0, 100.0, 0.0) for i in range(20)]
+    baseline = RawRun("baseline", "window_complete", None, None, 5, 20, 0, 25, steps, [], None)
+    baseline.shape = WindowShape(5, 3.5, "settled", timed_s=2.0, min_time_s=1.0)
+    assert pace.CONFIRMATION_ROUNDS == 6
+    assert pace.cost_s("prestarted", [], baseline, 4.0, 10.0, (32, None)) == pytest.approx(4.8 + 4.8 + 1.5)
+    assert pace.cost_s("prestarted", [], baseline, 4.0, 10.0, (32, 20.0)) == pytest.approx(9.6 + 9.6 + 1.5)
+    assert pace.cost_s("prestarted", [], baseline, 4.0, 10.0) == pytest.approx(1.0 + 1.0 + 1.5)
+    assert pace.cost_s("window", [], baseline, 4.0, 10.0, (32, None)) == pytest.approx(4.8 + 1.0 + 0.5)
+
+
 def test_a_fresh_runs_estimate_without_its_settling_keeps_its_set_up() -> None:
     """A baseline of 30 s whose 12 s warm-up held 4 s of set-up and 80 steps of 100 ms: a fresh run
     is estimated at 28 s (its warm-up capped at 10 s), 22 s of it neither settling nor capped
