@@ -116,7 +116,12 @@ def test_input_that_gets_faster_by_itself_is_not_credited_to_a_fix(tmp_path: Pat
     report = _profile(tmp_path, "--max-warmup", "2s", SCRIPTS / "warming_cache.py")
     outcome = _outcome(report, "dataloader-workers")
     windows = report["trial_windows"]
-    first, again = windows[0]["steps_per_s"], windows[-1]["steps_per_s"]
+    first = windows[0]["steps_per_s"]
+    # the script's own setting measured again later (the pairs'; else the last window, which may
+    # be a workers window: 1.33x the first in a quiet run whose pairs' read 1.52x; a CI run's last
+    # window read 1.02x, which window it was not kept)
+    own = [w["steps_per_s"] for w in windows[1:] if w["setting"] == windows[0]["setting"]]
+    again = max(own) if own else windows[-1]["steps_per_s"]
     # the reads got faster by themselves (their latency halves over 10 s): by more than the 5% a
     # kept fix must gain, so that the first trial judged against the first window alone would pass
     # (18% in a quiet run whose windows settled in 1-2 s: the run is over before the cache is warm)
