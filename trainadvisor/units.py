@@ -1,5 +1,5 @@
 """Quantities written for people: a value in the largest decimal prefix of its unit it reaches
-(reports and the fixes' reasons alike), and a signal by its name.
+(reports and the fixes' reasons alike), a duration on a clock, and a signal by its name.
 
 May import: nothing of the package."""
 
@@ -15,6 +15,12 @@ def scaled(value: float, unit: str, prefixes: str = "kMGTP") -> str:
         if value >= 1000.0**power:
             return f"{value / 1000.0**power:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"
+
+
+def clock(seconds: float) -> str:
+    """A duration on a clock: 45s, 2m05s."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def signal_name(number: int) -> str:

@@ -4,4 +4,5 @@ windows of the live run or in fresh runs (`tuning`, `trials`), the fixes chosen 
 with and without each (`attribution`), the confirmation run (`confirm`), the verdicts (`judge`).
 
 May import: analyze (the trace and run analysis), report (to write the report folder), rulebook,
-options, fixes, frameworks, measure, compute, memory, records, redact, errors."""
+options, fixes, frameworks, measure, compute, memory, records, redact, units (a duration on a
+clock), errors."""

@@ -127,8 +127,7 @@ def _settle_cap_s(tuning: Tuning, estimate_s: float, unsettled_s: float) -> floa
     (`Tuning.compared_settle_cap_s`), and within what is left of --budget (`trials.run_cap_s`).
     Beside a busy core a confirmation estimated at 3.5 s, the budget's last, settled to its cap
     in 6.5 s and the command ended 16% past its 30 s budget."""
-    left_s = None if tuning.options.budget_s is None else tuning.options.budget_s - tuning.elapsed_s()
-    return run_cap_s(tuning.compared_settle_cap_s, left_s, estimate_s, unsettled_s)
+    return run_cap_s(tuning.compared_settle_cap_s, tuning.left_s(), estimate_s, unsettled_s)
 
 
 def _ahead_or_fresh(ready: Prestarted, tuning: Tuning, echo: Echo) -> Callable[[RunSpec], Run]:

@@ -22,6 +22,7 @@ from trainadvisor.profile.pairs import AS_SCRIPT, AsScript, chosen_trial, pair_c
 from trainadvisor.profile.runs import ProfileOptions, fresh_spec, measure_run, reproduce_command
 from trainadvisor.profile.trials import Echo, Measurer, decide, restarts, run_cap_s, tune, windows
 from trainadvisor.records import FixOutcome, Overrides, PlannedFix, Run, RunLength, TrialWindow
+from trainadvisor.units import clock
 
 # A trial window fitted into a short run gets at least this many steps (warm-up and timed):
 # fewer would time too few steps to count (`judge.MIN_TIMED_STEPS`).
@@ -106,10 +107,12 @@ class Tuning:
         speedup = max(gains) if gains else max((gain_bound(p, self.values) for p in self.plan), default=1.0)
         kind, once_s = "prestarted" if self.ahead_left is not None else "fresh", 0.0
         workers = max((int(o.settings.loader().get("num_workers") or 0) for o in picked.values()), default=0)
-        likely = [fixes.REGISTRY[p.fix].likely_kept(self.values) for p in self._may_confirm() if not picked]
-        # none chosen yet: the workers a search usually keeps
-        loading = max(likely, key=lambda kept: kept[0], default=(workers, None))
-        for p in self._may_confirm():
+        may_confirm = self._may_confirm()
+        loading: tuple[int, float | None] = (workers, None)
+        if not picked:  # none chosen yet: the workers a search usually keeps
+            likely = [fixes.REGISTRY[p.fix].likely_kept(self.values) for p in may_confirm]
+            loading = max(likely, key=lambda kept: kept[0], default=loading)
+        for p in may_confirm:
             if kind == "fresh" and p.fix in self.ran_fresh:
                 continue  # its fresh run's wall counts it (`cost_s`)
             fix = fixes.REGISTRY[p.fix]
@@ -142,6 +145,11 @@ class Tuning:
     def first_once_s(self, fix: fixes.Fix, kind: str) -> float:
         """What a fresh trial of `fix` spends once (compiling) until one of its runs measured it."""
         return fix.once_s(self.values) if kind == "fresh" and fix.id not in self.ran_fresh else 0.0
+
+    def left_s(self) -> float | None:
+        """What is left of --budget, seconds (None without one)."""
+        budget = self.options.budget_s
+        return None if budget is None else budget - self.elapsed_s()
 
     def fits(self, estimate_s: float) -> bool:
         """Whether what takes about `estimate_s` ends within --budget."""
@@ -193,7 +201,7 @@ class Tuning:
         mode = "in this process" if in_window else "restarting the script"
         self.echo(
             f"trainadvisor: {planned.rule} -> measuring fix {planned.fix} ({mode}) "
-            f"[{_clock(self.elapsed_s())} elapsed, about {_clock(estimate)} left]"
+            f"[{clock(self.elapsed_s())} elapsed, about {clock(estimate)} left]"
         )
 
     # ---- the trials ----
@@ -219,7 +227,7 @@ class Tuning:
         ):
             self.notes.append(
                 f"{planned.fix}: its search stopped after {len(trials)} candidates, the next (about "
-                f"{_clock(next_s())}) would have run past the --budget."
+                f"{clock(next_s())}) would have run past the --budget."
             )
         outcome = decide(planned, trials, self.values, [self.baseline])
         self.outcomes[index] = replace(outcome, mode=mode, mode_reason=reason)
@@ -271,8 +279,8 @@ class Tuning:
         )
         return FixOutcome(
             planned.fix, planned.rule, "not_run",
-            f"not measured: its trials (about {_clock(estimate_s)} each) would have run past the --budget "
-            f"of {_clock(budget)} ({_clock(left)} left); measure it alone with: " + shlex.join(command),
+            f"not measured: its trials (about {clock(estimate_s)} each) would have run past the --budget "
+            f"of {clock(budget)} ({clock(left)} left); measure it alone with: " + shlex.join(command),
             Overrides(), [],
         )  # fmt: skip
 
@@ -289,12 +297,17 @@ class Tuning:
         ]
         if not eligible:
             return
-        self.windows.append(_window("baseline", "", AS_SCRIPT, self.baseline, 0.0))
+        own = self.baseline
+        self.windows.append(
+            TrialWindow(
+                "baseline", "", AS_SCRIPT, "measured", own.steps_per_s, own.samples_per_s, 0.0, own.steps
+            )
+        )
         self.live_steps = self.baseline.raw.steps_seen
-        budget_s = self.options.budget_s
-        left = lambda: None if budget_s is None else budget_s - self.elapsed_s()  # noqa: E731
         steps = lambda: self.window_budget(eligible)  # noqa: E731
-        measure = self._recording(windows(live, self.options, self.baseline, steps, self.settle_cap_s, left))
+        measure = self._recording(
+            windows(live, self.options, self.baseline, steps, self.settle_cap_s, self.left_s)
+        )
         for planned in eligible:
             if live.ended is not None:
                 break
@@ -411,14 +424,13 @@ class Tuning:
     def measure_again(self) -> Run | None:
         """The script's own setting measured again next to the confirmation run (`confirm`), in
         a fresh run; None where the budget leaves no time for it, or it measured nothing."""
-        estimate_s, budget_s = self.cost_s("fresh"), self.options.budget_s
+        estimate_s = self.cost_s("fresh")
         if not self.fits(estimate_s):
             self.notes.append(
                 "The script's own setting was not measured again next to the confirmation run: "
-                f"it (about {_clock(estimate_s)}) would have run past the --budget."
+                f"it (about {clock(estimate_s)}) would have run past the --budget."
             )
             return None
-        left_s = None if budget_s is None else budget_s - self.elapsed_s()
         unsettled_s = pace.fresh_unsettled_s(self.walls["fresh"], self.baseline.raw)
         quiet = {"profile": False, "show_output": False, "timeout_s": max(60.0, 5 * self.baseline.raw.wall_s)}
         spec = fresh_spec(
@@ -427,7 +439,7 @@ class Tuning:
             Overrides(),
             self.length,
             0,
-            run_cap_s(self.compared_settle_cap_s, left_s, estimate_s, unsettled_s),
+            run_cap_s(self.compared_settle_cap_s, self.left_s(), estimate_s, unsettled_s),
             **quiet,
         )
         run = measure_run(spec)
@@ -447,14 +459,3 @@ class Tuning:
             loaders = loader_problem(self.baseline) if fix.switches_loaders else None
             reason = why or fix.in_process_problem(self.values) or loaders or self.live_ended
             self.run(planned, measure, "restart", reason)
-
-
-def _window(label: str, fix: str, setting: str, run: Run, started_s: float) -> TrialWindow:
-    return TrialWindow(
-        label, fix, setting, "measured", run.steps_per_s, run.samples_per_s, started_s, run.steps
-    )
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
