@@ -67,7 +67,8 @@ class Tree:
                 self.add(proc)
 
     def left(self, within_s: float = GONE_WITHIN_S) -> list[str]:
-        """The command lines of those still running after `within_s`."""
+        """Those still running after `within_s`: each one's name, state and command line (empty
+        for one whose memory the kernel is freeing as it exits)."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline and any(map(_running, self.seen.values())):
             time.sleep(0.05)
@@ -75,7 +76,7 @@ class Tree:
         for proc in self.seen.values():
             with contextlib.suppress(psutil.Error):
                 if _running(proc):
-                    left.append(" ".join(proc.cmdline()))
+                    left.append(f"{proc.name()} ({proc.status()}): {' '.join(proc.cmdline())}")
         return left
 
     def end(self) -> None:

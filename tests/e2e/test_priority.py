@@ -3,7 +3,8 @@ torch's intra-op pool is when a script's set-up runs while its run stands by (`t
 raising the calling thread alone leaves that thread at 19, starved beside a busy core; `restore`
 raises both, and takes both out of the idle scheduling class. In a user namespace (a rootless
 container) CAP_SYS_NICE shows in the capability bits but the kernel refuses to raise a priority
-back: `restorable` says so, and `restore` counts both threads left lowered."""
+back: `restorable` says so, and `restore` counts both threads left lowered. A run ended while it
+stands lowered is raised back first (`reaper.unlower`), so that it exits at once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import subprocess
 import sys
 import textwrap
 
+import psutil
 import pytest
+
+from trainadvisor.measure import priority, reaper
 
 CHILD = textwrap.dedent(
     """
@@ -85,3 +89,36 @@ def test_in_a_user_namespace_nothing_is_raised_back_and_restorable_says_so() -> 
     assert seen["lowered"] == seen["main_only"] == seen["after"] == [19, 19]
     assert seen["lowered_classes"] == seen["after_classes"] == [os.SCHED_IDLE, os.SCHED_IDLE]
     assert seen["left"] == 2
+
+
+WAITING = textwrap.dedent(
+    """
+    import sys, threading
+    from trainadvisor.measure import priority
+
+    priority.lower()
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # started while lowered
+    print("lowered", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_a_run_ended_while_it_stands_lowered_is_raised_back_first() -> None:
+    """Killed at nice 19 in the idle class beside two busy cores, such a run took over 5 s to exit
+    (`test_hostile_processes`); raised, every thread is at this process's priority again."""
+    if not priority.restorable():
+        pytest.skip("this user may not raise a lowered priority back (no CAP_SYS_NICE, RLIMIT_NICE)")
+    child = subprocess.Popen(
+        [sys.executable, "-c", WAITING], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "lowered\n"
+        tids = priority.threads(child.pid)
+        assert len(tids) == 2 and {os.sched_getscheduler(tid) for tid in tids} == {os.SCHED_IDLE}
+        reaper.unlower([psutil.Process(child.pid)])
+        assert {os.sched_getscheduler(tid) for tid in tids} == {os.SCHED_OTHER}
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {priority.current()}
+    finally:
+        child.kill()
+        child.wait()

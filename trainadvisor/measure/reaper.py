@@ -24,6 +24,8 @@ import time
 import uuid
 from typing import Any
 
+from trainadvisor.measure import priority
+
 RUN_ENV = "TRAINADVISOR_RUN"
 # The pid of the trainadvisor process a child is to die with. Set only for a child started from
 # trainadvisor's main thread: the kernel's parent-death signal fires when the *thread* that
@@ -81,6 +83,28 @@ def signal_all(procs: list[Any], sig: int) -> None:
             proc.send_signal(sig)  # psutil checks the pid is still the same process
 
 
+def family(pid: int) -> list[Any]:
+    """Process `pid` and its descendants (psutil.Process each); none where it has ended."""
+    import psutil
+
+    try:
+        leader = psutil.Process(pid)
+        return [leader, *leader.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def unlower(procs: list[Any]) -> None:
+    """Raise every thread of `procs` still lowered (a run started ahead waits at nice 19 in the idle
+    class: `priority`) back to this process's priority, so that it ends as soon as it is told to:
+    killed beside two busy cores, such a run took over 5 s to exit, its memory held meanwhile (the
+    kernel frees it in the exiting process's own time, which the idle class gives it only where no
+    other thread wants a core). Not permitted, or ended: left as it is."""
+    nice = priority.current()
+    for proc in procs:
+        priority.restore(nice, proc.pid)
+
+
 def running(procs: list[Any]) -> bool:
     import psutil
 
@@ -106,6 +130,7 @@ def sweep(token: str, leaders: list[Any]) -> None:
         if not found:
             return
         signal_all(found, signal.SIGKILL)
+        unlower(found)
         time.sleep(0.05)
 
 

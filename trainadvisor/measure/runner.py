@@ -131,6 +131,8 @@ def _stop_group(proc: subprocess.Popen[bytes], token: str | None = None) -> None
         group = _group_alive(proc)
         if not group and not strays:
             return
+        family = reaper.family(proc.pid) if proc.poll() is None else []  # once reaped, its pid may be reused
+        reaper.unlower(family + strays)  # a lowered run acts on the signal at once
         if group:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)

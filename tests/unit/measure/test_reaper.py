@@ -208,8 +208,11 @@ def test_a_sweep_kills_the_leaders_group_and_the_marked_until_a_pass_finds_nothi
     _table(monkeypatch, [first, FakeProcess(150)], [late], [FakeProcess(151)])
     leader = FakeProcess(300, alive=[True, False])  # running at the first pass, killed by it
     gone_leader = FakeProcess(301, fails={"is_running": psutil.NoSuchProcess(301)})
+    unlowered: list[list[int]] = []
+    monkeypatch.setattr(reaper, "unlower", lambda procs: unlowered.append([p.pid for p in procs]))
     reaper.sweep(TOKEN, [leader, gone_leader])
     assert killed_groups == [(300, signal.SIGKILL)]
+    assert unlowered == [[101, 300], [103]]  # each pass's killed, raised to end at once
     assert (first.signals, late.signals, leader.signals) == (
         [signal.SIGKILL],
         [signal.SIGKILL],
@@ -238,6 +241,7 @@ def test_a_sweep_gives_up_after_its_passes_when_a_process_keeps_coming_back(
     monkeypatch.setattr(reaper, "time", types.SimpleNamespace(sleep=sleeps.append))
     undying = _marked(101)
     _table(monkeypatch, [undying])
+    monkeypatch.setattr(reaper, "unlower", lambda procs: None)
     reaper.sweep(TOKEN, [])
     assert reaper.SWEEPS == 20
     assert undying.signals == [signal.SIGKILL] * 20 and len(sleeps) == 20
