@@ -16,7 +16,7 @@ from conftest import EXAMPLES, SCRIPTS, SETTLE_CAP, SHORT, WORKER_CAP, load_repo
 from torch.utils.data import DataLoader, Dataset
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP
-from trainadvisor.training.loaders import loaded_ahead
+from trainadvisor.training.loaders import loaded_ahead, ready_batches
 
 # Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
 # that count where a script's end falls among the windows
@@ -76,6 +76,9 @@ def test_workers_are_tried_in_windows_of_one_run_then_paired_with_the_baseline(
     told = [s["loaded_ahead"] for t in outcome["trials"] for s in t["raw"]["steps"]]
     assert told and None not in told
     assert {s["loaded_ahead"] for s in report["baseline"]["raw"]["steps"]} == {None}
+    counted = [s["ready_batches"] for t in outcome["trials"] for s in t["raw"]["steps"]]  # and how many
+    assert all(isinstance(n, int) and n >= 0 for n in counted)
+    assert {s["ready_batches"] for s in report["baseline"]["raw"]["steps"]} == {None}
 
 
 class _Gated(Dataset[torch.Tensor]):
@@ -92,7 +95,7 @@ class _Gated(Dataset[torch.Tensor]):
         return torch.tensor([float(index)])
 
 
-def test_torchs_worker_iterator_says_whether_a_batch_was_loaded_ahead() -> None:
+def test_torchs_worker_iterator_says_whether_a_batch_was_loaded_ahead_and_how_many() -> None:
     context = multiprocessing.get_context("fork")
     opened = context.Event()
     loader = DataLoader(_Gated(opened), batch_size=4, num_workers=2, multiprocessing_context=context)
@@ -103,6 +106,10 @@ def test_torchs_worker_iterator_says_whether_a_batch_was_loaded_ahead() -> None:
     while not loaded_ahead(iterator) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert loaded_ahead(iterator) is True
+    deadline = time.monotonic() + 60  # both workers' first two batches: prefetch_factor 2 each
+    while (ready_batches(iterator) or 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ready_batches(iterator) == 4
     assert [int(x) for x in next(iterator)] == [0, 1, 2, 3]
     assert loaded_ahead(iter(DataLoader(_Gated(opened), batch_size=4))) is None  # no workers
     del iterator

@@ -121,6 +121,9 @@ class StepRecord:
     # every batch the step drew was loaded and waiting in its workers' queue when asked for
     # (`training.loaders.loaded_ahead`): its wait was the hand-over only; None: not told
     loaded_ahead: bool | None = None
+    # the batches the workers had loaded and waiting when the step drew its own (summed over its
+    # loaders; `training.loaders.ready_batches`); None: not told
+    ready_batches: int | None = None
 
 
 @dataclass

@@ -239,12 +239,17 @@ class Recorder(Patches):
     # ---- data loading ----
 
     def data_wait(
-        self, seconds: float, batch: Any, loader_index: int | None = None, ready: bool | None = None
+        self,
+        seconds: float,
+        batch: Any,
+        loader_index: int | None = None,
+        ready: bool | None = None,
+        ready_count: int | None = None,
     ) -> None:
         if self.heartbeat is not None:  # a batch, in training or evaluation: progress
             self.heartbeat.beat()
         window = self.window
-        window.add_data_wait(seconds, ready)
+        window.add_data_wait(seconds, ready, ready_count)
         if window.phase == "done":
             return
         tensors = list(batch_tensors(batch))

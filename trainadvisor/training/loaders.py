@@ -290,6 +290,22 @@ def loaded_ahead(iterator: Any) -> bool | None:
         return None
 
 
+def ready_batches(iterator: Any) -> int | None:
+    """How many batches the workers of `iterator` had loaded and waiting (in its result queue, or
+    held where they came out of order) when the loop asked for its next one. A window whose count
+    fell from its first step to its last ran partly on batches loaded before it
+    (`analyze.run.summary.drained_batches`). None where it cannot be told (`loaded_ahead`)."""
+    try:  # torch's private fields, read only, as loaded_ahead reads them
+        info = getattr(iterator, "_task_info", None)
+        queue = getattr(iterator, "_data_queue", None)
+        if not isinstance(info, dict) or queue is None:
+            return None
+        held = sum(1 for task in info.values() if isinstance(task, tuple) and len(task) == 2)
+        return int(queue.qsize()) + held
+    except Exception:  # NotImplementedError: macOS's queues cannot count
+        return None
+
+
 def install(recorder: Any, refuse: Callable[[str], None]) -> None:
     """Every DataLoader built is recorded (where, with what) and given the overrides of its call
     site (`recorder.loader_overrides`; `refuse` ends the run when they cannot apply); its
@@ -303,7 +319,8 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
 
     def timed_next(self: _BaseDataLoaderIter) -> Any:
         t0 = clock()
-        ready = loaded_ahead(getattr(self, "_trainadvisor_delegate", None) or self)
+        serving = getattr(self, "_trainadvisor_delegate", None) or self
+        ready, ready_count = loaded_ahead(serving), ready_batches(serving)
         try:
             batch = original_next(getattr(self, "_trainadvisor_delegate", None) or self)
         except StopIteration:
@@ -317,7 +334,7 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
             note_worker_deaths(getattr(self, "_trainadvisor_delegate", None) or self, exc)
             raise
         index = getattr(self, "_trainadvisor_loader", None)
-        recorder.data_wait(clock() - t0, batch, index, ready)
+        recorder.data_wait(clock() - t0, batch, index, ready, ready_count)
         if index is not None:
             live.serving[index] = weakref.ref(self)
         return batch

@@ -88,6 +88,7 @@ class Window:
     def _reset_step(self) -> None:
         self.data_wait_s = 0.0
         self.ready_draws: list[bool] = []  # whether each batch drawn was loaded ahead (where told)
+        self.ready_counts: list[int] = []  # the batches loaded and waiting at each draw (where told)
         self.samples: int | None = None
         self.loss: torch.Tensor | None = None
         self.backward_at: float | None = None
@@ -100,10 +101,12 @@ class Window:
     def measuring(self) -> bool:
         return self.phase in ("timed", "traced")
 
-    def add_data_wait(self, seconds: float, ready: bool | None = None) -> None:
+    def add_data_wait(self, seconds: float, ready: bool | None = None, count: int | None = None) -> None:
         self.data_wait_s += seconds
         if ready is not None:
             self.ready_draws.append(ready)
+        if count is not None:  # the batches waiting then
+            self.ready_counts.append(count)
 
     def add_batch(self, samples: int | None, fingerprint: str | None = None) -> None:
         if samples is not None and self.measuring:
@@ -233,6 +236,7 @@ class Window:
                 step_ms=(now - self.last_mark) * 1e3,
                 data_wait_ms=self.data_wait_s * 1e3,
                 loaded_ahead=all(self.ready_draws) if self.ready_draws else None,
+                ready_batches=sum(self.ready_counts) if self.ready_counts else None,
                 samples=self.samples,
                 profiled=self.phase == "traced",  # untimed: traced, or its memory measured
                 pre_backward_ms=pre_backward_s * 1e3 if pre_backward_s is not None else None,

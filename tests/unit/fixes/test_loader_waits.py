@@ -1,5 +1,6 @@
 """What a workers trial's waits say: the hand-over of batches loaded ahead, the waits more workers
-could hide (exact numbers), and torch's iterators asked whether a batch was waiting."""
+could hide (exact numbers), torch's iterators asked whether a batch was waiting and how many, and
+a window's pace without the batches its workers had queued before it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 import pytest
 from support.runs import raw, trial
 
+from trainadvisor.analyze.run.summary import drained_batches, summarize
 from trainadvisor.fixes.loader_waits import handover_ms, hideable_share, loaded_share, wait_share
 from trainadvisor.fixes.worker_counts import first_count, hidden_by
 from trainadvisor.records import Trial
-from trainadvisor.training.loaders import loaded_ahead
+from trainadvisor.training.loaders import loaded_ahead, ready_batches
 
 
 def _waited(steps: list[tuple[float, float, bool | None]]) -> Trial:
@@ -93,6 +95,51 @@ def test_a_batch_is_loaded_ahead_where_one_waits_in_the_queue_or_the_one_needed_
     iterator = _Iterator(queued=0)
     iterator._data_queue = thread_queue  # type: ignore[assignment]
     assert loaded_ahead(iterator) is True
+
+
+def test_the_batches_waiting_are_those_queued_and_those_held_out_of_order() -> None:
+    assert ready_batches(_Iterator(queued=3)) == 3
+    assert ready_batches(_Iterator(queued=2, held={7: (3,), 8: (2, "batch"), 9: (1, "batch")})) == 4
+    assert ready_batches(_Iterator(queued=None)) is None  # a queue that cannot count
+    assert ready_batches(object()) is None  # no workers
+
+
+def _queued(step_ms: list[float], ready: list[int | None]) -> Trial:
+    """An 8-worker window whose timed steps took `step_ms` and found `ready` batches waiting."""
+    done = trial(8, 0.0)
+    done.raw = raw(step_ms, [1.0] * len(step_ms), workers=8)
+    for step, count in zip(done.raw.steps, ready):
+        step.ready_batches = count
+    return done
+
+
+def test_a_window_that_ran_on_batches_queued_before_it_counts_only_what_its_workers_kept_up_with() -> None:
+    """Beside a busy core: 20 steps of 25 ms (0.5 s, 40 steps/s) began with 12 batches waiting
+    and ended with 2; 10 of its steps ran on batches loaded before it, and its workers kept up
+    with 10 in 0.5 s: 20 steps/s, in each of its windows too, and per sample."""
+    drained = _queued([25.0] * 20, [12, *[5] * 18, 2])
+    assert drained_batches(drained.raw.steps) == 10
+    run = summarize(drained.raw)
+    assert run.steps_per_s == pytest.approx(20.0)
+    assert run.samples_per_s == pytest.approx(20.0 * 32)
+    assert run.window_steps_per_s and all(rate == pytest.approx(20.0) for rate in run.window_steps_per_s)
+
+
+@pytest.mark.parametrize(
+    ("ready", "drained"),
+    [
+        ([2, *[5] * 18, 12], 0),  # the queue grew: the loop set the pace, which counts whole
+        ([4, *[0] * 18, 4], 0),  # as many waiting at the end as at the start
+        ([None, *[5] * 18, 2], 0),  # not told at the first step
+        ([30, *[5] * 18, 0], 19),  # at most all but one step: a pace is left to measure
+    ],
+)
+def test_a_window_whose_queue_held_or_grew_or_was_not_told_counts_every_step(
+    ready: list[int | None], drained: int
+) -> None:
+    window = _queued([25.0] * 20, ready)
+    assert drained_batches(window.raw.steps) == drained
+    assert summarize(window.raw).steps_per_s == pytest.approx(40.0 * (20 - drained) / 20)
 
 
 def test_the_count_that_would_hide_a_wait_doubles_up_to_it_within_its_bounds() -> None:

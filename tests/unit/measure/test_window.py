@@ -113,15 +113,17 @@ def test_a_failed_step_is_dropped_and_no_warmup_opens_at_once() -> None:
 
 def test_a_step_is_loaded_ahead_where_every_batch_it_drew_was_waiting_for_it() -> None:
     """Each draw says whether its batch was loaded ahead (None: it could not tell): a step whose
-    draws all were is loaded ahead, one with a draw that was not is not, one told of none is None."""
+        draws all were is loaded ahead, one with a draw that was not is not, one told of none is None;
+    and how many batches were waiting, summed over its draws."""
     clock = FakeClock()
     window = Window(WindowPlan(warmup=0, steps=4), clock.clock())
-    for draws in ([True], [True, False], [None], [True, None, True]):
-        for ready in draws:
-            window.add_data_wait(0.002, ready)
+    for draws in ([(True, 3)], [(True, 1), (False, 0)], [(None, None)], [(True, 2), (None, None), (True, 4)]):
+        for ready, count in draws:
+            window.add_data_wait(0.002, ready, count)
         clock.advance(8.0)
         window.boundary()
     assert [r.loaded_ahead for r in window.records] == [True, False, None, True]
+    assert [r.ready_batches for r in window.records] == [3, 1, None, 6]  # summed over the loaders told
     assert _rounded([(r.step_ms, r.data_wait_ms) for r in window.records][:2]) == [(8.0, 2.0), (8.0, 4.0)]
 
 

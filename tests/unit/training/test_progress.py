@@ -58,7 +58,8 @@ def _rounded(plain: Any) -> Any:
 def _step(index: int, start_ms: float) -> dict[str, Any]:
     return {"index": index, "start_ms": start_ms, "step_ms": 5.0, "data_wait_ms": 2.0, "h2d_copy_ms": 0.0,
             "samples": 8, "loss": None, "profiled": False, "pre_backward_ms": 5.0, "gpu_ms": None,
-            "trace_step": None, "outside_call_ms": None, "backwards": 1, "loaded_ahead": None}  # fmt: skip
+            "trace_step": None, "outside_call_ms": None, "backwards": 1, "loaded_ahead": None,
+            "ready_batches": None}  # fmt: skip
 
 
 # ---- window_so_far ----
