@@ -174,7 +174,14 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     assert any(note.startswith(noise)
                for note in report["details"])  # fmt: skip
     [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
-    assert workers["status"] == "kept", workers
+    # kept (3.6-4.2x alone); or, where the report names other processes' CPU in its windows or
+    # the machine's speed changing between its runs (a quiet CI run's other tests beside it once
+    # left it open), inconclusive with no change given: issue 36's answer, not this test's matter
+    loaded = any(note.startswith("Other processes used") for note in report["notes"])
+    changed = "the machine's speed changed between runs" in workers["reason"]
+    assert workers["status"] == "kept" or (
+        (loaded or changed) and workers["status"] == "inconclusive" and not workers["diff"]
+    ), (workers["status"], workers["reason"], report["notes"])
     assert all(t["overrides"]["non_blocking_h2d"] for t in workers["trials"])
     assert report["baseline"]["raw"]["nvml_status"] == "sampled GPU 0"
     assert report["baseline"]["gpu_step_time_ms"]["median"] > 0
