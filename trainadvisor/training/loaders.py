@@ -271,23 +271,37 @@ class LiveLoaders:
     build: Callable[..., None] | None = None  # DataLoader.__init__ as torch defines it
 
 
+def waiting(iterator: Any) -> tuple[bool | None, int | None]:
+    """What the workers of `iterator` had loaded and waiting when the loop asked for its next
+    batch, read once from torch's private fields: (`loaded_ahead`, `ready_batches`)."""
+    try:  # torch's private fields, read only: whatever another version holds there, training goes on
+        info = getattr(iterator, "_task_info", None)
+        queue = getattr(iterator, "_data_queue", None)
+        if not isinstance(info, dict) or queue is None:
+            return None, None
+        next_held = _came_early(info.get(getattr(iterator, "_rcvd_idx", None)))
+        held = sum(1 for task in info.values() if _came_early(task))
+    except Exception:
+        return None, None
+    try:
+        queued = int(queue.qsize())
+    except Exception:  # NotImplementedError: macOS's queues cannot count
+        return (True if next_held else None), None
+    return next_held or queued > 0, queued + held
+
+
+def _came_early(task: Any) -> bool:
+    """A task of torch's `_task_info` whose batch is back and held: (worker, batch)."""
+    return isinstance(task, tuple) and len(task) == 2
+
+
 def loaded_ahead(iterator: Any) -> bool | None:
     """Whether the workers of `iterator` had a batch loaded and waiting when the loop asked for
     its next one: the batch it needs next came early (out of order) and is held, or its result
     queue holds one. The loop's wait for such a batch is its hand-over (received from the worker
     and rebuilt in this process), which more workers cannot hide. None where it cannot be told: a
     loader without workers, an iterator that is not torch's, a queue that cannot count (macOS)."""
-    try:  # torch's private fields, read only: whatever another version holds there, training goes on
-        info = getattr(iterator, "_task_info", None)
-        queue = getattr(iterator, "_data_queue", None)
-        if not isinstance(info, dict) or queue is None:
-            return None
-        held = info.get(getattr(iterator, "_rcvd_idx", None))
-        if isinstance(held, tuple) and len(held) == 2:  # (worker, batch): it came before those ahead of it
-            return True
-        return bool(queue.qsize() > 0)
-    except Exception:  # NotImplementedError: macOS's queues cannot count
-        return None
+    return waiting(iterator)[0]
 
 
 def ready_batches(iterator: Any) -> int | None:
@@ -295,15 +309,7 @@ def ready_batches(iterator: Any) -> int | None:
     held where they came out of order) when the loop asked for its next one. A window whose count
     fell from its first step to its last ran partly on batches loaded before it
     (`analyze.run.summary.drained_batches`). None where it cannot be told (`loaded_ahead`)."""
-    try:  # torch's private fields, read only, as loaded_ahead reads them
-        info = getattr(iterator, "_task_info", None)
-        queue = getattr(iterator, "_data_queue", None)
-        if not isinstance(info, dict) or queue is None:
-            return None
-        held = sum(1 for task in info.values() if isinstance(task, tuple) and len(task) == 2)
-        return int(queue.qsize()) + held
-    except Exception:  # NotImplementedError: macOS's queues cannot count
-        return None
+    return waiting(iterator)[1]
 
 
 def install(recorder: Any, refuse: Callable[[str], None]) -> None:
@@ -320,9 +326,9 @@ def install(recorder: Any, refuse: Callable[[str], None]) -> None:
     def timed_next(self: _BaseDataLoaderIter) -> Any:
         t0 = clock()
         serving = getattr(self, "_trainadvisor_delegate", None) or self
-        ready, ready_count = loaded_ahead(serving), ready_batches(serving)
+        ready, ready_count = waiting(serving)  # one read of the workers' queue a draw
         try:
-            batch = original_next(getattr(self, "_trainadvisor_delegate", None) or self)
+            batch = original_next(serving)
         except StopIteration:
             again = getattr(self, "_trainadvisor_again", None)  # a stand-in's next pass
             if again is None:
