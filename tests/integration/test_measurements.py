@@ -256,6 +256,35 @@ def test_the_search_stops_where_the_loop_waits_only_for_batches_its_workers_load
     )
 
 
+def test_beside_other_processes_the_search_measures_the_next_count_instead_of_stopping_on_the_wait() -> None:
+    """8 workers left the loop waiting 2% of each step: on a quiet machine the search stops there.
+    Where other processes used half a core or more in that window, the wait does not tell what
+    more workers gain (beside a busy core 8 workers left 8% and 16 ran 1.65x as fast): 16 is
+    measured, and the gain it must bring decides; below half a core it stops as before."""
+    fix = DataLoaderWorkers()
+    values = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 4, "steps_per_s": 10.0}
+    waiting = _sampled(2, 40.0, 30.0, 5.0, 25.0)
+
+    def beside(other_pct: float, workers: int = 8, steps_per_s: float = 100.0) -> Trial:
+        done = _sampled(workers, 10.0, 0.2, 5.0, steps_per_s)
+        for sample in done.raw.host_samples:  # type: ignore[union-attr]
+            sample.other_cpu_pct = other_pct
+        return done
+
+    assert fix.next_candidate(values, [waiting, beside(49.0)]) is None
+    shared = [waiting, beside(80.0)]
+    assert fix.next_candidate(values, shared).label == "num_workers=16"
+    no_more = [*shared, beside(80.0, 16, 105.0)]  # 5% more: under the 10% a doubling must bring
+    assert fix.next_candidate(values, no_more) is None
+    assert fix.search_note(no_more, values) == (
+        "went on past 8 workers, where the loop waited on its input for 2% of its steps: other processes "
+        "used 0.8 cores in its window, beside which that wait does not tell what more workers gain; "
+        "stopped at 16 workers: they gained less than 10% over the best before them; w8 kept: w16 ran "
+        "5.0% faster, under the 10% more workers must bring"
+    )
+    assert fix.choose(no_more, values) is no_more[1]
+
+
 def test_the_fewest_workers_within_10_percent_are_kept_and_get_the_deeper_prefetch() -> None:
     """Of the counts within 10% of the fastest, the fewest; among those that gained the 5% a fix
     must over the script (the deeper prefetch goes to the count that could be kept), and a deeper
@@ -330,6 +359,10 @@ def test_no_deeper_prefetch_where_the_kept_counts_window_kept_the_cores_busy(
         # search usually goes 8, 16, 32 (its ceiling: four times the first count); at most a
         # deeper prefetch too
         ({"cpu_count": 2, "data_wait_pct": 97.0, "main_process_cpu_pct": 3.0 * 2 + 6.0}, 3, 4),
+        # the 87% one beside other processes (0.8 of a core, under half a core for 0.4): 32 too,
+        # measured past where the loop kept up
+        ({"cpu_count": 2, "data_wait_pct": 87.0, "main_process_cpu_pct": 32.0, "cpu_busy_pct": 56.0}, 3, 4),
+        ({"cpu_count": 2, "data_wait_pct": 87.0, "main_process_cpu_pct": 32.0, "cpu_busy_pct": 36.0}, 2, 4),
     ],
 )
 def test_the_estimate_counts_the_worker_counts_a_search_usually_measures(

@@ -18,18 +18,20 @@ on them for a share `w` of each step, about `n / (1 - w)` workers would hide tha
 search leaps there (a power of two, at most four times the last count). Only the waits more
 workers can hide count (`loader_waits`): not the hand-over of batches the workers had loaded
 ahead, which every step pays; where what is left is under `HIDDEN_LEFT`, no count can gain the
-`STEP_GAIN` more workers must bring, and the search stops. The report says what was tried and
-why the search stopped. Every candidate with workers keeps them alive
-across epochs (`persistent_workers=True`). The count kept is the fewest that ran within
-`STEP_GAIN` of the fastest: more workers stay only where they brought what a doubling must to
-go on (each is a process, with its own copy of the dataset's state: 32 workers on 2 cores
-summed 8 GB resident, where 16 ran 5% slower); the report says so where the fastest was not
-kept. That count (when it has workers) is then tried with `prefetch_factor=4`, unless its loop
-waited less than `LITTLE_WAIT` in waits a deeper queue could hide (there were none left)
-or its window kept the machine's cores busy (`BUSY_CORES` of them, the training process, its
-workers and every other process sampled together: a deeper queue lets idle workers load ahead,
-and no core was idle to do it). On a CUDA run every
-candidate also pins memory and makes the host-to-device copies of pinned batches non-blocking."""
+`STEP_GAIN` more workers must bring, and the search stops, unless other processes used half a
+core or more in that window (`loader_waits.shared`): beside them the loop's steps slow while
+their batches wait, the wait no longer tells what more workers gain, and the next count is
+measured instead. The report says what was tried and why the search stopped (or went on). Every
+candidate with workers keeps them alive across epochs (`persistent_workers=True`). The count
+kept is the fewest that ran within `STEP_GAIN` of the fastest: more workers stay only where they
+brought what a doubling must to go on (each is a process, with its own copy of the dataset's
+state: 32 workers on 2 cores summed 8 GB resident, where 16 ran 5% slower); the report says so
+where the fastest was not kept. That count (when it has workers) is then tried with
+`prefetch_factor=4`, unless its loop waited less than `LITTLE_WAIT` in waits a deeper queue
+could hide (there were none left) or its window kept the machine's cores busy (`BUSY_CORES` of
+them, the training process, its workers and every other process sampled together: a deeper queue
+lets idle workers load ahead, and no core was idle to do it). On a CUDA run every candidate also
+pins memory and makes the host-to-device copies of pinned batches non-blocking."""
 
 from __future__ import annotations
 
@@ -40,10 +42,13 @@ from typing import Any
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
 from trainadvisor.fixes.loader_waits import (
+    baseline_shared,
     batch_load_s,
     cores_busy,
     hideable_share,
     little_left,
+    shared,
+    wait_share,
     worker_load,
 )
 from trainadvisor.fixes.worker_counts import (
@@ -172,7 +177,8 @@ class DataLoaderWorkers(LoaderSetting):
         workers (`HIDDEN_LEFT`), at the count it keeps, unless its ceiling stopped it first (a
         deeper prefetch follows); bound by CPU, a doubling finds no gain after the count it keeps."""
         short = self._likely_counts(values)[1]
-        return (self._latency_bound(values) and not short) or super().likely_ends_on_choice(values)
+        ends = self._latency_bound(values) and not short and not baseline_shared(values)
+        return ends or super().likely_ends_on_choice(values)
 
     def _likely_counts(self, values: dict[str, Any]) -> tuple[list[int], bool]:
         """The counts the search usually measures, and whether it stops at its ceiling while the
@@ -184,7 +190,9 @@ class DataLoaderWorkers(LoaderSetting):
         it the loop still waits (workers deliver in bursts, and every batch's hand-over adds to
         the step; the slow-input example waited 87% at 1 ms a sample: 8 workers for 6.7 still
         waited, 16 kept up; 82% at 0.5 ms: 8 for 4.4 kept up; a loader that waited 98% went 8,
-        32, then 32 with a deeper prefetch, its ceiling reached)."""
+        32, then 32 with a deeper prefetch, its ceiling reached). Where other processes used half a
+        core or more in the baseline's window, one count more: the search measures past where
+        the loop kept up (`loader_waits.shared`), and ends on a count it does not keep."""
         current = int(values.get("num_workers") or 0)
         workers = first_count(values, current)
         ceiling = self._ceiling(values, current, workers)
@@ -203,6 +211,8 @@ class DataLoaderWorkers(LoaderSetting):
             workers = step
             counts.append(workers)
         short = workers < LATENCY_MARGIN * needed  # then a deeper prefetch of the count reached
+        if not short and baseline_shared(values) and workers * 2 <= ceiling:
+            counts.append(workers * 2)  # beside other processes, one count past it (`loader_waits.shared`)
         return counts + ([workers] if short else []), short
 
     @staticmethod
@@ -317,8 +327,7 @@ class DataLoaderWorkers(LoaderSetting):
         earlier = [t.steps_per_s or 0.0 for t in plain[:-1] if t.status == "measured"]
         best_before = max([*earlier, values.get("steps_per_s") or 0.0])
         workers = self._workers(last)
-        hidden = hideable_share(last)
-        if hidden is not None and hidden < HIDDEN_LEFT and (last.steps_per_s or 0.0) >= best_before:
+        if self._little_left(last, best_before) and shared(last) is None:
             return None, little_left(last, workers, STEP_GAIN)
         if (last.steps_per_s or 0.0) < STEP_GAIN * best_before:
             return None, (
@@ -326,6 +335,29 @@ class DataLoaderWorkers(LoaderSetting):
                 "over the best before them"
             )
         return next_count(values, last, workers)
+
+    @staticmethod
+    def _little_left(last: Trial, best_before: float) -> bool:
+        """Whether `last` gained, and left its loop too little wait for more workers to hide."""
+        hidden = hideable_share(last)
+        return hidden is not None and hidden < HIDDEN_LEFT and (last.steps_per_s or 0.0) >= best_before
+
+    def _went_on(self, values: dict[str, Any], trials: list[Trial]) -> str:
+        """Where the doubling went past a count whose loop waited too little for more workers to
+        gain, because other processes shared the machine in its window (`loader_waits.shared`):
+        which count, and their cores ("" elsewhere)."""
+        plain = [t for t in self._measured(trials) if not self._prefetch(t)]
+        best = float(values.get("steps_per_s") or 0.0)
+        for done, after in zip(plain, plain[1:]):
+            cores, more = shared(done), self._workers(after) > self._workers(done)
+            if cores is not None and more and self._little_left(done, best):
+                return (
+                    f"went on past {self._workers(done)} workers, where the loop waited on its input for "
+                    f"{100 * (wait_share(done) or 0.0):.0f}% of its steps: other processes used {cores:.1f} "
+                    "cores in its window, beside which that wait does not tell what more workers gain"
+                )
+            best = max(best, done.steps_per_s or 0.0)
+        return ""
 
     def search_note(self, trials: list[Trial], values: dict[str, Any]) -> str | None:
         current = int(values.get("num_workers") or 0)
@@ -338,6 +370,7 @@ class DataLoaderWorkers(LoaderSetting):
             tried = ", ".join(str(self._workers(t)) for t in plain[: len(below)])
             parts.append(f"fewer than the script's {current} workers tried ({tried})")
         if len(plain) > len(below):
+            parts.append(self._went_on(values, trials))
             parts.append(self._doubling(values, trials)[1] or f"more tried up to {self._workers(plain[-1])}")
         elif len(plain) == len(below) and self._fewer_won(values, trials):
             parts.append("more were not tried: fewer gained over the script's own count")
