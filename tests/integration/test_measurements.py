@@ -283,6 +283,13 @@ def test_beside_other_processes_the_search_measures_the_next_count_instead_of_st
         "5.0% faster, under the 10% more workers must bring"
     )
     assert fix.choose(no_more, values) is no_more[1]
+    # the counts below the script's own are tried whatever they showed: going past them is no news
+    own = {**values, "num_workers": 4, "steps_per_s": 30.0}
+    below = [beside(80.0, 2, 25.0), beside(80.0, 0, 31.0), beside(80.0, 8, 32.0)]
+    assert fix.search_note(below, own) == (
+        "fewer than the script's 4 workers tried (2, 0); stopped at 8 workers: they gained less than 10% "
+        "over the best before them"
+    )
 
 
 def test_the_fewest_workers_within_10_percent_are_kept_and_get_the_deeper_prefetch() -> None:

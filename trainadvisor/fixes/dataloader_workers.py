@@ -346,11 +346,13 @@ class DataLoaderWorkers(LoaderSetting):
         """Where the doubling went past a count whose loop waited too little for more workers to
         gain, because other processes shared the machine in its window (`loader_waits.shared`):
         which count, and their cores ("" elsewhere)."""
-        plain = [t for t in self._measured(trials) if not self._prefetch(t)]
-        best = float(values.get("steps_per_s") or 0.0)
-        for done, after in zip(plain, plain[1:]):
-            cores, more = shared(done), self._workers(after) > self._workers(done)
-            if cores is not None and more and self._little_left(done, best):
+        plain = [t for t in trials if not self._prefetch(t)]
+        below = len(fewer(int(values.get("num_workers") or 0)))
+        rates = [t.steps_per_s or 0.0 for t in plain[:below] if t.status == "measured"]
+        best = max([*rates, float(values.get("steps_per_s") or 0.0)])
+        for done in plain[below:-1]:  # the doubling's counts that another followed
+            cores = shared(done) if done.status == "measured" else None
+            if cores is not None and self._little_left(done, best):
                 return (
                     f"went on past {self._workers(done)} workers, where the loop waited on its input for "
                     f"{100 * (wait_share(done) or 0.0):.0f}% of its steps: other processes used {cores:.1f} "
