@@ -13,7 +13,7 @@ import pytest
 
 from trainadvisor.cli import main
 from trainadvisor.measure.config import ChildConfig
-from trainadvisor.measure.runner import RunSpec
+from trainadvisor.measure.spec import RunSpec
 from trainadvisor.options import table
 from trainadvisor.profile.runs import (
     RUN_OPTIONS,

@@ -24,6 +24,7 @@ from trainadvisor.measure.config import (
     window_file,
 )
 from trainadvisor.measure.proctable import PROC
+from trainadvisor.measure.results import load_result
 from trainadvisor.measure.runner import (
     STOP_GRACE_S,
     Launched,
@@ -31,7 +32,6 @@ from trainadvisor.measure.runner import (
     attach_samples,
     collect,
     launch,
-    load_result,
     stop,
     wait_for,
 )

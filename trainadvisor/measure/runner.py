@@ -19,49 +19,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainadvisor import _serial
-from trainadvisor.errors import UsageError
-from trainadvisor.measure import console, interrupts, journal, reaper
-from trainadvisor.measure.config import ChildConfig, WindowSize, failed_write_file, save_config
+from trainadvisor.measure import console, interrupts, reaper
+from trainadvisor.measure.config import ChildConfig, failed_write_file, save_config
 from trainadvisor.measure.nvml import Stamped
+from trainadvisor.measure.results import read_ranks, read_result
 from trainadvisor.measure.sampling import Sampler
+from trainadvisor.measure.spec import PROFILE_STEPS as PROFILE_STEPS
+from trainadvisor.measure.spec import RunSpec
 from trainadvisor.measure.watchdog import Watchdog
 from trainadvisor.records import Overrides, RawRun
 from trainadvisor.redact import Secrets
-from trainadvisor.units import signal_name
 
 # Once the window is written, the script is given this long to stop before it is killed
 # (a loop that catches BaseException would otherwise keep training).
 STOP_GRACE_S = 15.0
 
-# Steps traced by torch.profiler after the timed window (fewer when the window is shorter).
-PROFILE_STEPS = 10
 _HELD = (signal.SIGINT, signal.SIGTERM)
-
-
-@dataclass
-class RunSpec:
-    label: str
-    script: Path
-    args: list[str]
-    out_dir: Path  # the report folder: traces/ and logs/ go there
-    warmup: int
-    steps: int
-    seed: int | None = 0
-    stop_after_window: bool = True
-    profile: bool = True
-    show_output: bool = True
-    overrides: Overrides = field(default_factory=Overrides)  # what the run changes to try a fix
-    with_stack: bool = False  # trace Python stacks (for call sites; slows the host)
-    # torch.distributed.run options (--nproc-per-node 2 ...): launch every rank through torchrun
-    torchrun: list[str] = field(default_factory=list)
-    timeout_s: float | None = None  # None: no limit
-    stall_s: float | None = None  # no step for this long: stuck (None: `watchdog`'s own limit)
-    session_dir: Path | None = None  # keep the run alive for trial windows (`measure.kept_alive`)
-    gate_file: Path | None = None  # start ahead of its settings, which arrive here (`training.gate`)
-    size: WindowSize = field(default_factory=WindowSize)  # time floor, settling, the steps it may use
-    profile_steps: int = PROFILE_STEPS  # traced after the timed steps (at most as many as those)
-    memory_budget_bytes: int | None = None  # what the run may use (--memory-budget), for its report
 
 
 def _child_env() -> dict[str, str]:
@@ -350,7 +323,7 @@ def stop(launched: Launched) -> None:
 def collect(launched: Launched, spec: RunSpec, killed: str | None) -> RawRun:
     """What the stopped child recorded, with the parent's own measurements added."""
     files = launched.files
-    gather = _ranks if spec.torchrun else _result
+    gather = read_ranks if spec.torchrun else read_result
     ended = (launched.proc.returncode, killed, files.heartbeat, launched.stopped_running)
     raw = gather(files.result, spec, *ended)
     raw.wall_s, raw.log_file, raw.overrides = (
@@ -402,143 +375,6 @@ def _named_devices(device_file: Path) -> Callable[[], dict[str, dict[str, Any]]]
         return found
 
     return named
-
-
-def _local_ranks(torchrun: list[str]) -> int:
-    """The ranks of a single-node run (--nproc-per-node), 0 when not known: on several nodes
-    this node's global ranks depend on the rendezvous."""
-    if any(option in ("--nnodes", "--node-rank") for option in torchrun):
-        return 0
-    for i, option in enumerate(torchrun[:-1]):
-        if option in ("--nproc-per-node", "--nproc_per_node") and torchrun[i + 1].isdigit():
-            return int(torchrun[i + 1])
-    return 0
-
-
-def _ranks(
-    result_file: Path, spec: RunSpec, returncode: int, killed: str | None, heartbeat: Path, ours: bool
-) -> RawRun:
-    """Every rank's result (by the rank in the file name; or what a rank that ended without a
-    word saved as it went); the lowest rank's run carries them. The run fails when any rank
-    failed, naming the first failed rank and its error."""
-    runs, ranks = [], set()
-    for written in (result_file, journal.progress_file(result_file)):
-        for path in written.parent.glob(written.name.replace("{rank}", "*")):
-            number = path.name.removeprefix(f"{spec.label}.rank").split(".")[0]
-            ranks.update([int(number)] if number.isdigit() else [])
-    for rank in sorted(ranks):
-        mine = [Path(str(path).replace("{rank}", str(rank))) for path in (result_file, heartbeat)]
-        run = _result(mine[0], spec, returncode, killed, mine[1], ours)
-        run.rank = rank
-        runs.append(run)
-    runs.sort(key=lambda r: r.rank or 0)
-    if not runs:
-        first = _result(result_file, spec, returncode, killed)  # no rank wrote anything
-        first.error = f"{first.error} (torchrun: no rank recorded a result)"
-        return first
-    primary = runs[0]
-    primary.ranks = [replace(r, ranks=[]) for r in runs]
-    failures = [r for r in runs if r.status == "script_failed"]
-    if killed:
-        # Stopped by the timeout: the hung rank is the one that got least far; the others wait
-        # for it inside backward() (the gradient all-reduce).
-        failures.sort(key=lambda r: (r.steps_seen, "before its backward" not in (r.error or "")))
-    else:
-        # The first rank to fail is the cause; the others fail after it (a closed connection).
-        failures.sort(key=lambda r: r.ended_unix_s or float("inf"))
-    failed = failures[0] if failures else None
-    silent = [str(rank) for rank in range(_local_ranks(spec.torchrun)) if rank not in {r.rank for r in runs}]
-    if failed is not None:
-        waiting = [str(r.rank) for r in failures[1:] if "inside backward" in (r.error or "")]
-        primary.status, primary.error = "script_failed", f"rank {failed.rank}: {failed.error}"
-        if killed and waiting:
-            primary.error += f"; rank {', '.join(waiting)} waited for it inside backward() (the all-reduce)"
-        if killed and silent:
-            primary.error += (
-                f"; rank {', '.join(silent)} did not respond (blocked, waiting for rank {failed.rank})"
-            )
-    elif killed and silent:
-        primary.status = "script_failed"
-        primary.error = f"{killed}; rank {', '.join(silent)} recorded nothing"
-    elif returncode != 0 and primary.status != "window_complete":
-        primary.status = "script_failed"
-        primary.error = killed or f"torchrun ended with exit code {returncode}"
-    return primary
-
-
-def _raise_if_disk_full(reason: str, result_file: Path) -> None:
-    """A child that could not write its measurements for want of space (its word for it is a
-    UsageError's message, or nothing at all when not even that fitted) ends the run: the user's
-    next step is to free space, not to debug the script."""
-    if reason.startswith(f"{UsageError.__name__}: "):
-        raise UsageError(reason.removeprefix(f"{UsageError.__name__}: "))
-    if not reason:
-        raise UsageError(
-            f"no space left on device while writing {result_file} (not even the reason could be "
-            "written); free space or choose another --out"
-        )
-
-
-def load_result(result_file: Path, spec: RunSpec) -> RawRun:
-    """What the child saved, the script's credentials masked in the file first (its errors
-    quote what the script's exception said)."""
-    Secrets.of(spec.args).json_file(result_file)
-    return _serial.load_json(RawRun, result_file)
-
-
-def _result(
-    result_file: Path,
-    spec: RunSpec,
-    returncode: int,
-    killed: str | None,
-    heartbeat: Path | None = None,
-    ours: bool = False,
-) -> RawRun:
-    """The run as its child recorded it. A child that wrote no last word (it ended at os._exit,
-    or was SIGKILLed: `progress`) leaves the window as far as it got and its step count; its end
-    is then told by its exit status, unless trainadvisor itself stopped it (`killed`, `ours`)."""
-    raw = load_result(result_file, spec) if result_file.exists() else None
-    failed_write = failed_write_file(result_file)
-    if (raw is None or raw.exit_code is None) and not failed_write.exists():
-        saved = journal.progress_file(result_file)
-        if raw is None and saved.exists():
-            Secrets.of(spec.args).json_file(saved)
-        raw = journal.last_known(raw, result_file, heartbeat, spec.label)
-        if raw is not None and not killed and not ours:
-            journal.say_how_it_ended(raw, returncode, "torchrun" if spec.torchrun else None)
-    if raw is not None:
-        if killed and raw.status != "window_complete":
-            # keep how far the child says it got when it was stopped
-            note = raw.error if raw.error and raw.error.startswith("stopped by trainadvisor") else None
-            raw.status, raw.error = "script_failed", f"{killed}; {note}" if note else killed
-        return raw
-    if killed:
-        error = killed
-    elif failed_write.exists():
-        Secrets.of(spec.args).file(failed_write)
-        reason = failed_write.read_text().strip()
-        _raise_if_disk_full(reason, result_file)
-        error = (
-            f"trainadvisor could not save the measurements in the script's process "
-            f"({reason}); the script's own exit code was {returncode}"
-        )
-    elif returncode < 0:
-        error = f"the script was killed by signal {signal_name(-returncode)}"
-    else:
-        error = f"the script ended with exit code {returncode} before anything was recorded"
-    return RawRun(
-        label=spec.label,
-        status="script_failed",
-        exit_code=returncode,
-        error=error,
-        warmup_steps=spec.warmup,
-        window_steps=spec.steps,
-        profile_steps=0,
-        steps_seen=0,
-        steps=[],
-        loaders=[],
-        device=None,
-    )
 
 
 def attach_samples(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainadvisor import _serial, fixes
-from trainadvisor.measure.runner import RunSpec, _result
+from trainadvisor.measure.results import read_result
+from trainadvisor.measure.runner import RunSpec
 from trainadvisor.training import hooks
 
 
@@ -25,7 +26,7 @@ def test_a_child_that_cannot_save_its_measurements_says_why(
     monkeypatch.setattr(_serial, "save_json", full)
     recorder.write("window_complete", 0, None)  # never raises into training
     spec = RunSpec("baseline", tmp_path / "train.py", [], tmp_path, 1, 1)
-    raw = _result(result_file, spec, 0, None)
+    raw = read_result(result_file, spec, 0, None)
     assert (raw.status, raw.error) == (
         "script_failed",
         "trainadvisor could not save the measurements in the script's process (OSError: [Errno 28] No "

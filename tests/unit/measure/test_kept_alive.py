@@ -16,7 +16,7 @@ import pytest
 from trainadvisor.measure import kept_alive
 from trainadvisor.measure.config import WindowSize, at_gate_file, released_file, standing_file
 from trainadvisor.measure.kept_alive import Prestarted, _FirstStep, _how_it_ended, _LastWord
-from trainadvisor.measure.runner import RunSpec
+from trainadvisor.measure.spec import RunSpec
 from trainadvisor.measure.watchdog import Heartbeat
 from trainadvisor.records import Overrides, RawRun
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from trainadvisor.measure import priority
-from trainadvisor.measure.runner import RunSpec
+from trainadvisor.measure.spec import RunSpec
 from trainadvisor.profile import ahead
 from trainadvisor.profile.ahead import PRESTART_IMPORTS_S, _gpu_here, kept_ahead, start_ahead
 from trainadvisor.profile.runs import ProfileOptions
