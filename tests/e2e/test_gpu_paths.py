@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, FAKES, SCRIPTS, SETTLE_CAP, SHORT, load_report, run_cli
+from conftest import EXAMPLES, FAKES, SCRIPTS, SETTLE_CAP, SHORT, kept_or_loaded, load_report, run_cli
 
 from trainadvisor.analyze.run.disturbance import gpu_intruders, gpu_note
 from trainadvisor.analyze.run.summary import summarize
@@ -177,11 +177,8 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     # kept (3.6-4.2x alone); or, where the report names other processes' CPU in its windows or
     # the machine's speed changing between its runs (a quiet CI run's other tests beside it once
     # left it open), inconclusive with no change given: issue 36's answer, not this test's matter
-    loaded = any(note.startswith("Other processes used") for note in report["notes"])
-    changed = "the machine's speed changed between runs" in workers["reason"]
-    assert workers["status"] == "kept" or (
-        (loaded or changed) and workers["status"] == "inconclusive" and not workers["diff"]
-    ), (workers["status"], workers["reason"], report["notes"])
+    held, shown = kept_or_loaded(report, "dataloader-workers")
+    assert held, shown
     assert all(t["overrides"]["non_blocking_h2d"] for t in workers["trials"])
     assert report["baseline"]["raw"]["nvml_status"] == "sampled GPU 0"
     assert report["baseline"]["gpu_step_time_ms"]["median"] > 0
