@@ -19,11 +19,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trainadvisor.records import StepRecord, Trial
+from trainadvisor.records import DISTURBED_MIN_CORES, StepRecord, Trial, other_cores
 
-# Other processes' CPU over a window, in cores, from which its waits no longer tell what more
-# workers gain (`shared`); as `analyze.run.disturbance.DISTURBED_MIN_CORES`, a disturbed window.
-SHARED_MIN_CORES = 0.5
 # At least this many timed steps that found their batches loaded ahead, for the median of their
 # waits to stand for the hand-over (fewer: every wait counts as one more workers could hide).
 MIN_LOADED_STEPS = 5
@@ -89,31 +86,25 @@ def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:
     return busy_pct / 100.0 / cores
 
 
-def others_cores(trial: Trial) -> float | None:
-    """The CPU other processes used during the trial's window, in cores (None: not sampled)."""
-    samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.t_ms >= 0]
-    return sum(h.other_cpu_pct for h in samples) / len(samples) / 100.0 if samples else None
-
-
 def shared(trial: Trial) -> float | None:
-    """Other processes' cores in the trial's window where they reached SHARED_MIN_CORES, else
+    """Other processes' cores in the trial's window where they reached DISTURBED_MIN_CORES, else
     None. Beside them the loop's steps slow while their batches wait (its threads queue for a
     core), and what it waited on its input no longer tells what more workers gain: beside a busy
     core, 8 workers (64 images a batch, 5 ms an image, 2 cores) left the loop waiting 8% of its
     steps, steps of 10-200 ms with 9-14 batches queued, and 16 ran 1.65x as fast (19-20 against
     29-35 steps/s, the script by itself)."""
-    cores = others_cores(trial)
-    return cores if cores is not None and cores >= SHARED_MIN_CORES else None
+    cores = other_cores([h for h in (trial.raw.host_samples if trial.raw else []) if h.t_ms >= 0])
+    return cores if cores is not None and cores >= DISTURBED_MIN_CORES else None
 
 
 def baseline_shared(values: dict[str, Any]) -> bool:
-    """Whether other processes used SHARED_MIN_CORES or more in the baseline's window: its busy
+    """Whether other processes used DISTURBED_MIN_CORES or more in the baseline's window: its busy
     cores (`cpu_busy_pct`) less the training process's and its workers'."""
     busy_pct, cores = values.get("cpu_busy_pct"), int(values.get("cpu_count") or 0)
     ours_pct = float(values.get("main_process_cpu_pct") or 0.0) + float(values.get("workers_cpu_pct") or 0.0)
     if busy_pct is None or cores <= 0:
         return False
-    return (float(busy_pct) * cores - ours_pct) / 100.0 >= SHARED_MIN_CORES
+    return (float(busy_pct) * cores - ours_pct) / 100.0 >= DISTURBED_MIN_CORES
 
 
 def little_left(last: Trial, workers: int, step_gain: float) -> str:

@@ -10,6 +10,7 @@ May import: _version."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import fmean
 from typing import Any, Literal
 
 from trainadvisor._version import __version__
@@ -229,6 +230,17 @@ class HostSample:
     # (runnable, not running: the kernel's run-queue wait), in percent; None: not read (the
     # first tick, no /proc/<pid>/task/<pid>/schedstat, or saved before it was sampled)
     main_queued_pct: float | None = None
+
+
+# Other processes' CPU, averaged over a window, from which that window is called disturbed
+# (`analyze.run.disturbance`) and its loop's waits no longer tell what more DataLoader workers
+# gain (`fixes.loader_waits.shared`).
+DISTURBED_MIN_CORES = 0.5
+
+
+def other_cores(samples: list[HostSample]) -> float | None:
+    """The CPU other processes used, in cores, averaged over the samples (None without any)."""
+    return fmean(s.other_cpu_pct for s in samples) / 100.0 if samples else None
 
 
 @dataclass

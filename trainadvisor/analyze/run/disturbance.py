@@ -11,19 +11,10 @@ to take a core's time from it for a good part of the window."""
 
 from __future__ import annotations
 
-from statistics import fmean
 from typing import Any
 
 from trainadvisor.analyze.run.summary import window_samples
-from trainadvisor.records import FixOutcome, HostSample, RawRun, Run
-
-# Other processes' CPU, averaged over a window, from which that window is called disturbed.
-DISTURBED_MIN_CORES = 0.5
-
-
-def other_cores(samples: list[HostSample]) -> float | None:
-    """The CPU other processes used, in cores, averaged over the samples (None without any)."""
-    return fmean(s.other_cpu_pct for s in samples) / 100.0 if samples else None
+from trainadvisor.records import DISTURBED_MIN_CORES, FixOutcome, HostSample, RawRun, Run, other_cores
 
 
 def disturbed_cores(samples: list[HostSample], min_cores: float = DISTURBED_MIN_CORES) -> float | None:
