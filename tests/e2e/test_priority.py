@@ -4,7 +4,9 @@ raising the calling thread alone leaves that thread at 19, starved beside a busy
 raises both, and takes both out of the idle scheduling class. In a user namespace (a rootless
 container) CAP_SYS_NICE shows in the capability bits but the kernel refuses to raise a priority
 back: `restorable` says so, and `restore` counts both threads left lowered. A run ended while it
-stands lowered is raised back first (`reaper.unlower`), so that it exits at once."""
+stands lowered is raised back first (`reaper.unlower`), so that it exits at once. A live run told
+to stop while the next run starts ends lowered (`priority.lower_threads`), and is raised back
+where trainadvisor waits for it (`LiveRun.close`)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
+from conftest import SCRIPTS
 
 from trainadvisor.measure import priority, reaper
+from trainadvisor.measure.kept_alive import LiveRun
+from trainadvisor.measure.spec import RunSpec
 
 CHILD = textwrap.dedent(
     """
@@ -122,3 +128,27 @@ def test_a_run_ended_while_it_stands_lowered_is_raised_back_first() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_live_run_told_to_stop_soon_ends_lowered_until_it_is_waited_for(tmp_path: Path) -> None:
+    """Its exit (1.0-1.2 CPU-s of a torch process's teardown) would otherwise take the CPU of the
+    next run's warm-up; once trainadvisor waits for it, nothing is measured beside it."""
+    if not priority.restorable():
+        pytest.skip("this user may not raise a lowered priority back (no CAP_SYS_NICE, RLIMIT_NICE)")
+    spec = RunSpec(
+        "baseline", SCRIPTS / "manual_steps.py", ["100000"], tmp_path, warmup=2, steps=4,
+        profile=False, show_output=False, session_dir=tmp_path / "session",
+    )  # fmt: skip
+    live = LiveRun(spec)
+    try:
+        assert live.baseline().status == "window_complete"
+        assert live.launched is not None
+        pid = live.launched.proc.pid
+        live.stop_soon()
+        tids = priority.threads(pid)
+        assert tids and {os.sched_getscheduler(tid) for tid in tids} == {os.SCHED_IDLE}
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {priority.LOWEST}
+        live.close()
+        assert live.launched is None and not psutil.pid_exists(pid)
+    finally:
+        live.close()

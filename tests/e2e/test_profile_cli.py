@@ -227,6 +227,22 @@ def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:
     assert load_report(tmp_path / "r")["baseline"]["raw"]["steps_seen"] == 12
 
 
+def test_a_script_stopped_after_its_window_ends_as_it_would_by_itself(tmp_path: Path) -> None:
+    """Its exit handler runs, and a log it never closed (its globals, which its function and its
+    exit handler refer to, are freed by the interpreter's last garbage collections) holds every
+    line it wrote: a faster exit that froze the objects alive at exit (`gc.freeze`) lost them."""
+    result = run_cli(
+        "profile", "--warmup", "2", "--steps", "4", *EXACT, "--no-fix", "--out", tmp_path / "r",
+        SCRIPTS / "leaves_files_open.py", "--out-dir", tmp_path, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    steps_seen = load_report(tmp_path / "r")["baseline"]["raw"]["steps_seen"]
+    lines = (tmp_path / "steps.log").read_text().splitlines()
+    # the last step stopped in its optimizer.step(), before its line
+    assert lines == [f"step {step}" for step in range(steps_seen - 1)]
+    assert (tmp_path / "exit_handler.txt").read_text() == "ran\n"
+
+
 def test_too_few_steps_for_the_warmup(tmp_path: Path) -> None:
     result = run_cli(
         "profile", "--warmup", "20", "--out", tmp_path / "r", SCRIPTS / "manual_steps.py", "5", cwd=tmp_path

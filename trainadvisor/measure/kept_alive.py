@@ -63,6 +63,7 @@ class LiveRun:
         self.launched: Launched | None = launch(spec)
         self.final: RawRun | None = None  # what the child recorded last, once it has ended
         self._stop_sent: float | None = None  # time.monotonic() when the child was told to stop
+        self._lowered_from: int | None = None  # the nice value to restore it to, once lowered
 
     def baseline(self, first_step: Callable[[], None] | None = None) -> RawRun:
         """The baseline window, once the child has written it (the child then waits for its
@@ -148,12 +149,19 @@ class LiveRun:
 
     def stop_soon(self) -> None:
         """Tell the child to stop, without waiting for it to end (`close` waits): its exit (its
-        DataLoader workers joined, the interpreter torn down) overlaps what runs next, whose
-        warm-up waits for its own step time to settle anyway."""
+        DataLoader workers joined, the interpreter torn down) overlaps what runs next, lowered
+        to the idle class until `close` where its priority can be restored. A torch process's
+        teardown takes 1.0-1.2 CPU-s (the interpreter's last garbage collections, over some
+        300,000 objects), which trainadvisor's measure of other processes does not count: at
+        normal priority it slowed the confirmation run's warm-up beside it (settled after
+        98-215 steps in three runs of the slow-start benchmark's script, 69-85 in four lowered)."""
         if self.launched is None or self._stop_sent is not None:
             return
         _serial.save_json(WindowCommand(self.index, stop=True), command_file(self.folder, self.index))
         self._stop_sent = time.monotonic()
+        if priority.restorable():
+            self._lowered_from = priority.current()
+            priority.lower_threads(self.launched.proc.pid)
 
     def close(self) -> None:
         """Tell the child to stop (unless `stop_soon` did); give it the usual grace from then
@@ -163,6 +171,8 @@ class LiveRun:
             return
         try:
             self.stop_soon()
+            if self._lowered_from is not None:  # its exit has the CPU it needs now
+                priority.restore(self._lowered_from, launched.proc.pid)
             deadline = (self._stop_sent or time.monotonic()) + STOP_GRACE_S
             while launched.proc.poll() is None and time.monotonic() < deadline:
                 if interrupts.wait(POLL_S):

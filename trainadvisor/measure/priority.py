@@ -81,6 +81,20 @@ def lower() -> int | None:
     return before
 
 
+def lower_threads(pid: int) -> int:
+    """Every thread of process `pid` (a child of the same user) lowered to LOWEST and, where the
+    kernel has it, to the idle class; how many were (none where it has ended or this is not
+    permitted). Threads it starts later inherit the priority of the thread that starts them."""
+    lowered = 0
+    for tid in threads(pid):
+        with contextlib.suppress(OSError):  # it ended, or this is not permitted
+            os.setpriority(os.PRIO_PROCESS, tid, LOWEST)
+            lowered += 1
+            if IDLE is not None:
+                os.sched_setscheduler(tid, IDLE, os.sched_param(0))
+    return lowered
+
+
 def threads(pid: int | None = None) -> list[int]:
     """This process's threads (the calling thread alone where /proc is not there), or process
     `pid`'s (none where it has ended)."""
