@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from conftest import (
 from torch.utils.data import DataLoader, Dataset
 
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP
-from trainadvisor.training.loaders import loaded_ahead, ready_batches
+from trainadvisor.training.loaders import loaded_ahead, ready_batches, served_ahead, waiting
 
 # Windows of exactly --warmup and --steps steps (no steadiness test, no time floor), for the tests
 # that count where a script's end falls among the windows
@@ -122,6 +123,37 @@ def test_torchs_worker_iterator_says_whether_a_batch_was_loaded_ahead_and_how_ma
     assert ready_batches(iterator) == 4
     assert [int(x) for x in next(iterator)] == [0, 1, 2, 3]
     assert loaded_ahead(iter(DataLoader(_Gated(opened), batch_size=4))) is None  # no workers
+    del iterator
+
+
+class _FirstGated(_Gated):
+    """The first batch's samples wait until `opened` is set; every other sample comes at once."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index < 4:
+            self.opened.wait(60)
+        return torch.tensor([float(index)])
+
+
+def test_a_batch_queued_that_is_not_the_one_needed_leaves_the_loop_waiting_for_its_worker() -> None:
+    """torch's iterator serves batches in order: with batch 0's worker still loading, the queue
+    holds batch 1; the loop, asking for batch 0, waits for that worker (`served_ahead` False),
+    while batch 1, held meanwhile, is served as loaded ahead."""
+    context = multiprocessing.get_context("fork")
+    opened = context.Event()
+    loader = DataLoader(_FirstGated(opened), batch_size=4, num_workers=2, multiprocessing_context=context)
+    iterator = iter(loader)
+    deadline = time.monotonic() + 60
+    while (ready_batches(iterator) or 0) < 2 and time.monotonic() < deadline:  # worker 1's two
+        time.sleep(0.01)
+    before = waiting(iterator)
+    assert before.loaded_ahead is True and before.queued == 2  # batches 1 and 3, not batch 0
+    threading.Timer(0.2, opened.set).start()
+    assert [int(x) for x in next(iterator)] == [0, 1, 2, 3]
+    assert served_ahead(before, iterator) is False
+    before = waiting(iterator)
+    assert [int(x) for x in next(iterator)] == [4, 5, 6, 7]
+    assert served_ahead(before, iterator) is True
     del iterator
 
 

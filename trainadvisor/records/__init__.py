@@ -119,8 +119,8 @@ class StepRecord:
     # DataLoader, and whatever else runs there, such as a framework's backward and optimizer step)
     outside_call_ms: float | None = None
     backwards: int = 0  # backward() calls in the step (gradient accumulation: one per micro-step)
-    # every batch the step drew was loaded and waiting in its workers' queue when asked for
-    # (`training.loaders.loaded_ahead`): its wait was the hand-over only; None: not told
+    # every batch the step drew was loaded and waiting when asked for, the one it needed among
+    # them (`training.loaders.served_ahead`): its wait was the hand-over only; None: not told
     loaded_ahead: bool | None = None
     # the batches the workers had loaded and waiting when the step drew its own (summed over its
     # loaders; `training.loaders.ready_batches`); None: not told

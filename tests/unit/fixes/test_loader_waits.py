@@ -14,7 +14,7 @@ from trainadvisor.analyze.run.summary import drained_batches, summarize
 from trainadvisor.fixes.loader_waits import handover_ms, hideable_share, loaded_share, wait_share
 from trainadvisor.fixes.worker_counts import first_count, hidden_by
 from trainadvisor.records import Trial
-from trainadvisor.training.loaders import loaded_ahead, ready_batches
+from trainadvisor.training.loaders import Waiting, loaded_ahead, ready_batches, served_ahead, waiting
 
 
 def _waited(steps: list[tuple[float, float, bool | None]]) -> Trial:
@@ -95,6 +95,35 @@ def test_a_batch_is_loaded_ahead_where_one_waits_in_the_queue_or_the_one_needed_
     iterator = _Iterator(queued=0)
     iterator._data_queue = thread_queue  # type: ignore[assignment]
     assert loaded_ahead(iterator) is True
+
+
+def test_a_batch_served_was_loaded_ahead_only_where_the_reads_to_reach_it_were_queued() -> None:
+    """torch serves batches in order: the loop reads the queue until the one it needs comes, and
+    holds those that came before it; a batch queued that was not the one needed leaves the loop
+    waiting for its worker."""
+    asked = _Iterator(queued=1)  # one batch queued; batch 7 asked of worker 3, not back yet
+    before = waiting(asked)
+    assert before == Waiting(True, 1, 1, 0)
+    asked._task_info = {8: (2, "batch")}  # batch 7 served; the queued one was batch 8: now held
+    assert served_ahead(before, asked) is False  # read 2 to reach it, 1 was queued
+    asked._task_info = {}  # the queued one was batch 7 itself
+    assert served_ahead(before, asked) is True
+    three = _Iterator(queued=3)
+    before = waiting(three)
+    three._task_info = {8: (2, "batch"), 9: (1, "batch")}  # read 3 to reach it, all queued
+    assert served_ahead(before, three) is True
+    held = _Iterator(queued=0, held={7: (3, "batch"), 9: (1, "batch")})  # the one needed came early
+    before = waiting(held)
+    held._task_info = {9: (1, "batch")}  # served from those held: nothing read
+    assert before.loaded_ahead is True and served_ahead(before, held) is True
+    assert served_ahead(waiting(_Iterator(queued=0)), _Iterator(queued=0)) is False  # none loaded
+    assert served_ahead(waiting(object()), object()) is None  # no workers
+    uncounted = waiting(_Iterator(queued=None, held={7: (3, "batch")}))  # a queue that cannot count
+    assert uncounted.loaded_ahead is True and served_ahead(uncounted, object()) is True
+    odd = _Iterator(queued=1)
+    before = waiting(odd)
+    odd._task_info = None  # type: ignore[assignment]  # gone after the draw: as told before it
+    assert served_ahead(before, odd) is True
 
 
 def test_the_batches_waiting_are_those_queued_and_those_held_out_of_order() -> None:
