@@ -130,9 +130,9 @@ def test_a_run_ended_while_it_stands_lowered_is_raised_back_first() -> None:
         child.wait()
 
 
-def test_a_live_run_told_to_stop_soon_ends_lowered_until_it_is_waited_for(tmp_path: Path) -> None:
+def test_a_live_run_told_to_stop_soon_ends_lowered_until_it_is_raised_back(tmp_path: Path) -> None:
     """Its exit (1.0-1.2 CPU-s of a torch process's teardown) would otherwise take the CPU of the
-    next run's warm-up; once trainadvisor waits for it, nothing is measured beside it."""
+    next run's warm-up; once nothing is measured beside it (`raise_back`), it runs as before."""
     if not priority.restorable():
         pytest.skip("this user may not raise a lowered priority back (no CAP_SYS_NICE, RLIMIT_NICE)")
     spec = RunSpec(
@@ -148,6 +148,10 @@ def test_a_live_run_told_to_stop_soon_ends_lowered_until_it_is_waited_for(tmp_pa
         tids = priority.threads(pid)
         assert tids and {os.sched_getscheduler(tid) for tid in tids} == {os.SCHED_IDLE}
         assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {priority.LOWEST}
+        live.raise_back()  # nothing measured beside it any more: its exit may take a core
+        raised = priority.threads(pid)  # none where it has ended meanwhile
+        assert {os.sched_getscheduler(tid) for tid in raised} <= {os.SCHED_OTHER}
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in raised} <= {priority.current()}
         live.close()
         assert live.launched is None and not psutil.pid_exists(pid)
     finally:

@@ -163,6 +163,16 @@ class LiveRun:
             self._lowered_from = priority.current()
             priority.lower_threads(self.launched.proc.pid)
 
+    def raise_back(self) -> None:
+        """The child lowered by `stop_soon` raised back to this process's priority, once nothing
+        is measured beside it: its exit then overlaps the report's making (beside a busy core,
+        the report's making and the busy process would leave the idle class no core, and its
+        exit would wait until `close`, after the report)."""
+        launched, nice = self.launched, self._lowered_from
+        if launched is not None and nice is not None:
+            priority.restore(nice, launched.proc.pid)
+        self._lowered_from = None
+
     def close(self) -> None:
         """Tell the child to stop (unless `stop_soon` did); give it the usual grace from then
         (none once trainadvisor is signalled to stop), then end its process group."""
@@ -171,8 +181,7 @@ class LiveRun:
             return
         try:
             self.stop_soon()
-            if self._lowered_from is not None:  # its exit has the CPU it needs now
-                priority.restore(self._lowered_from, launched.proc.pid)
+            self.raise_back()  # its exit has the CPU it needs now
             deadline = (self._stop_sent or time.monotonic()) + STOP_GRACE_S
             while launched.proc.poll() is None and time.monotonic() < deadline:
                 if interrupts.wait(POLL_S):

@@ -216,6 +216,8 @@ def _measure_fixes(
         paired_last = tuning.again is not None and not tuning.walls["fresh"]
         adjacent = None if paired_last else tuning.measure_again
         report = _confirm(options, diagnosed, started, tuning, noise_rel, job.echo, prestarted, adjacent)
+        if live is not None:  # nothing more is measured: the live run's exit may take a core
+            live.raise_back()
         job.keep(report)  # while the confirmation run exits
     finally:
         if prestarted is not None:
