@@ -6,7 +6,7 @@ container) CAP_SYS_NICE shows in the capability bits but the kernel refuses to r
 back: `restorable` says so, and `restore` counts both threads left lowered. A run ended while it
 stands lowered is raised back first (`reaper.unlower`), so that it exits at once. A live run told
 to stop while the next run starts ends lowered (`priority.lower_threads`), and is raised back
-where trainadvisor waits for it (`LiveRun.close`)."""
+once nothing is measured beside it (`LiveRun.raise_back`)."""
 
 from __future__ import annotations
 
