@@ -1,5 +1,5 @@
 """Input that gets faster by itself: each sample's read takes `latency * (1 - t / 2T)` for the
-first T seconds since the script started (a cache warming up), then half the latency; reads are
+first T seconds since its first read (a cache warming up), then half the latency; reads are
 serialised by one lock shared with the DataLoader's workers (one disk head), so more workers
 cannot read in parallel, and a read takes far longer than the step's compute, so overlapping
 the two gains little. A later window is faster whatever its setting: trainadvisor must not
@@ -12,8 +12,10 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-STARTED = time.time()
 DISK = multiprocessing.Lock()  # inherited by forked workers
+# when the first sample was read, shared with forked workers: counted from the script's start, a
+# run whose start-up took longer than T beside a busy core measured a cache already warm
+FIRST_READ = multiprocessing.RawValue("d", 0.0)
 
 
 class Warming(Dataset):
@@ -24,8 +26,9 @@ class Warming(Dataset):
         return 1_000_000
 
     def __getitem__(self, index: int):
-        elapsed = time.time() - STARTED
         with DISK:
+            FIRST_READ.value = FIRST_READ.value or time.time()
+            elapsed = time.time() - FIRST_READ.value
             time.sleep(self.latency_s * (1.0 - 0.5 * min(1.0, elapsed / self.warm_s)))
         return torch.full((8,), (index % 13) / 13.0), torch.tensor(float(index % 3))
 
