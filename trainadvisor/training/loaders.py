@@ -292,7 +292,7 @@ def waiting(iterator: Any) -> Waiting:
         if not isinstance(info, dict) or queue is None:
             return Waiting()
         next_held = _came_early(info.get(getattr(iterator, "_rcvd_idx", None)))
-        held = sum(1 for task in info.values() if _came_early(task))
+        held = _held(info)
     except Exception:
         return Waiting()
     try:
@@ -315,10 +315,15 @@ def served_ahead(before: Waiting, iterator: Any) -> bool | None:
         info = getattr(iterator, "_task_info", None)
         if not isinstance(info, dict):
             return before.loaded_ahead
-        held = sum(1 for task in info.values() if _came_early(task))
+        held = _held(info)
     except Exception:
         return before.loaded_ahead
     return held - before.held + 1 <= before.queued
+
+
+def _held(info: dict[Any, Any]) -> int:
+    """How many of torch's `_task_info` tasks hold a batch that came back out of order."""
+    return sum(1 for task in info.values() if _came_early(task))
 
 
 def _came_early(task: Any) -> bool:
