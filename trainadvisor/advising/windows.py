@@ -235,7 +235,7 @@ class AdviseTrials:
             self.setting.overrides,
             "measured",
             run.steps_per_s,
-            None,
+            self.setting.note,
             raw,
             run.samples_per_s,
         )

@@ -42,6 +42,9 @@ class Setting:
     # the longest its window's warm-up waits to settle, below the trials' own cap (a pair's
     # windows: their adjacency matters more than a steadiness a loaded machine never reaches)
     settle_s: float | None = None
+    # why it is measured, where that is not plain from its label (a setting measured again), for
+    # its trial's reason in the report
+    note: str | None = None
 
 
 def overrides(

@@ -21,7 +21,9 @@ ahead, which every step pays; where what is left is under `HIDDEN_LEFT`, no coun
 `STEP_GAIN` more workers must bring, and the search stops, unless other processes used half a
 core or more in that window (`loader_waits.shared`): beside them the loop's steps slow while
 their batches wait, the wait no longer tells what more workers gain, and the next count is
-measured instead. The report says what was tried and why the search stopped (or went on). Every
+measured instead; and a count that lost to the best before it, in a window they shared, is judged
+against that count measured again right after it (`worker_pairs`: a drift in their load shows in
+both adjacent windows). The report says what was tried and why the search stopped (or went on). Every
 candidate with workers keeps them alive across epochs (`persistent_workers=True`). The count
 kept is the fewest that ran within `STEP_GAIN` of the fastest: more workers stay only where they
 brought what a doubling must to go on (each is a process, with its own copy of the dataset's
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,24 +52,22 @@ from trainadvisor.fixes.loader_waits import (
     little_left,
     shared,
     wait_share,
-    worker_load,
 )
 from trainadvisor.fixes.worker_counts import (
     MAX_LEAP,
-    WAITING_BUSY,
     fewer,
     first_count,
     first_more,
-    leap,
     max_workers,
+    next_count,
     worker_cap,
 )
+from trainadvisor.fixes.worker_pairs import figures, paired_stop, repeats, to_measure_again
 from trainadvisor.records import FixOutcome, Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
 PREFETCH_GAIN = 1.05  # a deeper prefetch is kept only for 5% more throughput
 PREFETCH = 4
-MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
 # A loop that waits on its input for less than this share of its steps has little left for a
 # deeper prefetch to hide (at most 1 / (1 - share) faster: under PREFETCH_GAIN).
 LITTLE_WAIT = 0.05
@@ -100,43 +101,6 @@ def _no_deeper(best: Trial, values: dict[str, Any]) -> str | None:
         f"no deeper prefetch tried: {best.label}'s window kept {100 * busy:.0f}% of the "
         f"{int(values['cpu_count'])} cores busy, none idle for workers to load ahead"
     )
-
-
-def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int | None, str]:
-    """After a trial that gained: the next worker count to try, or None and why the search
-    stops there."""
-    cap, capped_by = worker_cap(values)
-    if workers * 2 > cap:
-        return None, f"stopped at {workers} workers: {workers * 2} is past {capped_by}"
-    per_core = max_workers(values.get("cpu_count", 1))
-    if workers * 2 <= per_core:
-        return _fitting(values, last, workers, leap(last, workers, min(cap, per_core))), ""
-    load = worker_load(last)
-    if load is None:
-        return None, f"stopped at {workers} workers, four per core (the workers' CPU was not sampled)"
-    busy, rss = load
-    if busy >= WAITING_BUSY:
-        return None, (
-            f"stopped at {workers} workers, four per core: each was busy {100 * busy:.0f}% of a "
-            "core (loading bound by CPU)"
-        )
-    available = float(values.get("memory_available_bytes") or 0.0)
-    if available and rss * workers * 2 > MEMORY_SHARE * available:
-        return None, (
-            f"stopped at {workers} workers: {workers * 2} would take about "
-            f"{rss * workers * 2 / 1e9:.1f} GB of the {available / 1e9:.1f} GB available"
-        )
-    return _fitting(values, last, workers, leap(last, workers, cap)), ""
-
-
-def _fitting(values: dict[str, Any], last: Trial, workers: int, count: int) -> int:
-    """`count`, lowered towards twice `workers` (never below) while the workers' sampled memory
-    for it would take more than MEMORY_SHARE of the memory available."""
-    load, available = worker_load(last), float(values.get("memory_available_bytes") or 0.0)
-    rss = load[1] if load is not None else 0.0
-    while count > 2 * workers and available and rss * count > MEMORY_SHARE * available:
-        count = max(count // 2, 2 * workers)
-    return count
 
 
 class DataLoaderWorkers(LoaderSetting):
@@ -175,10 +139,12 @@ class DataLoaderWorkers(LoaderSetting):
     def likely_ends_on_choice(self, values: dict[str, Any]) -> bool:
         """Loading bound by latency: the search usually stops where the loop kept up with its
         workers (`HIDDEN_LEFT`), at the count it keeps, unless its ceiling stopped it first (a
-        deeper prefetch follows); bound by CPU, a doubling finds no gain after the count it keeps."""
-        short = self._likely_counts(values)[1]
-        ends = self._latency_bound(values) and not short and not baseline_shared(values)
-        return ends or super().likely_ends_on_choice(values)
+        deeper prefetch follows); bound by CPU, a doubling finds no gain after the count it keeps,
+        but beside other processes the count kept is measured again after that (`worker_pairs`)."""
+        counts, short = self._likely_counts(values)
+        again = not short and counts[-1] in counts[:-1]  # the count kept, measured again
+        ends = self._latency_bound(values) and not short
+        return ends or again or super().likely_ends_on_choice(values)
 
     def _likely_counts(self, values: dict[str, Any]) -> tuple[list[int], bool]:
         """The counts the search usually measures, and whether it stops at its ceiling while the
@@ -192,7 +158,8 @@ class DataLoaderWorkers(LoaderSetting):
         waited, 16 kept up; 82% at 0.5 ms: 8 for 4.4 kept up; a loader that waited 98% went 8,
         32, then 32 with a deeper prefetch, its ceiling reached). Where other processes used half a
         core or more in the baseline's window, one count more: the search measures past where
-        the loop kept up (`loader_waits.shared`), and ends on a count it does not keep."""
+        the loop kept up (`loader_waits.shared`), and that count losing, the count kept is
+        measured again right after it (`worker_pairs`), the search's last window."""
         current = int(values.get("num_workers") or 0)
         workers = first_count(values, current)
         ceiling = self._ceiling(values, current, workers)
@@ -201,7 +168,7 @@ class DataLoaderWorkers(LoaderSetting):
             while workers < int(values.get("cpu_count") or 1) and workers * 2 <= ceiling:
                 workers *= 2
                 counts.append(workers)
-            return counts + ([workers * 2] if workers * 2 <= ceiling else []), False
+            return counts + self._past(values, workers, ceiling), False
         wait = float(values.get("data_wait_pct") or 0.0) / 100.0
         needed = (current or wait) / max(1.0 - wait, 1e-3)
         while workers < LATENCY_MARGIN * needed and workers * 2 <= ceiling:
@@ -211,9 +178,18 @@ class DataLoaderWorkers(LoaderSetting):
             workers = step
             counts.append(workers)
         short = workers < LATENCY_MARGIN * needed  # then a deeper prefetch of the count reached
-        if not short and baseline_shared(values) and workers * 2 <= ceiling:
-            counts.append(workers * 2)  # beside other processes, one count past it (`loader_waits.shared`)
-        return counts + ([workers] if short else []), short
+        if short:
+            return counts + [workers], short
+        return counts + (self._past(values, workers, ceiling) if baseline_shared(values) else []), short
+
+    @staticmethod
+    def _past(values: dict[str, Any], workers: int, ceiling: int) -> list[int]:
+        """The counts after `workers`, the one the search usually keeps, where it is not the
+        ceiling: the count past it, which gains too little, then (beside other processes) the
+        count kept measured again right after it (`worker_pairs`)."""
+        if workers * 2 > ceiling:
+            return []
+        return [workers * 2, workers] if baseline_shared(values) else [workers * 2]
 
     @staticmethod
     def _latency_bound(values: dict[str, Any]) -> bool:
@@ -266,6 +242,12 @@ class DataLoaderWorkers(LoaderSetting):
         last = trials[-1]
         if last.status != "measured" or self._prefetch(last):
             return None  # refused, failed or changed training: more workers will not do better
+        plain = [t for t in trials if not self._prefetch(t)]
+        doubling = plain[len(below) :]
+        again = to_measure_again(doubling, float(values.get("steps_per_s") or 0.0), STEP_GAIN)
+        if again is not None:  # beside other processes: the best count before it, right after it
+            setting = self._setting(values, self._workers(again), None)
+            return replace(setting, note=f"measured again right after {last.label}, beside other processes")
         count, _ = self._doubling(values, trials)
         if count is not None:
             return self._setting(values, count, None)
@@ -283,13 +265,15 @@ class DataLoaderWorkers(LoaderSetting):
         return self._setting(values, workers, PREFETCH)
 
     @staticmethod
-    def _measured(trials: list[Trial]) -> list[Trial]:
-        """The trials that measured a throughput."""
-        return [t for t in trials if t.status == "measured" and t.steps_per_s]
+    def _figured(trials: list[Trial]) -> list[Trial]:
+        """The settings measured, each at its latest window, its steps/s at the machine's first
+        pace where a count was measured again beside other processes (`worker_pairs.figures`)."""
+        measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
+        return [t if f == t.steps_per_s else replace(t, steps_per_s=f) for t, f in figures(measured)]
 
     def _plain(self, trials: list[Trial]) -> list[Trial]:
-        """The counts measured, without a deeper prefetch."""
-        return [t for t in self._measured(trials) if not self._prefetch(t)]
+        """The counts measured, without a deeper prefetch (`_figured`)."""
+        return [t for t in self._figured(trials) if not self._prefetch(t)]
 
     def _base_count(self, trials: list[Trial], values: dict[str, Any]) -> Trial | None:
         """The count `choose` starts from: the count kept among those that gained what a fix
@@ -324,12 +308,16 @@ class DataLoaderWorkers(LoaderSetting):
         last = plain[-1]
         if last.status != "measured":
             return None, f"stopped: {last.label} {last.status.replace('_', ' ')}"
-        earlier = [t.steps_per_s or 0.0 for t in plain[:-1] if t.status == "measured"]
-        best_before = max([*earlier, values.get("steps_per_s") or 0.0])
+        below = len(fewer(int(values.get("num_workers") or 0)))
+        if len(plain) > below + 1 and repeats(plain[below:]):  # a count again, right after the last
+            stop = paired_stop(plain[below:], STEP_GAIN)
+            return (None, stop) if stop else next_count(values, plain[-2], self._workers(plain[-2]))
+        *earlier, (_, figure) = figures(plain)  # at the machine's first pace (`worker_pairs`)
+        best_before = max([f for _, f in earlier] + [values.get("steps_per_s") or 0.0])
         workers = self._workers(last)
         if self._little_left(last, best_before) and shared(last) is None:
             return None, little_left(last, workers, STEP_GAIN)
-        if (last.steps_per_s or 0.0) < STEP_GAIN * best_before:
+        if figure < STEP_GAIN * best_before:
             return None, (
                 f"stopped at {workers} workers: they gained less than {100 * (STEP_GAIN - 1):.0f}% "
                 "over the best before them"
@@ -350,7 +338,9 @@ class DataLoaderWorkers(LoaderSetting):
         below = len(fewer(int(values.get("num_workers") or 0)))
         rates = [t.steps_per_s or 0.0 for t in plain[:below] if t.status == "measured"]
         best = max([*rates, float(values.get("steps_per_s") or 0.0)])
-        for done in plain[below:-1]:  # the doubling's counts that another followed
+        for i, done in enumerate(plain[below:-1], below):  # the doubling's counts that another followed
+            if repeats(plain[: i + 1]):
+                continue  # a count measured again: the one first measured said it
             cores = shared(done) if done.status == "measured" else None
             if cores is not None and self._little_left(done, best):
                 return (
@@ -373,7 +363,8 @@ class DataLoaderWorkers(LoaderSetting):
             parts.append(f"fewer than the script's {current} workers tried ({tried})")
         if len(plain) > len(below):
             parts.append(self._went_on(values, trials))
-            parts.append(self._doubling(values, trials)[1] or f"more tried up to {self._workers(plain[-1])}")
+            most = max(self._workers(t) for t in plain)
+            parts.append(self._doubling(values, trials)[1] or f"more tried up to {most}")
         elif len(plain) == len(below) and self._fewer_won(values, trials):
             parts.append("more were not tried: fewer gained over the script's own count")
         elif len(plain) == len(below) and first_more(current) > worker_cap(values)[0]:
@@ -406,7 +397,7 @@ class DataLoaderWorkers(LoaderSetting):
         baseline_steps_per_s = float(values.get(self.metric) or 0.0)
         kept = self._kept_count(trials, KEEP_MIN_SPEEDUP * baseline_steps_per_s)
         plain = self._plain(trials)
-        for deeper in (t for t in self._measured(trials) if self._prefetch(t)):
+        for deeper in (t for t in self._figured(trials) if self._prefetch(t)):
             same = next((t for t in plain if self._workers(t) == self._workers(deeper)), None)
             if same is None:
                 continue

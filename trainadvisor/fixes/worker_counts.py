@@ -1,6 +1,7 @@
 """The worker counts of the `dataloader-workers` search: where it starts, how far a count may
 go (four per core, at least 8, at most 32; HARD_CAP, or --max-workers, for loading bound by
-latency), and the leap to the next count from what the last window showed (`leap`)."""
+latency), the leap to the next count from what the last window showed (`leap`), and where the doubling
+stops (`next_count`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from trainadvisor.records import Trial
 HARD_CAP = 64  # workers, whatever the samples say
 WAITING_BUSY = 0.5  # share of a core below which a worker counts as waiting, not computing
 MAX_LEAP = 4  # the most the count grows from one trial to the next
+MEMORY_SHARE = 0.5  # of the memory available that twice the workers may take
 
 
 def max_workers(cpu_count: int) -> int:
@@ -71,3 +73,40 @@ def worker_cap(values: dict[str, Any]) -> tuple[int, str]:
     if given:
         return int(given), f"--max-workers {int(given)}"
     return HARD_CAP, f"the hard cap of {HARD_CAP} workers"
+
+
+def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int | None, str]:
+    """After a trial that gained: the next worker count to try, or None and why the search
+    stops there."""
+    cap, capped_by = worker_cap(values)
+    if workers * 2 > cap:
+        return None, f"stopped at {workers} workers: {workers * 2} is past {capped_by}"
+    per_core = max_workers(values.get("cpu_count", 1))
+    if workers * 2 <= per_core:
+        return _fitting(values, last, workers, leap(last, workers, min(cap, per_core))), ""
+    load = worker_load(last)
+    if load is None:
+        return None, f"stopped at {workers} workers, four per core (the workers' CPU was not sampled)"
+    busy, rss = load
+    if busy >= WAITING_BUSY:
+        return None, (
+            f"stopped at {workers} workers, four per core: each was busy {100 * busy:.0f}% of a "
+            "core (loading bound by CPU)"
+        )
+    available = float(values.get("memory_available_bytes") or 0.0)
+    if available and rss * workers * 2 > MEMORY_SHARE * available:
+        return None, (
+            f"stopped at {workers} workers: {workers * 2} would take about "
+            f"{rss * workers * 2 / 1e9:.1f} GB of the {available / 1e9:.1f} GB available"
+        )
+    return _fitting(values, last, workers, leap(last, workers, cap)), ""
+
+
+def _fitting(values: dict[str, Any], last: Trial, workers: int, count: int) -> int:
+    """`count`, lowered towards twice `workers` (never below) while the workers' sampled memory
+    for it would take more than MEMORY_SHARE of the memory available."""
+    load, available = worker_load(last), float(values.get("memory_available_bytes") or 0.0)
+    rss = load[1] if load is not None else 0.0
+    while count > 2 * workers and available and rss * count > MEMORY_SHARE * available:
+        count = max(count // 2, 2 * workers)
+    return count

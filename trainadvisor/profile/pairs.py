@@ -53,8 +53,10 @@ class PairedOutcome:
 
 
 def chosen_trial(outcome: FixOutcome) -> Trial:
-    """The trial whose setting `outcome` chose."""
-    return next(t for t in outcome.trials if t.overrides == outcome.settings and t.status == "measured")
+    """The trial whose setting `outcome` chose: its latest (a setting measured again stands at
+    its latest window: `fixes.worker_pairs`)."""
+    measured = [t for t in outcome.trials if t.status == "measured"]
+    return next(t for t in reversed(measured) if t.overrides == outcome.settings)
 
 
 def pair_choice(

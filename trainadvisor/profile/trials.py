@@ -270,7 +270,7 @@ def tune(
             candidate.overrides,
             measured.status,
             run.steps_per_s if run else None,
-            "; ".join(r for r in (measured.reason, cut) if r) or None,
+            "; ".join(r for r in (candidate.note, measured.reason, cut) if r) or None,
             measured.raw,
             run.samples_per_s if run else None,
         )
