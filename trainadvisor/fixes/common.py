@@ -88,6 +88,12 @@ class Fix:
         progress line's estimate and --budget count for its first trial. 0 for most fixes."""
         return 0.0
 
+    def pace_now(self, trials: list[Trial]) -> float:
+        """The machine's pace in the latest of `trials`' windows against its pace in the first,
+        where a setting measured again told it (1.0 where none did): a trial window's race bar
+        is lowered by it (`profile.trials.tune`)."""
+        return 1.0
+
     def could_keep(self, values: dict[str, Any]) -> bool:
         """Whether, as far as the estimate can tell before its trials, the fix could be kept and
         so confirmed in a fresh run, paying `once_s` there too (False for fixes that are only

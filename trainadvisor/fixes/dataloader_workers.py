@@ -43,6 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainadvisor.fixes import worker_pairs
 from trainadvisor.fixes.common import KEEP_MIN_SPEEDUP, LoaderSetting, Setting, overrides
 from trainadvisor.fixes.loader_waits import (
     baseline_shared,
@@ -247,7 +248,10 @@ class DataLoaderWorkers(LoaderSetting):
         again = to_measure_again(doubling, float(values.get("steps_per_s") or 0.0), STEP_GAIN)
         if again is not None:  # beside other processes: the best count before it, right after it
             setting = self._setting(values, self._workers(again), None)
-            return replace(setting, note=f"measured again right after {last.label}, beside other processes")
+            note = f"measured again right after {last.label}, beside other processes"
+            # raced in its timed steps only: cut in a warm-up still starting its workers, its
+            # steps/s would be understated, and the count it pairs with overstated
+            return replace(setting, note=note, race_warmup=False)
         count, _ = self._doubling(values, trials)
         if count is not None:
             return self._setting(values, count, None)
@@ -270,6 +274,9 @@ class DataLoaderWorkers(LoaderSetting):
         pace where a count was measured again beside other processes (`worker_pairs.figures`)."""
         measured = [t for t in trials if t.status == "measured" and t.steps_per_s]
         return [t if f == t.steps_per_s else replace(t, steps_per_s=f) for t, f in figures(measured)]
+
+    def pace_now(self, trials: list[Trial]) -> float:
+        return worker_pairs.pace_now(trials)
 
     def _plain(self, trials: list[Trial]) -> list[Trial]:
         """The counts measured, without a deeper prefetch (`_figured`)."""

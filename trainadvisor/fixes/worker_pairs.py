@@ -49,6 +49,17 @@ def figures(trials: list[Trial]) -> list[tuple[Trial, float]]:
     steps/s at the pace of the machine's first spell: a setting measured again keeps its figure,
     and scales the window just before it (its pair) and every window after it by its figure over
     what it read again."""
+    return _walk(trials)[0]
+
+
+def pace_now(trials: list[Trial]) -> float:
+    """The machine's pace in the latest windows against its first spell's: what the last count
+    measured again read over its figure before (1.0 where none was measured again)."""
+    return 1.0 / _walk(trials)[1]
+
+
+def _walk(trials: list[Trial]) -> tuple[list[tuple[Trial, float]], float]:
+    """`figures`, and the scale from the latest windows' steps/s to the first spell's."""
     scale, out = 1.0, list[tuple[Trial, float]]()
     for trial in (t for t in trials if t.status == "measured"):
         before = next((f for t, f in out if t.overrides == trial.overrides), None)
@@ -60,7 +71,7 @@ def figures(trials: list[Trial]) -> list[tuple[Trial, float]]:
         if out:  # its pair, measured in the same spell
             out[-1] = (out[-1][0], rate(out[-1][0]) * scale)
         out.append((trial, before))
-    return out
+    return out, scale
 
 
 def to_measure_again(doubling: list[Trial], own_steps_per_s: float, gain: float) -> Trial | None:

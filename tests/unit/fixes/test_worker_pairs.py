@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from support.runs import raw, trial
 
+from trainadvisor.analyze.run.summary import summarize
+from trainadvisor.fixes.common import Setting
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
 from trainadvisor.fixes.worker_pairs import figures, latest, paired_stop, repeats, to_measure_again
 from trainadvisor.profile.pairs import chosen_trial
+from trainadvisor.profile.trials import Measured, tune
 from trainadvisor.records import FixOutcome, HostSample, Overrides, Trial
 
 VALUES = {"dataloader_call_site": "train.py:12", "num_workers": 0, "cpu_count": 4, "steps_per_s": 10.0}
@@ -124,3 +127,42 @@ def test_the_counts_after_a_count_measured_again_stand_at_the_machines_first_pac
         "stopped at 32 workers: they gained less than 10% over 16 workers measured again right after them "
         "(24.7 against 22.6 steps/s; other processes used 0.8 cores beside them)"
     )
+
+
+def test_after_a_count_measured_again_the_races_bar_follows_the_machines_pace() -> None:
+    """The slow spell, driven through the trials' loop on 8 cores (up to 32 workers): each window
+    races the slow windows of the best so far (8 workers' 60 steps/s), a count measured again
+    races in its timed steps only, and once 8 read half of what it had, 32's bar is half as
+    high: 30 steps/s. 32 then stands at 100 at the first pace, under 16's 100 x 1.1: 16 is
+    measured again right after it, and the search stops there."""
+    seen: list[tuple[str, float, bool, str | None]] = []
+    speed = iter(SLOW_SPELL + [0.5] * 4)
+
+    def trial_window(fix: object, label: str, candidate: Setting) -> Measured:
+        seen.append(
+            (candidate.label, round(candidate.race_below or 0.0, 1), candidate.race_warmup, candidate.note)
+        )
+        workers = int(candidate.overrides.loader()["num_workers"])
+        done = window(workers, OWN.get(workers, 100.0) * next(speed), 100.0)
+        step_ms = 1000.0 / (done.steps_per_s or 1.0)
+        done.raw = raw([step_ms] * 10, [0.4 * step_ms] * 10, workers=workers)
+        done.raw.host_samples = window(workers, 1.0, 100.0).raw.host_samples  # type: ignore[union-attr]
+        return Measured(summarize(done.raw), done.raw, "measured", None)
+
+    baseline = summarize(raw([100.0] * 10))
+    values = {**VALUES, "cpu_count": 8}
+    fix = DataLoaderWorkers()
+    trials = tune(fix, values, trial_window, lambda line: None, references=[baseline])
+    again = "measured again right after num_workers={}, beside other processes"
+    assert seen == [
+        ("num_workers=2", 10.0, True, None),
+        ("num_workers=4", 25.0, True, None),
+        ("num_workers=8", 45.0, True, None),
+        ("num_workers=16", 60.0, True, None),
+        ("num_workers=8", 60.0, False, again.format(16)),
+        ("num_workers=32", 30.0, True, None),
+        ("num_workers=16", 30.0, False, again.format(32)),
+    ]
+    assert fix.pace_now(trials) == 0.5 and fix.pace_now(trials[:4]) == 1.0
+    chosen = fix.choose(trials, values)
+    assert chosen is not None and chosen.raw is trials[-1].raw and chosen.steps_per_s == 100.0
