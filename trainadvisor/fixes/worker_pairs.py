@@ -36,14 +36,6 @@ def repeats(trials: list[Trial]) -> bool:
     return bool(trials) and any(t.overrides == trials[-1].overrides for t in trials[:-1])
 
 
-def latest(trials: list[Trial]) -> list[Trial]:
-    """Each setting's latest trial among `trials`, in the order of those trials."""
-    kept: list[Trial] = []
-    for trial in trials:
-        kept = [k for k in kept if k.overrides != trial.overrides] + [trial]
-    return kept
-
-
 def figures(trials: list[Trial]) -> list[tuple[Trial, float]]:
     """Each setting's latest trial among the measured `trials` (in the order measured), with its
     steps/s at the pace of the machine's first spell: a setting measured again keeps its figure,

@@ -9,7 +9,7 @@ from support.runs import raw, trial
 from trainadvisor.analyze.run.summary import summarize
 from trainadvisor.fixes.common import Setting
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
-from trainadvisor.fixes.worker_pairs import figures, latest, paired_stop, repeats, to_measure_again
+from trainadvisor.fixes.worker_pairs import figures, paired_stop, repeats, to_measure_again
 from trainadvisor.profile.pairs import chosen_trial
 from trainadvisor.profile.trials import Measured, tune
 from trainadvisor.records import FixOutcome, HostSample, Overrides, Trial
@@ -98,7 +98,7 @@ def test_no_count_is_measured_again_where_it_gained_or_nothing_before_it_beat_th
     again = window(8, 30.0, shared)
     assert repeats([best, lost, again]) and not repeats([best, lost])
     assert to_measure_again([best, lost, again], 10.0, 1.10) is None  # the count again is not checked
-    assert latest([best, lost, again]) == [lost, again]
+    assert [t for t, _ in figures([best, lost, again])] == [lost, again]
     assert paired_stop([best, lost, again], 1.10) is None  # 50 against 30: it goes on
     assert to_measure_again([best, lost, again, window(32, 52.0, shared)], 10.0, 1.10) is lost  # 16, at 50
     unmeasured = Trial("w16", Overrides({"0": {"num_workers": 16}}), "failed", None, "exited")
