@@ -113,13 +113,14 @@ def restarts(
     length: Callable[[], RunLength | None],
     learn: Callable[[RawRun], None],
     settle_cap_s: float | None = None,
+    values: dict[str, Any] | None = None,
 ) -> Measurer:
     """Each candidate in a fresh run of the script (fitted into the steps the script is known to
     have, `runs.measure_fitted`; its warm-up's blocks capped at `settle_cap_s`, `pace`), its
-    loss checked against the baseline's."""
-    timeout_s = max(60.0, 5 * baseline.raw.wall_s + options.max_warmup_s)
+    loss checked against the baseline's, and stopped past `trial_timeout_s`."""
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
+        timeout_s = trial_timeout_s(options, baseline, fix.once_s(values or {}))
         quiet = {"profile": False, "show_output": False, "timeout_s": timeout_s}
         own_length, own_learn = length, learn
         per_step = samples_ratio(baseline.raw, candidate.overrides)
@@ -138,6 +139,14 @@ def restarts(
         return Measured(run, run.raw, status, reason)  # type: ignore[arg-type]
 
     return measure_candidate
+
+
+def trial_timeout_s(options: ProfileOptions, baseline: Run, once_s: float) -> float:
+    """The longest a fresh trial runs before it is stopped: five times the baseline's whole run
+    and what its fix pays once (`Fix.once_s`: compiling), plus the longest warm-up, and 60 s at
+    least. Beside a busy core and a test suite's other process, a cold compile of a model whose
+    baseline run took 11 s ran past the 114 s that five times the run and the warm-up gave."""
+    return max(60.0, 5 * (baseline.raw.wall_s + once_s) + options.max_warmup_s)
 
 
 def samples_ratio(baseline: RawRun, overrides: Overrides) -> float | None:

@@ -3,6 +3,7 @@ clock and exact step times: which window stops where, and why."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,17 @@ def test_a_confirmations_warmup_waits_as_long_as_the_baseline_settled_in_not_3x_
     assert pace.trial_settle_cap(slow, 60.0).max_s == 10.0  # a trial's
     assert pace.trial_settle_cap(_shape("settled", 2.5), 60.0, None).max_s == 7.5  # 3x
     assert pace.trial_settle_cap(_shape("settled", 2.5), 5.0, None).max_s == 5.0  # never past --max-warmup
+
+
+def test_a_fresh_trial_is_stopped_past_five_times_the_baselines_run_and_what_its_fix_pays_once() -> None:
+    """A fresh trial of a fix that compiles is given five times its prior compile time more than
+    the baseline's run gives (5 x 11 s, and the 60 s warm-up: 115 s; with a 13 s compile, 180 s),
+    and 60 s at least."""
+    from trainadvisor.profile.trials import trial_timeout_s
+
+    options = ProfileOptions(Path("train.py"), [], Path("out"))
+    baseline = _run([10.0] * 60)
+    baseline.raw.wall_s = 11.0
+    assert [trial_timeout_s(options, baseline, once_s) for once_s in (0.0, 13.0)] == [115.0, 180.0]
+    baseline.raw.wall_s = 0.5
+    assert trial_timeout_s(replace(options, max_warmup_s=0.0), baseline, 0.0) == 60.0
