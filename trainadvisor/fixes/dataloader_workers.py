@@ -63,7 +63,7 @@ from trainadvisor.fixes.worker_counts import (
     next_count,
     worker_cap,
 )
-from trainadvisor.fixes.worker_pairs import figures, paired_stop, repeats, to_measure_again
+from trainadvisor.fixes.worker_pairs import figures, paired_stop, repeats, to_measure_again, workers_of
 from trainadvisor.records import FixOutcome, Overrides, Trial
 
 STEP_GAIN = 1.10  # a doubling of workers must bring 10% more throughput to go on
@@ -225,7 +225,7 @@ class DataLoaderWorkers(LoaderSetting):
 
     @staticmethod
     def _workers(trial: Trial) -> int:
-        return int(trial.overrides.loader()["num_workers"])
+        return workers_of(trial)
 
     @staticmethod
     def _prefetch(trial: Trial) -> bool:
