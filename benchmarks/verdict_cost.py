@@ -15,8 +15,10 @@ ceiling     a loader bound by storage latency (5 ms a sample, 64 a batch): the k
             with --busy, also against the loop without the latency beside the busy core.
 ceiling-light  the same with a light loop, as on the held-out script (a ceiling of hundreds of
             steps/s, which a busy core leaves within reach): 15 ms a sample, 4 a batch; the same
-            figures. On `ceiling`'s heavy loop, the loop's own compute beside a busy core (its
-            torch threads sharing the free core) caps what any worker count reaches.
+            figures. Both parts also measure what 8, 16, 32 and 64 workers reach by themselves with
+            the latency (the most any count can bring). On `ceiling`'s heavy loop, the loop's own
+            compute beside a busy core (its torch threads sharing the free core) caps what any
+            worker count reaches.
 short       a script that runs about 10 s by itself (300 steps): how long its profile takes
             (target <= 120 s whatever the load).
 compile     a compile-friendly model (`--fix compile`), its inductor cache empty: wall time, the
@@ -189,15 +191,31 @@ def no_latency(work: Path, batch_size: str) -> list[float]:
     return rates
 
 
+REACH_COUNTS = ("8", "16", "32", "64")
+
+
+def reach(work: Path, loader: tuple[str, ...]) -> str:
+    """What each of REACH_COUNTS workers reaches by itself on the loop with its latency (`--no-fix`:
+    the script's own setting, one window each), and the most of them: what any count can bring."""
+    rates = {}
+    for workers in REACH_COUNTS:
+        _, alone, _ = profile(work, "--no-fix", EXAMPLE, *loader, "--num-workers", workers)
+        rates[workers] = alone["baseline"]["steps_per_s"] or 0.0
+    shown = ", ".join(f"{workers}: {rate:.0f}" for workers, rate in rates.items())
+    return f"{max(rates.values()):.0f} steps/s at most ({shown})"
+
+
 def ceiling(work: Path, latency_ms: str = "5", batch_size: str = "64", name: str = "ceiling") -> None:
     loader = ("--samples", "400000", "--latency-ms", latency_ms, "--batch-size", batch_size)
     wall_s, report, estimate = profile(work, EXAMPLE, *loader)
     with quiet_meanwhile():
         top = max(no_latency(work, batch_size))
+        reached = reach(work, loader)
     after = report["after"]
     kept = after["steps_per_s"] if after and report["applied_fixes"] else report["baseline"]["steps_per_s"]
     check = (report.get("comparison") or {}).get("loss_check") or {}
     print(f"{name}: kept {kept:.0f} steps/s, without the latency {top:.0f}: {kept / top:.2f} of the ceiling")
+    print(f"  with the latency, each worker count by itself (quietly): {reached}")
     if SPINNING:  # what the loop's own compute reaches beside the busy core, for the record
         loaded = no_latency(work, batch_size)
         shown = ", ".join(f"{rate:.0f}" for rate in loaded)
@@ -205,6 +223,7 @@ def ceiling(work: Path, latency_ms: str = "5", batch_size: str = "64", name: str
             f"  beside the busy core, without the latency: {shown} steps/s (0, 2, 4 workers): "
             f"the kept setting is {kept / max(loaded):.2f} of the best"
         )
+        print(f"  with the latency, each worker count by itself beside the busy core: {reach(work, loader)}")
     print(f"  dataloader-workers {outcome_of(report, 'dataloader-workers')}")
     print(f"  loss check: {check.get('steps_compared')} steps compared, equivalent {check.get('equivalent')}")
     print(f"  profile took {wall_s:.0f} s; {estimate}")
