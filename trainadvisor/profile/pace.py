@@ -127,6 +127,10 @@ AHEAD_END_S = 1.5
 # workers, 1.9-2.4 s for 32 (1.4-3.4 s while a run started ahead still imported torch beside the
 # first window); a run started ahead settles its workers as a window does.
 WINDOW_SETTLE_S = 1.0
+# And at least this long a worker, which its window starts one after another (the 1.9-2.4 s of
+# 32 workers above; a light loop's confirmation run of 32 workers took 1.3 s of counted steps
+# and 2.7 s of blocks before its timed steps, where the estimate allowed 1 s for both).
+WORKER_START_S = 0.07
 # A pair's windows settle for at most this long: what pairs them is that they run seconds apart,
 # and a warm-up that waits out a loaded machine's noise would part them.
 PAIR_SETTLE_S = 3.0
@@ -146,8 +150,8 @@ def cost_s(
     ("prestarted"), takes: the median of the windows measured so far, the longest of the fresh
     runs (a compiled trial's outlasts the others); before any, from the baseline's own shape. A
     candidate's window, or a run started ahead, waits for its step time to settle as the
-    baseline did, at the pace its fix can reach at most (at least WINDOW_SETTLE_S: its workers
-    start; at most `settle_cap_s`, the trials' cap) and times
+    baseline did, at the pace its fix can reach at most (at least WINDOW_SETTLE_S, and
+    WORKER_START_S a worker: its workers start; at most `settle_cap_s`, the trials' cap) and times
     the baseline's steps at `speedup` x the baseline's pace (the most its fix can give), never
     under the minimum time; a run started ahead does the same, then its traced steps and its end.
     A window of DataLoader workers (`loading`: their count, the steps/s they load at most) settles
@@ -170,7 +174,8 @@ def cost_s(
     # blocks are counted in steps too: a loop `speedup` x as fast fills them that much sooner
     # (a loaded machine's baseline of 190 ms steps settled in 8 s; its trials' windows in 2-3 s)
     blocks_s = _loader_blocks_s(baseline, speedup, *loading)
-    settle_s = min(cap, max(settled_s / max(speedup, 1.0), WINDOW_SETTLE_S, blocks_s))
+    start_s = max(WINDOW_SETTLE_S, WORKER_START_S * loading[0])
+    settle_s = min(cap, max(settled_s / max(speedup, 1.0), start_s, blocks_s))
     timed_s = max(shape.min_time_s, shape.timed_s / max(speedup, 1.0))
     if kind == "prestarted" and loading[0]:  # a confirmation times CONFIRMATION_ROUNDS of its workers'
         # batches at least (32 workers: 192 steps, 3.6 s where 1 s had been estimated)

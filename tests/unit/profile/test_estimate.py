@@ -95,22 +95,24 @@ def test_a_loader_bound_by_latency_counts_the_doubling_past_the_hiding_count_and
     deep = {**VALUES, **LATENCY, "data_wait_pct": 98.0}
     assert [n for n, _ in workers.likely_windows(deep)] == [8, 32, 32]
     assert not workers.likely_ends_on_choice(deep)
-    # each window 2.5 s (0.5 s settling at 7.7x is under the 1 s its workers take to start); the
-    # pair's window of the script's setting 1.25 s (cut after one block); a run started ahead 3.5 s
-    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2 * 2.5 + 1.25 + 3.5
+    # 8 workers' window 2.5 s (0.5 s settling at 7.7x is under the 1 s its workers take to start),
+    # 16's 2.62 s (0.07 s a worker to start: 1.12 s); the pair's window of the script's setting
+    # 1.25 s (cut after one block); a run started ahead with 16 workers 3.62 s
+    assert round(_left_s("dataloader-workers", prestarted=True, **LATENCY), 6) == 2.5 + 2.62 + 1.25 + 3.62
 
 
 def test_a_run_started_ahead_is_confirmed_once_its_set_up_is_done() -> None:
     """Its set-up, 9 s still to run (the baseline's took that long before its first step),
-    outlasts the trials and their pair (6.25 s): the confirmation starts after it. Starved (in the
-    idle class beside busy cores), its set-up runs after them, once its settings come."""
+    outlasts the trials and their pair (6.37 s): the confirmation of 16 workers (3.62 s) starts
+    after it. Starved (in the idle class beside busy cores), its set-up runs after them, once its
+    settings come."""
     tuning = _tuning("dataloader-workers", **LATENCY)
     tuning.ahead_left = lambda: (9.0, False)
-    assert round(tuning.remaining_s(True), 6) == 9.0 + 3.5
+    assert round(tuning.remaining_s(True), 6) == round(9.0 + 3.62, 6)
     tuning.ahead_left = lambda: (5.0, False)  # 5 s left: the trials and pair take longer
-    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 3.5
+    assert round(tuning.remaining_s(True), 6) == round(2.5 + 2.62 + 1.25 + 3.62, 6)
     tuning.ahead_left = lambda: (5.0, True)
-    assert round(tuning.remaining_s(True), 6) == 2 * 2.5 + 1.25 + 5.0 + 3.5
+    assert round(tuning.remaining_s(True), 6) == round(2.5 + 2.62 + 1.25 + 5.0 + 3.62, 6)
 
 
 def test_fresh_runs_count_the_script_measured_again_beside_the_confirmation() -> None:
