@@ -112,15 +112,15 @@ def restarts(
     noise_rel: float | None,
     length: Callable[[], RunLength | None],
     learn: Callable[[RawRun], None],
-    settle_cap_s: float | None = None,
-    values: dict[str, Any] | None = None,
+    settle_cap_s: float | None,
+    values: dict[str, Any],
 ) -> Measurer:
     """Each candidate in a fresh run of the script (fitted into the steps the script is known to
     have, `runs.measure_fitted`; its warm-up's blocks capped at `settle_cap_s`, `pace`), its
     loss checked against the baseline's, and stopped past `trial_timeout_s`."""
 
     def measure_candidate(fix: fixes.Fix, label: str, candidate: fixes.Setting) -> Measured:
-        timeout_s = trial_timeout_s(options, baseline, fix.once_s(values or {}))
+        timeout_s = trial_timeout_s(options, baseline, fix.once_s(values))
         quiet = {"profile": False, "show_output": False, "timeout_s": timeout_s}
         own_length, own_learn = length, learn
         per_step = samples_ratio(baseline.raw, candidate.overrides)

@@ -448,9 +448,14 @@ class Tuning:
 
     def restarted(self, noise_rel: float | None, why: str) -> None:
         """Every applicable fix not yet tried, each candidate in a fresh run of the script."""
-        options, length = self.options, lambda: self.length
         measure = restarts(
-            options, self.baseline, noise_rel, length, self.learn, self.settle_cap_s, self.values
+            self.options,
+            self.baseline,
+            noise_rel,
+            lambda: self.length,
+            self.learn,
+            self.settle_cap_s,
+            self.values,
         )
         for i in ordered(self.plan, self.values):
             planned = self.plan[i]
