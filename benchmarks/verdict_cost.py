@@ -181,28 +181,30 @@ def cpu_start(work: Path) -> None:
     print(f"  {estimate}")
 
 
+def by_workers(work: Path, loader: tuple[str, ...], counts: tuple[str, ...]) -> list[float]:
+    """The loop's steps/s as the script runs (`--no-fix`, one window) with each of `counts` workers."""
+    rates = []
+    for workers in counts:
+        _, alone, _ = profile(work, "--no-fix", EXAMPLE, *loader, "--num-workers", workers)
+        rates.append(alone["baseline"]["steps_per_s"] or 0.0)
+    return rates
+
+
 def no_latency(work: Path, batch_size: str) -> list[float]:
     """The loop's steps/s without the storage latency, with 0, 2 and 4 workers."""
-    rates = []
-    for workers in ("0", "2", "4"):
-        fast_args = ("--samples", "400000", "--latency-ms", "0", "--num-workers", workers)
-        _, fast, _ = profile(work, "--no-fix", EXAMPLE, *fast_args, "--batch-size", batch_size)
-        rates.append(fast["baseline"]["steps_per_s"])
-    return rates
+    fast_args = ("--samples", "400000", "--latency-ms", "0", "--batch-size", batch_size)
+    return by_workers(work, fast_args, ("0", "2", "4"))
 
 
 REACH_COUNTS = ("8", "16", "32", "64")
 
 
 def reach(work: Path, loader: tuple[str, ...]) -> str:
-    """What each of REACH_COUNTS workers reaches by itself on the loop with its latency (`--no-fix`:
-    the script's own setting, one window each), and the most of them: what any count can bring."""
-    rates = {}
-    for workers in REACH_COUNTS:
-        _, alone, _ = profile(work, "--no-fix", EXAMPLE, *loader, "--num-workers", workers)
-        rates[workers] = alone["baseline"]["steps_per_s"] or 0.0
-    shown = ", ".join(f"{workers}: {rate:.0f}" for workers, rate in rates.items())
-    return f"{max(rates.values()):.0f} steps/s at most ({shown})"
+    """What each of REACH_COUNTS workers reaches by itself on the loop with its latency, and the
+    most of them: what any count can bring."""
+    rates = by_workers(work, loader, REACH_COUNTS)
+    shown = ", ".join(f"{workers}: {rate:.0f}" for workers, rate in zip(REACH_COUNTS, rates))
+    return f"{max(rates):.0f} steps/s at most ({shown})"
 
 
 def ceiling(work: Path, latency_ms: str = "5", batch_size: str = "64", name: str = "ceiling") -> None:
