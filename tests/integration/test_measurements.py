@@ -18,6 +18,7 @@ from trainadvisor.analyze.run.summary import (
 )
 from trainadvisor.fixes import merge_overrides, plan
 from trainadvisor.fixes.dataloader_workers import DataLoaderWorkers
+from trainadvisor.fixes.worker_counts import next_count
 from trainadvisor.profile.judge import compare, judge_trial, loss_change, loss_check, verdict
 from trainadvisor.records import (
     Finding,
@@ -254,6 +255,32 @@ def test_the_search_stops_where_the_loop_waits_only_for_batches_its_workers_load
         "worker, which more workers cannot hide; the 0% left is too little for them to gain the 10% they "
         "must bring"
     )
+
+
+def test_the_search_counts_the_memory_each_worker_takes_not_the_pages_it_shares() -> None:
+    """16 workers of a loader bound by latency (each busy 5% of a core) left the loop waiting 75%
+    of each step: 64 would hide it. Each worker's RSS read 300 MB, most of it the training
+    process's pages it shares (torch's libraries, the heap it was forked with), so that counted
+    by RSS 32 would take 9.6 GB, past half of the 16 GB available, and the search stopped. Each
+    worker's own memory (USS) read 12 MB: it leaps to 64; where each took 200 MB, 32 fit (6.4 GB)
+    and 64 (12.8 GB) do not."""
+    values = {"num_workers": 0, "cpu_count": 2, "memory_available_bytes": 16e9}
+
+    def sixteen(own_mb: int | None) -> Trial:
+        done = _sampled(16, 40.0, 30.0, 5.0, 100.0)
+        own = None if own_mb is None else own_mb * 10**6
+        done.raw.host_samples = [  # type: ignore[union-attr]
+            HostSample(t, 50.0, 80.0, 1, 16 * 300 * 10**6, 16, worker_uss_bytes=read)
+            for t, read in ((0, own), (100, None), (200, own))
+        ]
+        return done
+
+    assert next_count(values, sixteen(None), 16) == (
+        None, "stopped at 16 workers: 32 would take about 9.6 GB (300 MB each) of the 16.0 GB available"
+    )  # fmt: skip
+    assert next_count(values, sixteen(12), 16) == (64, "")
+    assert next_count(values, sixteen(200), 16) == (32, "")
+    assert next_count(values, sixteen(300), 16)[0] is None
 
 
 def test_beside_other_processes_the_search_measures_the_next_count_instead_of_stopping_on_the_wait() -> None:

@@ -11,7 +11,8 @@ already gained `STEP_GAIN` over the script's own count: the workers were short o
 more would share them further. Loading bound by CPU stops near the core count; loading bound by
 storage or network latency keeps scaling far past it: when the last trial's workers were mostly
 waiting (each busy less than `WAITING_BUSY` of a core, from the sampled CPU of the worker
-processes), the doubling goes on up to `HARD_CAP`, as long as the workers' sampled memory (RSS)
+processes), the doubling goes on up to `HARD_CAP`, as long as the workers' sampled memory (each
+one's own, USS: not the pages it shares with the training process, which its RSS counts too)
 for twice as many fits in half of the memory available. The next count comes from what the last
 window showed, not only from doubling: where its workers were waiting and the loop still waited
 on them for a share `w` of each step, about `n / (1 - w)` workers would hide that wait, so the

@@ -68,13 +68,17 @@ def hideable_share(trial: Trial) -> float | None:
 
 
 def worker_load(trial: Trial) -> tuple[float, float] | None:
-    """(share of a core each worker was busy, RSS bytes per worker) in the trial's window."""
+    """(share of a core each worker was busy, bytes of memory each worker takes) in the trial's
+    timed window: each worker's own memory (USS, `measure.sampling.OwnMemory`) where it was read
+    there, else its RSS, which counts the pages it shares with the training process too."""
     samples = [h for h in (trial.raw.host_samples if trial.raw else []) if h.workers and h.t_ms >= 0]
     if not samples:
         return None
     busy = sum(h.workers_cpu_pct / 100.0 / h.workers for h in samples) / len(samples)
-    rss = sum(h.workers_rss_bytes / h.workers for h in samples) / len(samples)
-    return busy, rss
+    own = [h.worker_uss_bytes for h in samples if h.worker_uss_bytes is not None]
+    if own:
+        return busy, sum(own) / len(own)
+    return busy, sum(h.workers_rss_bytes / h.workers for h in samples) / len(samples)
 
 
 def cores_busy(trial: Trial, values: dict[str, Any]) -> float | None:

@@ -87,26 +87,28 @@ def next_count(values: dict[str, Any], last: Trial, workers: int) -> tuple[int |
     load = worker_load(last)
     if load is None:
         return None, f"stopped at {workers} workers, four per core (the workers' CPU was not sampled)"
-    busy, rss = load
+    busy, each_bytes = load
     if busy >= WAITING_BUSY:
         return None, (
             f"stopped at {workers} workers, four per core: each was busy {100 * busy:.0f}% of a "
             "core (loading bound by CPU)"
         )
     available = float(values.get("memory_available_bytes") or 0.0)
-    if available and rss * workers * 2 > MEMORY_SHARE * available:
+    if available and each_bytes * workers * 2 > MEMORY_SHARE * available:
         return None, (
             f"stopped at {workers} workers: {workers * 2} would take about "
-            f"{rss * workers * 2 / 1e9:.1f} GB of the {available / 1e9:.1f} GB available"
+            f"{each_bytes * workers * 2 / 1e9:.1f} GB ({each_bytes / 1e6:.0f} MB each) of the "
+            f"{available / 1e9:.1f} GB available"
         )
     return _fitting(values, last, workers, leap(last, workers, cap)), ""
 
 
 def _fitting(values: dict[str, Any], last: Trial, workers: int, count: int) -> int:
     """`count`, lowered towards twice `workers` (never below) while the workers' sampled memory
-    for it would take more than MEMORY_SHARE of the memory available."""
+    (`worker_load`: each one's own) for it would take more than MEMORY_SHARE of the memory
+    available."""
     load, available = worker_load(last), float(values.get("memory_available_bytes") or 0.0)
-    rss = load[1] if load is not None else 0.0
-    while count > 2 * workers and available and rss * count > MEMORY_SHARE * available:
+    each_bytes = load[1] if load is not None else 0.0
+    while count > 2 * workers and available and each_bytes * count > MEMORY_SHARE * available:
         count = max(count // 2, 2 * workers)
     return count

@@ -43,6 +43,7 @@ class Sampler:
         self._ours = TreeCpu(os.getpid())  # trainadvisor, the script and everything they started
         self._strangers = Strangers()
         self._queue = QueueWait(self.pid, self.proc)
+        self._own_memory = OwnMemory()
         self._thread = threading.Thread(target=self._loop, name="trainadvisor-sampler", daemon=True)
 
     def start(self) -> None:
@@ -100,7 +101,7 @@ class Sampler:
         except psutil.Error:
             return None
         children = table.tree(self.pid)[1:]
-        workers_cpu, workers_rss = 0.0, 0
+        workers_cpu, workers_rss, workers = 0.0, 0, []
         for pid in children:
             try:
                 proc = self._process(pid)
@@ -108,10 +109,21 @@ class Sampler:
                 workers_rss += proc.memory_info().rss
             except psutil.Error:
                 continue
+            workers.append(proc)
         other_cpu, strangers = self._others(table)
-        queued = self._queue.pct(self.clock())
+        now_s = self.clock()
+        queued, own = self._queue.pct(now_s), self._own_memory.read(now_s, workers)
         return time.time(), HostSample(
-            0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers, queued
+            0.0,
+            main_cpu,
+            workers_cpu,
+            main_rss,
+            workers_rss,
+            len(children),
+            other_cpu,
+            strangers,
+            queued,
+            own,
         )
 
     def _read_ours(self) -> ProcessTable:
@@ -171,6 +183,40 @@ class TreeCpu:
         grown = sum(spent - self._last.get(pid, 0.0) for pid, spent in now.items())
         self._last = now
         return 0.0 if first else max(0.0, grown - gone)
+
+
+# A worker's own memory (its USS: the pages no other process maps, which its exit would free) is
+# read from /proc/<pid>/smaps_rollup, which walks each of its mappings: 8-10 ms for a DataLoader
+# worker of a torch script on 2 cores, where its RSS takes 0.05 ms. One worker is read at a time,
+# in turn, at most once every USS_EVERY_S (2% of a core).
+USS_EVERY_S = 0.5
+
+
+class OwnMemory:
+    """The DataLoader workers' own memory, one worker a reading, in turn. A worker's RSS counts the
+    pages it still shares with the training process it was forked from (torch's libraries, the
+    script's heap until written): 189 MB resident for 10 MB of its own, in a worker of the
+    slow-input example, so that twice the workers, counted by RSS, took 19 times the memory they
+    would."""
+
+    def __init__(self, every_s: float = USS_EVERY_S) -> None:
+        self.every_s = every_s
+        self._read_at: float | None = None
+        self._turn = 0
+
+    def read(self, now_s: float, workers: list[psutil.Process]) -> int | None:
+        """The next worker's USS in bytes; None where none is due, or where it cannot be read
+        (it ended, it is not this user's, or the platform has no such count)."""
+        if not workers or (self._read_at is not None and now_s - self._read_at < self.every_s):
+            return None
+        self._read_at = now_s
+        worker = workers[self._turn % len(workers)]
+        self._turn += 1
+        try:
+            uss = getattr(worker.memory_full_info(), "uss", None)
+        except psutil.Error:
+            return None
+        return int(uss) if uss is not None else None
 
 
 class QueueWait:

@@ -230,6 +230,9 @@ class HostSample:
     # (runnable, not running: the kernel's run-queue wait), in percent; None: not read (the
     # first tick, no /proc/<pid>/task/<pid>/schedstat, or saved before it was sampled)
     main_queued_pct: float | None = None
+    # one DataLoader worker's own memory (USS: the pages no other process maps), read from one
+    # worker in turn every `measure.sampling.USS_EVERY_S`; None: not read at this tick
+    worker_uss_bytes: int | None = None
 
 
 # Other processes' CPU, averaged over a window, from which that window is called disturbed

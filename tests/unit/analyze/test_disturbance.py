@@ -147,6 +147,9 @@ class _FakeProcess:
     def memory_info(self) -> Any:
         return namedtuple("mem", "rss")(1000)
 
+    def memory_full_info(self) -> Any:
+        return namedtuple("full", "rss uss")(1000, 400 + self.pid)
+
     def oneshot(self) -> Any:
         return nullcontext()
 
@@ -220,6 +223,8 @@ def test_the_sampler_counts_only_other_processes_cpu_and_names_them(
     assert third.other_cpu_pct == pytest.approx(70.0)
     assert third.other_processes == {"a (busy) job (pid 4242)": 0.7}
     assert (second.workers, third.workers) == (2, 1)  # the script's worker, and the brief one
+    # one worker's own memory a tick (a second apart), in turn: 1002, the brief one, 1002
+    assert [t.worker_uss_bytes for t in (first, second, third)] == [1402, 400 + _BRIEF, 1402]
     # the script's main thread waited 0.25 s for a CPU in each 1 s between ticks
     assert (first.main_queued_pct, second.main_queued_pct, third.main_queued_pct) == (None, 25.0, 25.0)
     # to name the others at the second and third ticks; and, without the lists, every tick
