@@ -187,9 +187,12 @@ class TreeCpu:
 
 # A worker's own memory (its USS: the pages no other process maps, which its exit would free) is
 # read from /proc/<pid>/smaps_rollup, which walks each of its mappings: 8-10 ms for a DataLoader
-# worker of a torch script on 2 cores, where its RSS takes 0.05 ms. One worker is read at a time,
-# in turn, at most once every USS_EVERY_S (2% of a core).
+# worker of a torch script on 2 cores, where its RSS takes 0.05 ms (a process with CUDA's
+# libraries mapped has many more). One worker is read at a time, in turn, at most once every
+# USS_EVERY_S, and never more than USS_CPU_SHARE of a core's time: after a reading of 25 ms, the
+# next comes 1.25 s later.
 USS_EVERY_S = 0.5
+USS_CPU_SHARE = 0.02
 
 
 class OwnMemory:
@@ -199,23 +202,24 @@ class OwnMemory:
     slow-input example, so that twice the workers, counted by RSS, took 19 times the memory they
     would."""
 
-    def __init__(self, every_s: float = USS_EVERY_S) -> None:
-        self.every_s = every_s
-        self._read_at: float | None = None
+    def __init__(self, every_s: float = USS_EVERY_S, timer: Callable[[], float] = time.perf_counter) -> None:
+        self.every_s, self.timer = every_s, timer
+        self._due_s: float | None = None  # when the next reading is due (the sampler's clock)
         self._turn = 0
 
     def read(self, now_s: float, workers: list[psutil.Process]) -> int | None:
         """The next worker's USS in bytes; None where none is due, or where it cannot be read
         (it ended, it is not this user's, or the platform has no such count)."""
-        if not workers or (self._read_at is not None and now_s - self._read_at < self.every_s):
+        if not workers or (self._due_s is not None and now_s < self._due_s):
             return None
-        self._read_at = now_s
         worker = workers[self._turn % len(workers)]
         self._turn += 1
+        started = self.timer()
         try:
             uss = getattr(worker.memory_full_info(), "uss", None)
         except psutil.Error:
-            return None
+            uss = None
+        self._due_s = now_s + max(self.every_s, (self.timer() - started) / USS_CPU_SHARE)
         return int(uss) if uss is not None else None
 
 

@@ -37,3 +37,18 @@ def test_one_worker_is_read_at_a_time_in_turn_at_most_every_interval() -> None:
     assert memory.read(13.0, workers) == 300
     assert sampling.OwnMemory().read(0.0, [_Worker(None, gone=True)]) is None
     assert sampling.OwnMemory().read(0.0, [_Worker(None)]) is None  # no `uss` here
+
+
+def test_a_reading_that_takes_long_puts_off_the_next_one() -> None:
+    """At most 2% of a core: a reading of 25 ms (a process with many mappings) makes the next
+    one due 1.25 s later, not 0.5 s."""
+    ticks = iter([0.0, 0.025, 2.0, 2.001])  # perf_counter before and after each reading
+    memory = sampling.OwnMemory(every_s=0.5, timer=lambda: next(ticks))
+    workers: list[Any] = [_Worker(100), _Worker(200)]
+    assert [memory.read(now_s, workers) for now_s in (10.0, 10.5, 11.2, 11.25, 11.5)] == [
+        100,
+        None,
+        None,
+        200,
+        None,
+    ]
