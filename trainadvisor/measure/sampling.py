@@ -114,17 +114,9 @@ class Sampler:
         now_s = self.clock()
         queued, own = self._queue.pct(now_s), self._own_memory.read(now_s, workers)
         return time.time(), HostSample(
-            0.0,
-            main_cpu,
-            workers_cpu,
-            main_rss,
-            workers_rss,
-            len(children),
-            other_cpu,
-            strangers,
-            queued,
-            own,
-        )
+            0.0, main_cpu, workers_cpu, main_rss, workers_rss, len(children), other_cpu, strangers,
+            main_queued_pct=queued, worker_uss_bytes=own,
+        )  # fmt: skip
 
     def _read_ours(self) -> ProcessTable:
         """trainadvisor's tree and the script's (in it, where trainadvisor started the script):
@@ -198,8 +190,8 @@ USS_CPU_SHARE = 0.02
 class OwnMemory:
     """The DataLoader workers' own memory, one worker a reading, in turn. A worker's RSS counts the
     pages it still shares with the training process it was forked from (torch's libraries, the
-    script's heap until written): 189 MB resident for 10 MB of its own, in a worker of the
-    slow-input example, so that twice the workers, counted by RSS, took 19 times the memory they
+    script's heap until written): 283-316 MB resident for 8 MB of its own, in the slow-input
+    example's workers, so that twice the workers, counted by RSS, took 35 times the memory they
     would."""
 
     def __init__(self, every_s: float = USS_EVERY_S, timer: Callable[[], float] = time.perf_counter) -> None:
