@@ -61,6 +61,7 @@ def profile(work: Path, name: str, args: list[str], cache: Path) -> dict[str, fl
         "ops": float(report["baseline"]["trace"]["model_aten_ops_per_step"]),
         "compile_s": float(trial["raw"]["runtime"]["compile"]["compile_s"]),
         "extra_s": float(trial["raw"]["wall_s"]) - float(report["baseline"]["raw"]["wall_s"]),
+        "baseline_s": float(report["baseline"]["raw"]["wall_s"]),
     }
 
 
@@ -78,7 +79,7 @@ def main() -> None:
             r = rows[-1][1]
             print(
                 f"  {name:<24} {r['ops']:6.0f} ops/step  compile {r['compile_s']:5.1f} s  "
-                f"trial's run +{r['extra_s']:5.1f} s"
+                f"trial's run +{r['extra_s']:5.1f} s (the baseline's {r['baseline_s']:.1f} s)"
             )
     xs, ys = [r["ops"] for _, r in rows], [r["extra_s"] for _, r in rows]
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
