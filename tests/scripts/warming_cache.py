@@ -1,5 +1,5 @@
-"""Input that gets faster by itself: each batch's read takes `latency * (1 - t / 2T)` for the
-first T seconds since its first read (a cache warming up), then half the latency; reads are
+"""Input that gets faster by itself: each batch's read takes `8 * latency * (1 - t / 2T)` for
+the first T seconds since its first read (a cache warming up), then half that; reads are
 serialised by one lock shared with the DataLoader's workers (one disk head), so more workers
 cannot read in parallel, and a read takes far longer than the step's compute, so overlapping
 the two gains little. A later window is faster whatever its setting: trainadvisor must not
