@@ -57,11 +57,12 @@ def profile(work: Path, name: str, args: list[str], cache: Path) -> dict[str, fl
     subprocess.run(command, cwd=work, env=env, check=True, capture_output=True)
     report = json.loads((out / "report.json").read_text())
     trial = report["fix_outcomes"][0]["trials"][0]
+    baseline_s = float(report["baseline"]["raw"]["wall_s"])
     return {
         "ops": float(report["baseline"]["trace"]["model_aten_ops_per_step"]),
         "compile_s": float(trial["raw"]["runtime"]["compile"]["compile_s"]),
-        "extra_s": float(trial["raw"]["wall_s"]) - float(report["baseline"]["raw"]["wall_s"]),
-        "baseline_s": float(report["baseline"]["raw"]["wall_s"]),
+        "extra_s": float(trial["raw"]["wall_s"]) - baseline_s,
+        "baseline_s": baseline_s,
     }
 
 
