@@ -27,14 +27,15 @@ from trainadvisor.records import FixOutcome, Overrides, Trial
 _MODES_GPU = ("default", "reduce-overhead")  # reduce-overhead: CUDA graphs, for host-bound steps
 
 # What a compile trial's run takes beyond the script's own before one has measured it: a fixed part
-# (importing inductor, starting its compile workers, tracing, compiling the kernels' C++) and a part per
-# aten op the model's part of the step dispatches (`model_aten_ops_per_step`: forward, loss and backward,
-# nested ops too; not the optimizer's, which the fix does not compile). Fitted by
-# `benchmarks/compile_prior.py` (cold inductor cache, five models of 126 to 1,012 ops a step) on the 2-core
-# machines of two sessions, whose fits differ by 1.6-1.8x: 12.3 s + 11.0 ms and 13.7 s + 11.2 ms an op on
-# one (the trials' runs 12.0-28.0 s longer than the baseline's), 23.2 s + 16.6 ms on the other (21.3-43.7 s;
-# one model of 202 ops took dynamo 20.7-20.9 s to compile in three runs there, 29.7 s in the session
-# before). These constants lie between the two, within about 35% of either. A prior for the estimate and
+# (importing inductor, starting its compile workers, tracing, compiling the kernels' C++) and a part
+# per aten op the model's part of the step dispatches (`model_aten_ops_per_step`: forward, loss and
+# backward, nested ops too; not the optimizer's, which the fix does not compile). Fitted by
+# `benchmarks/compile_prior.py` (cold inductor cache, five models of 126 to 1,012 ops a step) on the
+# 2-core machines of two sessions, whose fits differ by 1.6-1.9x: 12.3 s + 11.0 ms and 13.7 s + 11.2
+# ms an op on one (the trials' runs 12.0-28.0 s longer than the baseline's), 23.2 s + 16.6 ms on the
+# other (21.3-43.7 s; one model of 202 ops took dynamo 20.7-20.9 s to compile in three runs there,
+# 29.7 s in the session before). These constants lie between the two: 29-44% above the first's
+# lines, 20-22% below the second's (no line is within 30% of both). A prior for the estimate and
 # --budget only; the verdict uses the compile time dynamo records.
 COMPILE_FIXED_S = 18.0
 COMPILE_PER_OP_S = 0.014
