@@ -12,8 +12,9 @@ busy core.
 
 `--part paired`: the light loop of `verdict_cost.py`'s `ceiling-light` case (15 ms a sample, 4
 a batch) fed by 8, 16 and 32 workers on a quiet machine, in one process a count: windows of
-1.5 s with torch's default intra-op threads and with one, in turn (A B A B: a drift in the
-machine's pace shows in both of a pair), and the median of the pairs' ratios. Processes on this
+1.5 s with torch's default intra-op threads and with one, in turn, each pair in the other
+order from the last (A B, B A: a drift in the machine's pace shows in both of a pair, and
+favours neither setting), and the median of the pairs' ratios. Processes on this
 2-vCPU machine draw paces up to 2x apart, so threads are compared within a process, not between
 two. Then how far the losses of 60 seeded steps differ on the default threads and on one, at 4
 and at 64 a batch: a matmul split among other threads sums in another order.
@@ -72,11 +73,12 @@ def window(seconds):
     return steps / (time.perf_counter() - started)
 
 window(4.0)  # the workers started, their first batches in
-for _ in range(rounds):
-    torch.set_num_threads(default)
-    many = window(1.5)
-    torch.set_num_threads(1)
-    print(default, many, window(1.5), flush=True)
+for k in range(rounds):  # each pair in the other order from the last: A B, B A, A B...
+    found = {{}}
+    for threads in (default, 1) if k % 2 == 0 else (1, default):
+        torch.set_num_threads(threads)
+        found[threads] = window(1.5)
+    print(default, found[default], found[1], flush=True)
 """
 # the same seeded steps (the light loop's model and batches, no latency) with the default threads
 # and with one: their losses, as trainadvisor's loss check compares them
