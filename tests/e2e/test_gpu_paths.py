@@ -174,12 +174,13 @@ def test_profile_on_a_gpu_measures_loss_noise_and_keeps_the_workers_fix(
     assert any(note.startswith(noise)
                for note in report["details"])  # fmt: skip
     [workers] = [o for o in report["fix_outcomes"] if o["fix"] == "dataloader-workers"]
-    # kept (4.45x alone, 4.08x beside two busy cores: 2 ms a sample, so that the baseline waits on
-    # sleeps a busy core does not slow; at 0.5 ms, beside a busy core and the suite's other tests,
-    # 4 workers read 29.1 steps/s, the windows left nothing for a confirmation run to judge and no
-    # loss noise was measured); or, where the report names other processes' CPU in its windows or
-    # the machine's speed changing between its runs (a quiet CI run's other tests beside it once
-    # left it open), inconclusive with no change given: issue 36's answer, not this test's matter
+    # kept (4.10x alone, 4.45x beside one busy core, 4.08x beside three: at 2 ms a sample the
+    # baseline waits on sleeps that a busy core does not slow; at 0.5 ms, beside a busy core and the
+    # suite's other tests, 4 workers read 29.1 steps/s, the windows left nothing for a confirmation
+    # run to judge and no loss noise was measured); or, where the report names other processes' CPU
+    # in its windows or the machine's speed changing between its runs (a quiet CI run's other tests
+    # beside it once left it open), inconclusive with no change given: issue 36's answer, not this
+    # test's matter
     held, shown = kept_or_loaded(report, "dataloader-workers")
     assert held, shown
     assert all(t["overrides"]["non_blocking_h2d"] for t in workers["trials"])
