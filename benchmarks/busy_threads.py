@@ -14,9 +14,9 @@ busy core.
 a batch) fed by 8, 16 and 32 workers on a quiet machine, in one process a count: windows of
 1.5 s with torch's default intra-op threads and with one, in turn, each pair in the other
 order from the last (A B, B A: a drift in the machine's pace shows in both of a pair, and
-favours neither setting), and the median of the pairs' ratios. Processes on this
-2-vCPU machine draw paces up to 2x apart, so threads are compared within a process, not between
-two. Then how far the losses of 60 seeded steps differ on the default threads and on one, at 4
+favours neither setting), and the median of the pairs' ratios. Processes on this 2-vCPU
+machine draw paces up to 2x apart, so threads are compared within a process, not between two.
+Then how far the losses of 60 seeded steps differ on the default threads and on one, at 4
 and at 64 a batch: a matmul split among other threads sums in another order.
 """
 
@@ -136,7 +136,8 @@ def steps_per_s(batch: int, workers: int, steps: int, threads: int | None) -> fl
 
 
 def paired(workers: int, latency_ms: float = 15.0, batch: int = 4, rounds: int = 6) -> None:
-    """`rounds` pairs of windows, the default threads then one, in one process (`PAIRED`)."""
+    """`rounds` pairs of windows, the default threads and one, in one process (`PAIRED`): the
+    machine as it is (run it with nothing else busy for the quiet figures)."""
     done = subprocess.run(
         [sys.executable, "-c", PAIRED.format(example=str(EXAMPLE)), str(workers), str(latency_ms)]
         + [str(batch), str(rounds)],
@@ -148,7 +149,7 @@ def paired(workers: int, latency_ms: float = 15.0, batch: int = 4, rounds: int =
     many, one = [p[1] for p in pairs], [p[2] for p in pairs]
     ratios = [b / a for a, b in zip(many, one)]
     print(
-        f"quiet, {latency_ms:g} ms a sample, batch {batch}, {workers} workers: {int(pairs[0][0])} threads "
+        f"{latency_ms:g} ms a sample, batch {batch}, {workers} workers: {int(pairs[0][0])} threads "
         f"{_span(many)} steps/s, one {_span(one)}; one over the default in {len(pairs)} pairs: "
         f"median {_span(ratios, '.2f', 'x')}",
         flush=True,
