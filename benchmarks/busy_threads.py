@@ -40,13 +40,23 @@ if os.environ.get("THREADS"):
 sys.argv = [{example!r}, *sys.argv[1:]]
 runpy.run_path({example!r}, run_name="__main__")
 """
-PAIRED = """\
+# what both children below start with: the example's dataset, and its model anew
+EXAMPLE_MODEL = """\
 import importlib.util, sys, time, torch
 from torch import nn
 from torch.utils.data import DataLoader
 spec = importlib.util.spec_from_file_location("example", {example!r})
 example = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(example)
+
+def new_model():
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
+"""
+PAIRED = (
+    EXAMPLE_MODEL
+    + """\
 workers, batch, rounds = int(sys.argv[1]), int(sys.argv[3]), int(sys.argv[4])
 latency_ms = float(sys.argv[2])
 loader = DataLoader(
@@ -54,9 +64,7 @@ loader = DataLoader(
     num_workers=workers, persistent_workers=workers > 0,
 )
 torch.manual_seed(0)
-model = nn.Sequential(
-    nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
-)
+model = new_model()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()
 batches = iter(loader)
@@ -80,23 +88,19 @@ for k in range(rounds):  # each pair in the other order from the last: A B, B A,
         found[threads] = window(1.5)
     print(default, found[default], found[1], flush=True)
 """
+)
 # the same seeded steps (the light loop's model and batches, no latency) with the default threads
 # and with one: their losses, as trainadvisor's loss check compares them
-LOSSES = """\
-import importlib.util, sys, torch
-from torch import nn
-spec = importlib.util.spec_from_file_location("example", {example!r})
-example = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(example)
+LOSSES = (
+    EXAMPLE_MODEL
+    + """\
 batch, steps = int(sys.argv[1]), int(sys.argv[2])
 dataset, default = example.SlowMNIST(batch * steps, 0.0), torch.get_num_threads()
 
 def losses(threads):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
-    )
+    model = new_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     found = []
     for step in range(steps):
@@ -112,6 +116,7 @@ def losses(threads):
 many, one = losses(default), losses(1)
 print(default, max(abs(a - b) / abs(a) for a, b in zip(many, one)))
 """
+)
 TOOK = re.compile(r"epoch 0 took ([\d.]+) s")
 CASES = [  # (batch size, workers, steps): the ceiling case's loader, and one of small batches
     (64, 16, 600),
@@ -138,14 +143,8 @@ def steps_per_s(batch: int, workers: int, steps: int, threads: int | None) -> fl
 def paired(workers: int, latency_ms: float = 15.0, batch: int = 4, rounds: int = 6) -> None:
     """`rounds` pairs of windows, the default threads and one, in one process (`PAIRED`): the
     machine as it is (run it with nothing else busy for the quiet figures)."""
-    done = subprocess.run(
-        [sys.executable, "-c", PAIRED.format(example=str(EXAMPLE)), str(workers), str(latency_ms)]
-        + [str(batch), str(rounds)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pairs = [tuple(float(x) for x in line.split()) for line in done.stdout.splitlines() if line.strip()]
+    printed = _child(PAIRED, workers, latency_ms, batch, rounds)
+    pairs = [tuple(float(x) for x in line.split()) for line in printed.splitlines() if line.strip()]
     many, one = [p[1] for p in pairs], [p[2] for p in pairs]
     ratios = [b / a for a, b in zip(many, one)]
     print(
@@ -158,18 +157,18 @@ def paired(workers: int, latency_ms: float = 15.0, batch: int = 4, rounds: int =
 
 def losses(batch: int, steps: int = 60) -> None:
     """How far the losses of the same seeded steps lie apart on the default threads and on one."""
-    done = subprocess.run(
-        [sys.executable, "-c", LOSSES.format(example=str(EXAMPLE)), str(batch), str(steps)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    threads, apart = done.stdout.split()
+    threads, apart = _child(LOSSES, batch, steps).split()
     print(
         f"batch {batch}, {steps} seeded steps: the losses on {threads} threads and on one differ by up to "
         f"{float(apart):.1e} of the loss",
         flush=True,
     )
+
+
+def _child(source: str, *args: object) -> str:
+    """What a child running `source` (the example's path filled in) with `args` printed."""
+    command = [sys.executable, "-c", source.format(example=str(EXAMPLE)), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
 def _span(values: list[float], form: str = ".0f", unit: str = "") -> str:
