@@ -8,15 +8,15 @@ filling their queues). Benchmark harnesses calibrate instead: Google Benchmark a
 measurement until it lasts a minimum time, pyperf and JMH warm up until consecutive samples
 agree. Here the warm-up steps are cut into consecutive blocks, each at least `block_s` long
 and `block_steps` steps (two rounds of the DataLoader's workers, which deliver batches in
-bursts); the loop has settled when the last `blocks` blocks agree in time per step to within
-`tolerance`, or within what chance gives blocks of such uneven steps (NOISE_SIGMAS). A loop
-that never settles is measured anyway once the warm-up has lasted `max_s`, and the report says
-so."""
+bursts; `fed_steps` where the loop never waited on them, `Blocks`); the loop has settled when
+the last `blocks` blocks agree in time per step to within `tolerance`, or within what chance
+gives blocks of such uneven steps (NOISE_SIGMAS). A loop that never settles is measured anyway
+once the warm-up has lasted `max_s`, and the report says so."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Each block lasts at least this long: long enough that a few slow steps (a garbage collection,
 # a burst of batches) move its time per step by well under the tolerance.
@@ -55,11 +55,16 @@ class Settling:
     # a trial's: the blocks, once the counted warm-up steps are over (a compile, a first epoch's
     # start), may last at most this long (`profile.pace`); None: only `max_s` caps them
     blocks_max_s: float | None = None
+    # the steps of a block whose every batch was loaded ahead, from a buffer that did not shrink
+    # over it (`Blocks.add`); None: `block_steps`
+    fed_steps: int | None = None
 
     def for_workers(self, workers: int) -> Settling:
-        """Blocks of at least two rounds of `workers` DataLoader workers' batches."""
+        """Blocks of at least two rounds of `workers` DataLoader workers' batches, or of the
+        settling's own size where the workers kept ahead of the loop throughout a block."""
         steps = max(self.block_steps, 2 * workers)
-        return Settling(self.block_s, steps, self.blocks, self.tolerance, self.max_s, self.blocks_max_s)
+        fed = self.block_steps if self.fed_steps is None else self.fed_steps
+        return replace(self, block_steps=steps, fed_steps=fed)
 
 
 @dataclass
@@ -68,7 +73,17 @@ class Blocks:
     (a DataLoader rebuilt every short epoch, its workers forked anew; a validation every few
     dozen steps) never gives three alike blocks: after twice `blocks` blocks of one size that did
     not settle, the blocks double in length and steps (as timeit's autorange grows its loops),
-    and only blocks of the new size are compared."""
+    and only blocks of the new size are compared.
+
+    Two rounds of the workers' batches make a block because the loop waits on a round and then
+    takes the batches that came with it. Where each step of a block found its batch loaded ahead
+    (`add`'s `ready`: the batches waiting then), the loop did not wait on the workers; where,
+    besides, the batches waiting shrank over the block by at most `tolerance` of a batch a step,
+    it was not draining a buffer they filled earlier (a fresh run's first steps take the
+    prefetched batches, fast, until the buffer is empty) faster than the workers refill it by
+    more than the tolerance, so the loop left when the buffer runs dry is at most that much
+    slower. Such a block is the loop's own steps, and ends at `fed_steps`. A window of 32 workers
+    on 2 cores, each step's batch waiting among 55-58, had taken blocks of 64 steps (1.4 s)."""
 
     settling: Settling
     block_ms: list[float] = field(default_factory=list)  # time per step of each finished block
@@ -78,13 +93,20 @@ class Blocks:
     _steps: int = 0
     _s: float = 0.0
     _s2: float = 0.0
+    _first_ready: int | None = None  # the batches waiting at the block's first step, while all were
 
-    def add(self, step_s: float) -> None:
+    def add(self, step_s: float, ready: int | None = None) -> None:
+        """One warm-up step of `step_s`; `ready`: the batches waiting when it drew its own, where
+        every batch it drew was loaded ahead (None: one was not, or it could not be told)."""
         self._steps += 1
         self._s += step_s
         self._s2 += step_s * step_s
+        if self._steps == 1:
+            self._first_ready = ready
+        elif ready is None:
+            self._first_ready = None
         enough_s = self.scale * self.settling.block_s - 1e-9
-        if self._steps < self.scale * self.settling.block_steps or self._s < enough_s:
+        if self._steps < self.scale * self._block_steps(ready) or self._s < enough_s:
             return
         self.block_ms.append(1e3 * self._s / self._steps)
         self.block_rse.append(_relative_se(self._steps, self._s, self._s2))
@@ -92,6 +114,15 @@ class Blocks:
         self._sized += 1
         if not self.settled and self._sized >= 2 * self.settling.blocks:
             self.scale, self._sized = 2 * self.scale, 0
+
+    def _block_steps(self, ready: int | None) -> int:
+        """The steps the current block needs (at scale 1), its step now waiting among `ready`."""
+        fed = self.settling.fed_steps
+        if fed is None or ready is None or self._first_ready is None:
+            return self.settling.block_steps
+        if ready < self._first_ready - self.settling.tolerance * self._steps:
+            return self.settling.block_steps  # draining
+        return min(fed, self.settling.block_steps)
 
     @property
     def settled(self) -> bool:

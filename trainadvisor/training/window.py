@@ -166,12 +166,20 @@ class Window:
             ):
                 self.blocks_from = now  # a start-up beside the loop: the blocks and their cap come after
             else:
-                self.blocks.add(now - self.last_mark)  # the first `warmup` steps stay out of the blocks
+                # the first `warmup` steps stay out of the blocks
+                self.blocks.add(now - self.last_mark, self._ready())
         elif self.steps_done == self.plan.warmup:
             self.blocks_since = self.blocks_from = now
         end = self._warmup_end(now)
         if end is not None:
             self._open(now, end)
+
+    def _ready(self) -> int | None:
+        """The batches waiting when this step drew its own, where every batch it drew was loaded
+        ahead (`Blocks.add`); None where one was not, or it could not be told."""
+        if not self.ready_draws or not all(self.ready_draws) or not self.ready_counts:
+            return None
+        return sum(self.ready_counts)
 
     def _capped_from(self) -> float:
         """Where the warm-up's time cap counts from: the end of the counted warm-up steps (a cold

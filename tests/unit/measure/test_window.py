@@ -486,6 +486,70 @@ def test_a_loop_with_a_period_longer_than_a_block_settles_on_longer_blocks() -> 
     assert [round(ms, 3) for ms in window.shape.block_ms[-3:]] == [3.417, 3.417, 3.417]
 
 
+def _fed(window: Window, clock: FakeClock, steps: list[tuple[float, bool, int]]) -> None:
+    """Steps of (ms, whether its batch was loaded ahead, the batches waiting when it was drawn)."""
+    for ms, ready, count in steps:
+        window.add_data_wait(0.0, ready, count)
+        clock.advance(ms)
+        window.set_loss(torch.tensor(ms))
+        window.boundary()
+
+
+def test_blocks_of_a_loop_its_workers_keep_ahead_of_end_at_the_settlings_own_size() -> None:
+    """8 workers: blocks of 16 steps (two rounds), or of 5 steps and 10 ms where every step found
+    its batch loaded ahead and the batches waiting at the block's last step are fewer than at its
+    first by at most 10% (the tolerance) of a batch a step. Steps of 2 ms among 30, 29, 30, 31, 30
+    waiting batches: blocks of 5 steps, settled after 15; where one batch of each 5 was not loaded
+    ahead, blocks of 16; where the batches waiting dipped by one at the 5th step (more than 0.5)
+    and came back at the 6th, blocks of 6; where, at 1 ms a step, they dip by one every 10 steps
+    from the 6th on (one fewer at a block's 10th step is within 1.0), blocks of 10 steps, the
+    least that last 10 ms."""
+    settle = SETTLE.for_workers(8)
+    assert (settle.block_steps, settle.fed_steps) == (16, 5)
+    cases = {
+        "fed": [30, 29, 30, 31, 30],
+        "one waited on": [30, 29, 30, None, 30],
+        "dipped": [30, 29, 30, 31, 29, 30],
+        "slowly draining": [],
+    }
+    shapes = {}
+    for name, counts in cases.items():
+        clock = FakeClock()
+        window = Window(WindowPlan(warmup=1, steps=2, settle=settle), clock.clock())
+        _fed(window, clock, [(2.0, True, 30)])  # the counted warm-up step
+        steps = [(2.0, count is not None, count or 0) for count in counts * 20]
+        if not counts:
+            steps = [(1.0, True, 50 - (i + 5) // 10) for i in range(100)]
+        while window.phase == "warmup":
+            _fed(window, clock, [steps.pop(0)])
+        blocks_ms = [round(ms, 6) for ms in window.shape.block_ms]
+        shapes[name] = (window.shape.warmup_steps, window.shape.warmup_end, blocks_ms)
+    assert shapes == {
+        "fed": (16, "settled", [2.0, 2.0, 2.0]),
+        "one waited on": (49, "settled", [2.0, 2.0, 2.0]),
+        "dipped": (19, "settled", [2.0, 2.0, 2.0]),
+        "slowly draining": (31, "settled", [1.0, 1.0, 1.0]),
+    }
+
+
+def test_a_buffer_the_loop_drains_is_waited_out_in_blocks_of_two_rounds() -> None:
+    """A fresh run's first steps take the batches its 8 workers loaded ahead (2 ms steps, 40
+    waiting, one fewer each step) until the buffer is empty; then each step waits on the workers
+    (4 ms). Blocks of 5 steps would agree on the draining (2, 2, 2 ms) and time it: the batches
+    waiting shrink over each block, so the blocks are two rounds long, and the warm-up settles on
+    the loop's own 4 ms."""
+    clock = FakeClock()
+    window = Window(WindowPlan(warmup=1, steps=2, settle=SETTLE.for_workers(8)), clock.clock())
+    _fed(window, clock, [(2.0, True, 41)])
+    _fed(window, clock, [(2.0, True, 40 - i) for i in range(40)])
+    while window.phase == "warmup":
+        _fed(window, clock, [(4.0, False, 0)])
+    assert [round(ms, 6) for ms in window.shape.block_ms] == [2.0, 2.0, 3.0, 4.0, 4.0, 4.0]
+    assert (window.shape.warmup_steps, window.shape.warmup_end) == (97, "settled")
+    _fed(window, clock, [(4.0, False, 0)] * 2)
+    assert [round(r.step_ms, 6) for r in window.records] == [4.0, 4.0]
+
+
 def test_the_timed_steps_start_over_at_most_twice() -> None:
     """A loop that keeps slowing down (each step 2% slower than the last) never has timed halves
     that agree: the timed steps start over twice, then are timed as they are."""
