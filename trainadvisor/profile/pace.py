@@ -185,7 +185,8 @@ def cost_s(
 
 def _loader_blocks_s(baseline: RawRun, speedup: float, workers: int, load_pace: float | None) -> float:
     """How long a window of `workers` DataLoader workers takes to fill the settling test's
-    blocks (BLOCKS of two rounds of their batches each, `Settling.for_workers`), at `speedup` x the
+    blocks (BLOCKS of two rounds of their batches each, `Settling.for_workers`: the most a block
+    takes, where the workers do not keep ahead of the loop), at `speedup` x the
     baseline's pace, or the `load_pace` its workers load at, where that is less (a storage-latency
     loader's 8 and 32 workers at 21 and 93 steps/s filled theirs in 2.0-2.1 s). 0 without workers."""
     shape, timed = baseline.shape, len(timed_steps(baseline))

@@ -102,10 +102,10 @@ def size_for(
     race_below: float | None = None,
     race_warmup: bool = True,
 ) -> WindowSize:
-    """A window's time floor, its warm-up's steadiness test (blocks of at least two rounds of
-    the setting's DataLoader workers; a trial's blocks capped at `settle_cap_s`, `pace`), the
-    steps it may use and the steps/s it races (`race_below`; in its warm-up too unless
-    `race_warmup` is False). Under torchrun a window is a
+    """A window's time floor, its warm-up's steadiness test (blocks of two rounds of the
+    setting's DataLoader workers, fewer where they keep ahead, `settle.Blocks`; a trial's blocks
+    capped at `settle_cap_s`, `pace`), the steps it may use and the steps/s it races
+    (`race_below`; in its warm-up too unless `race_warmup` is False). Under torchrun a window is a
     count of steps: every rank must stop at the same step (the others would wait in their next
     all-reduce), and each rank would judge its own clock and blocks differently."""
     if options.torchrun:
