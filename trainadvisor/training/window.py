@@ -174,12 +174,17 @@ class Window:
         if end is not None:
             self._open(now, end)
 
+    def _drawn(self) -> tuple[bool | None, int | None]:
+        """Whether every batch this step drew was loaded ahead, and how many were waiting then
+        (summed over its draws); None where it could not be told."""
+        ahead = all(self.ready_draws) if self.ready_draws else None
+        return ahead, sum(self.ready_counts) if self.ready_counts else None
+
     def _ready(self) -> int | None:
         """The batches waiting when this step drew its own, where every batch it drew was loaded
         ahead (`Blocks.add`); None where one was not, or it could not be told."""
-        if not self.ready_draws or not all(self.ready_draws) or not self.ready_counts:
-            return None
-        return sum(self.ready_counts)
+        ahead, waiting = self._drawn()
+        return waiting if ahead else None
 
     def _capped_from(self) -> float:
         """Where the warm-up's time cap counts from: the end of the counted warm-up steps (a cold
@@ -237,14 +242,15 @@ class Window:
     def _record(self, now: float) -> None:
         pre_backward_s = self.backward_at - self.last_mark if self.backward_at is not None else None
         timed = self.phase == "timed"
+        ahead, waiting = self._drawn()
         self.records.append(
             StepRecord(
                 index=self.first_index + self.steps_done - 1,
                 start_ms=(self.last_mark - self.t0) * 1e3,
                 step_ms=(now - self.last_mark) * 1e3,
                 data_wait_ms=self.data_wait_s * 1e3,
-                loaded_ahead=all(self.ready_draws) if self.ready_draws else None,
-                ready_batches=sum(self.ready_counts) if self.ready_counts else None,
+                loaded_ahead=ahead,
+                ready_batches=waiting,
                 samples=self.samples,
                 profiled=self.phase == "traced",  # untimed: traced, or its memory measured
                 pre_backward_ms=pre_backward_s * 1e3 if pre_backward_s is not None else None,
